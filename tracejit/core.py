@@ -1,0 +1,423 @@
+"""The eager define-by-run core: Variable, Function, Config and the backward pass.
+
+This is the bottom layer of tracejit (eager -> trace -> IR -> passes -> codegen).
+It mirrors DeZero's core. Two hooks connect it to the tracer: `Function.__call__`
+reports every primitive call to the active trace, and `Variable.data` (a property)
+hands out a recording view of the array while a trace is active, so Python code
+that inspects values (`if v.data > 0`) becomes a guard instead of a frozen constant.
+When no trace is active both hooks cost one thread-local attribute read.
+"""
+import contextlib
+import heapq
+import itertools
+import threading
+import weakref
+
+import numpy as np
+
+
+class Config:
+    enable_backprop = True
+    train = True
+
+
+@contextlib.contextmanager
+def using_config(name, value):
+    old_value = getattr(Config, name)
+    setattr(Config, name, value)
+    try:
+        yield
+    finally:
+        setattr(Config, name, old_value)
+
+
+def no_grad():
+    return using_config("enable_backprop", False)
+
+
+def test_mode():
+    return using_config("train", False)
+
+
+class _TraceState(threading.local):
+    # The active tracing.Trace of this thread, or None. Thread-local so that one
+    # thread tracing never records another thread's eager calls.
+    trace = None
+
+
+_state = _TraceState()
+
+
+def active_trace():
+    return _state.trace
+
+
+# Kinds of primitive, read by the optimizer and the code generator.
+ELEMENTWISE = "elementwise"
+REDUCTION = "reduction"
+MOVEMENT = "movement"
+MATMUL = "matmul"
+RANDOM = "random"
+OPAQUE = "opaque"
+
+
+class Variable:
+    """An ndarray with an autodiff history (DeZero's Variable)."""
+
+    __slots__ = ("_data", "name", "grad", "creator", "generation", "_tv", "__weakref__")
+    __array_priority__ = 200
+
+    def __init__(self, data, name=None):
+        if data is not None:
+            if not isinstance(data, np.ndarray):
+                raise TypeError(
+                    f"Variable data must be a numpy.ndarray or None, got {type(data).__name__}"
+                    " (wrap scalars with np.array(...))")
+            if data.dtype == object:
+                raise TypeError("Variable data has dtype object; tracejit supports numeric "
+                                "and bool arrays only")
+        self._tv = None
+        self._data = None
+        self.data = data
+        self.name = name
+        self.grad = None
+        self.creator = None
+        self.generation = 0
+
+    @property
+    def data(self):
+        tr = _state.trace
+        if tr is None or self._data is None:
+            return self._data
+        return tr.read_data(self)
+
+    @data.setter
+    def data(self, value):
+        tr = _state.trace
+        if tr is not None:
+            value = tr.write_data(self, value)
+        self._data = value
+
+    @property
+    def shape(self):
+        return self._data.shape
+
+    @property
+    def ndim(self):
+        return self._data.ndim
+
+    @property
+    def size(self):
+        return self._data.size
+
+    @property
+    def dtype(self):
+        return self._data.dtype
+
+    def __len__(self):
+        return len(self._data)
+
+    def __repr__(self):
+        if self._data is None:
+            return "variable(None)"
+        p = str(self._data).replace("\n", "\n" + " " * 9)
+        return "variable(" + p + ")"
+
+    # Python looks at a value: while tracing, `self.data` records a guard.
+    def __bool__(self):
+        return bool(self.data)
+
+    def __float__(self):
+        return float(self.data)
+
+    def __int__(self):
+        return int(self.data)
+
+    def __index__(self):
+        return self.data.__index__()
+
+    def set_creator(self, func):
+        self.creator = func
+        self.generation = func.generation + 1
+
+    def cleargrad(self):
+        self.grad = None
+
+    def unchain(self):
+        self.creator = None
+
+    def unchain_backward(self):
+        if self.creator is None:
+            return
+        funcs = [self.creator]
+        seen = {self.creator}
+        while funcs:
+            f = funcs.pop()
+            for x in f.inputs:
+                if x.creator is not None and x.creator not in seen:
+                    seen.add(x.creator)
+                    funcs.append(x.creator)
+                x.unchain()
+
+    def backward(self, retain_grad=False, create_graph=False):
+        if self.grad is None:
+            self.grad = Variable(np.ones_like(self._data))
+        if self.creator is None:
+            return
+        order = itertools.count()
+        # A heap keyed by -generation: the newest function first, each pushed once,
+        # O(log n) per push instead of DeZero's sort per insertion.
+        heap = [(-self.creator.generation, next(order), self.creator)]
+        seen = {self.creator}
+        while heap:
+            f = heapq.heappop(heap)[2]
+            gys = f.output_grads()
+            with using_config("enable_backprop", create_graph):
+                gxs = f.backward(*gys)
+                if not isinstance(gxs, tuple):
+                    gxs = (gxs,)
+                if len(gxs) != len(f.inputs):
+                    raise ValueError(
+                        f"{type(f).__name__}.backward returned {len(gxs)} gradients for "
+                        f"{len(f.inputs)} inputs")
+                for x, gx in zip(f.inputs, gxs):
+                    if gx is None:
+                        continue
+                    gx = as_variable(gx)
+                    if x.grad is None:
+                        x.grad = gx
+                    else:
+                        x.grad = x.grad + gx
+                    c = x.creator
+                    if c is not None and c not in seen:
+                        seen.add(c)
+                        heapq.heappush(heap, (-c.generation, next(order), c))
+            if not retain_grad:
+                for y in f.outputs:
+                    y = y()
+                    if y is not None:
+                        y.grad = None
+
+    # Methods DeZero users call; the operators are attached by tracejit.functions.
+    def reshape(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = shape[0]
+        from tracejit import functions as F
+        return F.reshape(self, shape)
+
+    def transpose(self, *axes):
+        if len(axes) == 0:
+            axes = None
+        elif len(axes) == 1 and (isinstance(axes[0], (tuple, list)) or axes[0] is None):
+            axes = axes[0]
+        from tracejit import functions as F
+        return F.transpose(self, axes)
+
+    @property
+    def T(self):
+        from tracejit import functions as F
+        return F.transpose(self)
+
+    def sum(self, axis=None, keepdims=False):
+        from tracejit import functions as F
+        return F.sum(self, axis, keepdims)
+
+    def mean(self, axis=None, keepdims=False):
+        from tracejit import functions as F
+        return F.mean(self, axis, keepdims)
+
+    def max(self, axis=None, keepdims=False):
+        from tracejit import functions as F
+        return F.max(self, axis, keepdims)
+
+    def min(self, axis=None, keepdims=False):
+        from tracejit import functions as F
+        return F.min(self, axis, keepdims)
+
+    def astype(self, dtype):
+        from tracejit import functions as F
+        return F.cast(self, dtype)
+
+    def to_cpu(self):
+        return self
+
+    def to_gpu(self):
+        raise NotImplementedError("tracejit runs on the CPU only")
+
+
+class Parameter(Variable):
+    __slots__ = ()
+
+
+def as_array(x, array_module=np):
+    if np.isscalar(x):
+        return np.array(x)
+    return x
+
+
+def as_variable(obj):
+    if isinstance(obj, Variable):
+        return obj
+    if isinstance(obj, np.ndarray):
+        return Variable(obj)
+    raise TypeError(f"expected a Variable or numpy.ndarray, got {type(obj).__name__}")
+
+
+def scalar_variable(value, like_dtype):
+    """A Python scalar operand as a Variable: weak, so it takes the array's dtype.
+
+    float32 Variable * 2.0 stays float32 (NumPy 2 semantics for Python scalars);
+    DeZero's as_array(2.0) would make a float64 array and promote the result.
+    """
+    tr = _state.trace
+    if tr is not None and hasattr(value, "_tv"):
+        return tr.scalar_input(value, like_dtype)
+    dtype = np.result_type(like_dtype, value)
+    var = Variable(np.asarray(value, dtype=dtype))
+    if tr is not None:
+        tr.literal(var, value)
+    return var
+
+
+def to_operand(other, like):
+    """Convert the other operand of a Variable operator to a Variable."""
+    if isinstance(other, Variable):
+        return other
+    if isinstance(other, np.ndarray):
+        return Variable(other)
+    if isinstance(other, (bool, int, float, np.generic)) and not isinstance(other, np.ndarray):
+        if isinstance(other, np.generic):
+            return Variable(np.asarray(other))
+        return scalar_variable(other, like.dtype)
+    raise TypeError(f"unsupported operand type for Variable arithmetic: {type(other).__name__}")
+
+
+class Function:
+    """A differentiable operation: forward on ndarrays, backward on Variables.
+
+    Primitives set `kind` (and `expr` for elementwise ops) and list their static
+    parameters in `params`, each an attribute of the same name and an argument of
+    `__init__`. A user subclass without them is an opaque node under jit.
+    """
+
+    kind = OPAQUE
+    params = ()
+    expr = None
+
+    def __call__(self, *inputs):
+        inputs = [as_variable(x) for x in inputs]
+        xs = [x._data for x in inputs]
+        try:
+            ys = self.forward(*xs)
+        except (ValueError, TypeError, IndexError) as e:
+            raise self._input_error(e, inputs) from None
+        if not isinstance(ys, tuple):
+            ys = (ys,)
+        outputs = [Variable(as_array(y)) for y in ys]
+        tr = _state.trace
+        if tr is not None:
+            tr.record(self, inputs, outputs)
+        if Config.enable_backprop:
+            self.generation = max([x.generation for x in inputs]) if inputs else 0
+            for output in outputs:
+                output.set_creator(self)
+            self.inputs = inputs
+            self.outputs = [weakref.ref(output) for output in outputs]
+        return outputs if len(outputs) > 1 else outputs[0]
+
+    def forward(self, *xs):
+        raise NotImplementedError()
+
+    def backward(self, *gys):
+        raise NotImplementedError()
+
+    def param_values(self):
+        return tuple(getattr(self, p) for p in self.params)
+
+    def output_grads(self):
+        """The gradients of the outputs; zeros for an output nobody used."""
+        gys = []
+        for ref in self.outputs:
+            y = ref()
+            if y is not None and y.grad is not None:
+                gys.append(y.grad)
+            else:
+                gys.append(None)
+        if any(g is None for g in gys):
+            specs = self.output_specs()
+            gys = [g if g is not None else Variable(np.zeros(s.shape, s.dtype))
+                   for g, s in zip(gys, specs)]
+        return gys
+
+    def output_specs(self):
+        specs = []
+        for ref in self.outputs:
+            y = ref()
+            specs.append(None if y is None else ShapeDtype(y.shape, y.dtype))
+        if any(s is None for s in specs):
+            inferred = self.shape_rule(*[ShapeDtype(x.shape, x.dtype) for x in self.inputs])
+            if isinstance(inferred, ShapeDtype):
+                inferred = (inferred,)
+            specs = [s if s is not None else i for s, i in zip(specs, inferred)]
+        return specs
+
+    def shape_rule(self, *specs):
+        """Output ShapeDtype(s) from input ShapeDtypes, touching no data.
+
+        The default runs forward on zero-filled arrays: right for any user Function,
+        but it computes; primitives override it with a formula.
+        """
+        ys = self.forward(*[np.zeros(s.shape, s.dtype) for s in specs])
+        if isinstance(ys, tuple):
+            return tuple(ShapeDtype(np.shape(y), np.asarray(y).dtype) for y in ys)
+        return ShapeDtype(np.shape(ys), np.asarray(ys).dtype)
+
+    def _input_error(self, error, inputs):
+        """Turn a NumPy error into one that names the op, the inputs' shapes and dtypes."""
+        specs = [ShapeDtype(x.shape, x.dtype) for x in inputs]
+        try:
+            self.shape_rule(*specs)
+        except (ValueError, TypeError) as shape_error:
+            return type(shape_error)(str(shape_error))
+        desc = ", ".join(f"x{i}: {s}" for i, s in enumerate(specs))
+        return type(error)(f"{type(self).__name__.lower()}({desc}): {error}")
+
+
+class ShapeDtype:
+    """An array's shape and dtype without its data (for eval_shape and shape rules)."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype=np.float64):
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def __eq__(self, other):
+        return (isinstance(other, ShapeDtype) and self.shape == other.shape
+                and self.dtype == other.dtype)
+
+    def __hash__(self):
+        return hash((self.shape, self.dtype))
+
+    def __repr__(self):
+        return f"ShapeDtype({self.shape}, {self.dtype})"
+
+    def __str__(self):
+        return f"{dtype_code(self.dtype)}{list(self.shape)}"
+
+
+_DTYPE_CODES = {"float64": "f64", "float32": "f32", "float16": "f16", "int64": "i64",
+                "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "bool"}
+
+
+def dtype_code(dtype):
+    name = np.dtype(dtype).name
+    return _DTYPE_CODES.get(name, name)
