@@ -64,7 +64,7 @@ OPAQUE = "opaque"
 class Variable:
     """An ndarray with an autodiff history (DeZero's Variable)."""
 
-    __slots__ = ("_data", "name", "grad", "creator", "generation", "_tv", "__weakref__")
+    __slots__ = ("_data", "name", "_grad", "creator", "generation", "_tv", "__weakref__")
     __array_priority__ = 200
 
     def __init__(self, data, name=None):
@@ -78,11 +78,29 @@ class Variable:
                                 "and bool arrays only")
         self._tv = None
         self._data = None
-        self.data = data
+        self._grad = None
         self.name = name
-        self.grad = None
         self.creator = None
         self.generation = 0
+        tr = _state.trace
+        if tr is None:
+            self._data = data
+        else:
+            tr.new_variable(self, data)
+
+    @property
+    def grad(self):
+        tr = _state.trace
+        if tr is None:
+            return self._grad
+        return tr.read_grad(self)
+
+    @grad.setter
+    def grad(self, value):
+        tr = _state.trace
+        if tr is not None:
+            tr.write_grad(self, value)
+        self._grad = value
 
     @property
     def data(self):
@@ -162,41 +180,8 @@ class Variable:
     def backward(self, retain_grad=False, create_graph=False):
         if self.grad is None:
             self.grad = Variable(np.ones_like(self._data))
-        if self.creator is None:
-            return
-        order = itertools.count()
-        # A heap keyed by -generation: the newest function first, each pushed once,
-        # O(log n) per push instead of DeZero's sort per insertion.
-        heap = [(-self.creator.generation, next(order), self.creator)]
-        seen = {self.creator}
-        while heap:
-            f = heapq.heappop(heap)[2]
-            gys = f.output_grads()
-            with using_config("enable_backprop", create_graph):
-                gxs = f.backward(*gys)
-                if not isinstance(gxs, tuple):
-                    gxs = (gxs,)
-                if len(gxs) != len(f.inputs):
-                    raise ValueError(
-                        f"{type(f).__name__}.backward returned {len(gxs)} gradients for "
-                        f"{len(f.inputs)} inputs")
-                for x, gx in zip(f.inputs, gxs):
-                    if gx is None:
-                        continue
-                    gx = as_variable(gx)
-                    if x.grad is None:
-                        x.grad = gx
-                    else:
-                        x.grad = x.grad + gx
-                    c = x.creator
-                    if c is not None and c not in seen:
-                        seen.add(c)
-                        heapq.heappush(heap, (-c.generation, next(order), c))
-            if not retain_grad:
-                for y in f.outputs:
-                    y = y()
-                    if y is not None:
-                        y.grad = None
+        if self.creator is not None:
+            backprop([self], retain_grad=retain_grad, create_graph=create_graph)
 
     # Methods DeZero users call; the operators are attached by tracejit.functions.
     def reshape(self, *shape):
@@ -243,6 +228,73 @@ class Variable:
 
     def to_gpu(self):
         raise NotImplementedError("tracejit runs on the CPU only")
+
+
+class _AttrGrads:
+    """Gradients kept in `.grad` (a plain backward)."""
+
+    @staticmethod
+    def get(v):
+        return v.grad
+
+    @staticmethod
+    def set(v, g):
+        v.grad = g
+
+
+class DictGrads(dict):
+    """Gradients kept aside, keyed by id(Variable) (the tracer's backward, grad())."""
+
+    def get(self, v):
+        entry = dict.get(self, id(v))
+        return None if entry is None else entry[1]
+
+    def set(self, v, g):
+        self[id(v)] = (v, g)
+
+
+def backprop(outputs, retain_grad=False, create_graph=False, grads=None, within=None):
+    """Run backward from `outputs`, whose gradients are already in `grads`.
+
+    Functions are visited through a heap keyed by -generation: newest first, each
+    pushed once, O(log n) per push instead of DeZero's sort per insertion. `within`,
+    if given, is the set of functions to walk (a compiled region's own nodes).
+    """
+    store = _AttrGrads if grads is None else grads
+    order = itertools.count()
+    heap = []
+    seen = set()
+    for y in outputs:
+        c = y.creator
+        if c is not None and c not in seen and (within is None or c in within):
+            seen.add(c)
+            heap.append((-c.generation, next(order), c))
+    heapq.heapify(heap)
+    while heap:
+        f = heapq.heappop(heap)[2]
+        gys = f.output_grads(store)
+        with using_config("enable_backprop", create_graph):
+            gxs = f.backward(*gys)
+            if not isinstance(gxs, tuple):
+                gxs = (gxs,)
+            if len(gxs) != len(f.inputs):
+                raise ValueError(f"{type(f).__name__}.backward returned {len(gxs)} gradients "
+                                 f"for {len(f.inputs)} inputs")
+            for x, gx in zip(f.inputs, gxs):
+                if gx is None:
+                    continue
+                gx = as_variable(gx)
+                old = store.get(x)
+                store.set(x, gx if old is None else old + gx)
+                c = x.creator
+                if c is not None and c not in seen and (within is None or c in within):
+                    seen.add(c)
+                    heapq.heappush(heap, (-c.generation, next(order), c))
+        if not retain_grad:
+            for y in f.outputs:
+                y = y()
+                if y is not None:
+                    store.set(y, None)
 
 
 class Parameter(Variable):
@@ -334,15 +386,13 @@ class Function:
     def param_values(self):
         return tuple(getattr(self, p) for p in self.params)
 
-    def output_grads(self):
+    def output_grads(self, store=_AttrGrads):
         """The gradients of the outputs; zeros for an output nobody used."""
         gys = []
         for ref in self.outputs:
             y = ref()
-            if y is not None and y.grad is not None:
-                gys.append(y.grad)
-            else:
-                gys.append(None)
+            g = None if y is None else store.get(y)
+            gys.append(g)
         if any(g is None for g in gys):
             specs = self.output_specs()
             gys = [g if g is not None else Variable(np.zeros(s.shape, s.dtype))

@@ -226,6 +226,10 @@ class Pow(Elementwise):
     def backward(self, gy):
         x, = self.inputs
         c = self.c
+        if c == 0:
+            # Not c * x ** -1: that is 0 * inf = nan at x == 0 (and x ** 1 differentiated
+            # twice reaches here).
+            return gy * 0
         if c == 2:
             return gy * (2 * x)
         return gy * (c * x ** (c - 1))
@@ -261,7 +265,9 @@ class Cast(Elementwise):
 
     def backward(self, gy):
         x, = self.inputs
-        if not np.issubdtype(x.dtype, np.floating):
+        # A cast to an int or bool dtype is piecewise constant: no gradient flows back.
+        if not (np.issubdtype(x.dtype, np.floating)
+                and np.issubdtype(np.dtype(self.dtype), np.floating)):
             return None
         return cast(gy, x.dtype)
 
@@ -742,6 +748,7 @@ class MatMul(Function):
     """Matrix product over the last two axes (both operands at least 2-D)."""
 
     kind = MATMUL
+    op_name = "matmul"
 
     def forward(self, x, W):
         return np.matmul(x, W)
@@ -787,7 +794,7 @@ class RandomUniform(Function):
     def forward(self):
         return np.asarray(np.random.rand(*self.shape))
 
-    def backward(self):
+    def backward(self, gy):
         return ()
 
     def shape_rule(self):

@@ -1,0 +1,765 @@
+"""tracejit.jit: the decorator, its variant cache, and the compiled call.
+
+The path of one call: the arguments give a signature key (shapes, dtypes, static
+values, grad mode). Under that key sit the variants traced so far, one per sequence
+of guard outcomes. A variant runs its graph; the first guard that fails names the
+outcome seen, which leads to the variant traced for that outcome, or to a new trace
+(a real call that records). Outputs are Variables whose one creator, a
+CompiledFunction, runs the compiled backward graph.
+"""
+import logging
+import os
+import threading
+import time
+import warnings
+import weakref
+
+import numpy as np
+
+from tracejit import core, interpret
+from tracejit.core import Config, DictGrads, Function, Variable, backprop
+from tracejit.ir import Graph, Lit, Value
+from tracejit.trace_ops import GUARD, GuardFailure
+from tracejit import tracing
+from tracejit.tracing import TracedArray, TracedFloat, Trace
+
+log = logging.getLogger("tracejit")
+
+
+class JitWarning(UserWarning):
+    """tracejit ran something eagerly, or saw a side effect that only runs while tracing."""
+
+
+_disabled = threading.local()
+
+
+def jit_disabled():
+    return getattr(_disabled, "on", False) or os.environ.get("TRACEJIT_DISABLE") == "1"
+
+
+class disable_jit:
+    """`with tj.disable_jit():` runs every jitted function as plain Python (pdb, print)."""
+
+    def __enter__(self):
+        self.prev = getattr(_disabled, "on", False)
+        _disabled.on = True
+
+    def __exit__(self, *exc):
+        _disabled.on = self.prev
+
+
+# ------------------------------------------------------------------ argument trees
+
+_VAR, _ARR, _FLT = "V", "A", "F"
+
+
+def _flatten(obj, leaves, static_ok=True):
+    """Append array-like leaves to `leaves`; return a hashable structure with statics."""
+    t = type(obj)
+    if t is Variable or isinstance(obj, Variable):
+        leaves.append(obj)
+        return _VAR
+    if t is np.ndarray or isinstance(obj, np.ndarray):
+        leaves.append(obj)
+        return _ARR
+    if t is float:
+        leaves.append(obj)
+        return _FLT
+    if t is tuple or t is list:
+        return (t.__name__,) + tuple(_flatten(x, leaves) for x in obj)
+    if t is dict:
+        keys = tuple(obj)
+        return ("dict", keys) + tuple(_flatten(obj[k], leaves) for k in keys)
+    if isinstance(obj, np.generic) and obj.dtype.kind == "f":
+        leaves.append(np.asarray(obj))
+        return _ARR
+    try:
+        hash(obj)
+    except TypeError:
+        raise TypeError(f"jit: argument of type {t.__name__} is neither an array, a Variable, "
+                        f"a float nor hashable (it could not be a static argument)") from None
+    return ("S", obj)
+
+
+def _unflatten(tree, leaves, it=None):
+    it = iter(leaves) if it is None else it
+    if tree in (_VAR, _ARR, _FLT):
+        return next(it)
+    tag = tree[0]
+    if tag == "S":
+        return tree[1]
+    if tag == "tuple":
+        return tuple(_unflatten(t, None, it) for t in tree[1:])
+    if tag == "list":
+        return [_unflatten(t, None, it) for t in tree[1:]]
+    if tag == "dict":
+        return {k: _unflatten(t, None, it) for k, t in zip(tree[1], tree[2:])}
+    raise AssertionError(tree)
+
+
+def _leaf_key(x):
+    if isinstance(x, Variable):
+        d = x._data
+        if d is None:
+            raise TypeError("jit: a Variable argument has data None")
+        return (d.shape, d.dtype.char)
+    if isinstance(x, np.ndarray):
+        if x.dtype == object:
+            raise TypeError("jit: object arrays are not supported")
+        return (x.shape, x.dtype.char)
+    return None
+
+
+# ------------------------------------------------------------------ the compiled call
+
+class CompiledFunction(Function):
+    """The one creator of a compiled call's outputs: its backward is a compiled graph."""
+
+    def __init__(self, variant, saved, arrays):
+        self.variant = variant
+        self.saved = saved
+        self.arrays = arrays      # the call's inputs, for a create_graph replay
+
+    def backward(self, *gys):
+        v = self.variant
+        if Config.enable_backprop:
+            # create_graph: replay forward and backward on Variables, so the grads
+            # carry the history that higher-order derivatives need.
+            return v.backward_with_variables(self.inputs, gys, self.arrays)
+        bexe = v.backward_executable()
+        arrays = []
+        for kind, i in v.bwd_sources:
+            if kind == "saved":
+                arrays.append(self.saved[i])
+            else:
+                g = gys[i]
+                arrays.append(g._data if g is not None else
+                              np.zeros(v.out_specs[i].shape, v.out_specs[i].dtype))
+        grads = bexe(arrays)
+        out = []
+        for slot in v.bwd_grad_slots:
+            out.append(None if slot is None else Variable(grads[slot]))
+        return tuple(out)
+
+
+class Variant:
+    """One traced graph for one signature and one sequence of guard outcomes."""
+
+    def __init__(self, jitted, trace, n_fwd_inputs, n_fwd_nodes, out_tree, out_leaves,
+                 diff_vars, bwd_info):
+        self.jitted = jitted
+        g = trace.graph
+        self.guard_outcomes = [n.fn.expected for n in g.nodes[:n_fwd_nodes] if n.kind == GUARD]
+        self.has_random = bool(trace.random_nodes)
+        self.calls = 0
+        self.demoted = None
+        # Where each forward input comes from at call time.
+        self.sources = []
+        arg_pos = {id(v): i for i, v in trace.arg_inputs}
+        cap_src = {id(v): src for v, src in trace.captures}
+        fwd_inputs = g.inputs[:n_fwd_inputs]
+        for v in fwd_inputs:
+            if id(v) in arg_pos:
+                self.sources.append(("arg", arg_pos[id(v)], None))
+            else:
+                kind, obj = cap_src[id(v)]
+                self.sources.append((kind, obj, (v.shape, v.dtype)))
+        self.out_tree = out_tree
+        self.out_leaves = out_leaves         # ('out', index, kind) or ('const', obj)
+        user_outs = [v for kind, v, _ in out_leaves if kind == "out"]
+        # Effects on live state, replayed after the graph ran and every guard held.
+        effect_values = []
+        self.effects = []
+        for kind, target, v in trace.effects:
+            self.effects.append((kind, target, len(user_outs) + len(effect_values)))
+            effect_values.append(v)
+        self.grad_effects = []
+        for var, gv in trace.grad_effects:
+            if gv is None:
+                self.grad_effects.append((var, None))
+            else:
+                self.grad_effects.append((var, len(user_outs) + len(effect_values)))
+                effect_values.append(gv)
+        # Backward: what the forward saves, and where each backward input comes from.
+        self.diff_sources = diff_vars       # sources (as in self.sources) of the creator's inputs
+        saved_values = bwd_info["saved"] if bwd_info else []
+        self.n_user_outs = len(user_outs)
+        self.n_effect_outs = len(effect_values)
+        fwd_nodes = g.nodes[:n_fwd_nodes]
+        self.forward_graph = Graph(g.name, fwd_inputs, fwd_nodes,
+                                   user_outs + effect_values + saved_values,
+                                   g.input_names[:n_fwd_inputs])
+        self.out_specs = [v.spec for v in user_outs]
+        self.bwd = bwd_info
+        if bwd_info:
+            self.bwd_sources = bwd_info["sources"]
+            self.bwd_grad_slots = bwd_info["grad_slots"]
+            self.joint_graph = bwd_info["joint"]
+        self.exe = jitted.backend_compile(self.forward_graph)
+        self._bexe = None
+        self.input_ids = None
+
+    def backward_executable(self):
+        if self._bexe is None:
+            with self.jitted.lock:
+                if self._bexe is None:
+                    self._bexe = self.jitted.backend_compile(self.bwd["graph"])
+        return self._bexe
+
+    def guard_line(self, index):
+        guards = [n for n in self.forward_graph.nodes if n.kind == GUARD]
+        return guards[index].line if index < len(guards) else "?"
+
+    def backward_with_variables(self, inputs, gys, arrays):
+        """Replay the joint forward+backward graph through the primitives on Variables."""
+        j = self.joint_graph
+        env_vars = []
+        diff_pos = {i: k for k, i in enumerate(self.bwd["joint_diff_inputs"])}
+        for idx, v in enumerate(j.inputs):
+            if idx in diff_pos:
+                env_vars.append(inputs[diff_pos[idx]])
+            elif idx in self.bwd["joint_gy_inputs"]:
+                k = self.bwd["joint_gy_inputs"][idx]
+                g = gys[k]
+                env_vars.append(g if g is not None else Variable(
+                    np.zeros(self.out_specs[k].shape, self.out_specs[k].dtype)))
+            else:
+                env_vars.append(Variable(arrays[idx]))
+        outs = interpret.run_with_variables(j, env_vars)
+        return tuple(outs[s] if s is not None else None for s in self.bwd["joint_grad_slots"])
+
+
+class _Stale(Exception):
+    """A captured input changed shape or dtype, or died: this variant no longer applies."""
+
+
+class Jitted:
+    """The callable `tj.jit(f)` returns."""
+
+    def __init__(self, fn, static_argnums=(), static_argnames=(), max_variants=8,
+                 backend="auto", parallel=None, cache=True, check=None, name=None):
+        self.fn = fn
+        self.__wrapped__ = fn
+        self.__name__ = name or getattr(fn, "__name__", "f")
+        self.__doc__ = getattr(fn, "__doc__", None)
+        if isinstance(static_argnums, int):
+            static_argnums = (static_argnums,)
+        if isinstance(static_argnames, str):
+            static_argnames = (static_argnames,)
+        self.static_argnums = frozenset(static_argnums)
+        self.static_argnames = frozenset(static_argnames)
+        self.max_variants = max_variants
+        self.backend = backend
+        self.parallel = parallel
+        self.cache = cache
+        self.check = check if check is not None else os.environ.get("TRACEJIT_CHECK") == "1"
+        self.lock = threading.RLock()
+        self._variants = {}          # key -> list of Variant
+        self._warm = set()
+        self._eager_keys = {}        # key -> reason (fallback for good)
+        self._warned = set()
+        self.stats = dict(hits=0, misses=0, variants=0, retraces=0, guard_failures=0,
+                          fallbacks=0, trace_seconds=0.0, compile_seconds=0.0)
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        import functools
+        return functools.partial(self.__call__, obj)
+
+    # ---- public
+
+    def eager(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def cache_info(self):
+        info = dict(self.stats)
+        info["variants"] = sum(len(v) for v in self._variants.values())
+        return info
+
+    def trace(self, *args, **kwargs):
+        """The forward graph of the variant these arguments run (tracing if needed)."""
+        self(*args, **kwargs)
+        self(*args, **kwargs)
+        key, _ = self._key(args, kwargs)
+        variants = self._variants.get(key)
+        if not variants:
+            reason = self._eager_keys.get(key, "no variant")
+            raise RuntimeError(f"jit({self.__name__}): runs eagerly for these arguments "
+                               f"({reason})")
+        return variants[-1].forward_graph
+
+    def backward_graph(self, *args, **kwargs):
+        self.trace(*args, **kwargs)
+        key, _ = self._key(args, kwargs)
+        v = self._variants[key][-1]
+        return v.bwd["graph"] if v.bwd else None
+
+    # ---- the call
+
+    def _key(self, args, kwargs):
+        leaves = []
+        parts = []
+        for i, a in enumerate(args):
+            if i in self.static_argnums:
+                parts.append(("S", a))
+            else:
+                parts.append(_flatten(a, leaves))
+        if kwargs:
+            for k in sorted(kwargs):
+                if k in self.static_argnames:
+                    parts.append((k, ("S", kwargs[k])))
+                else:
+                    parts.append((k, _flatten(kwargs[k], leaves)))
+        key = (tuple(parts), tuple([_leaf_key(x) for x in leaves]),
+               Config.enable_backprop, Config.train)
+        try:
+            hash(key)
+        except TypeError as e:
+            raise TypeError(f"jit({self.__name__}): a static argument is not hashable: "
+                            f"{e}") from None
+        return key, leaves
+
+    def __call__(self, *args, **kwargs):
+        if jit_disabled() or core._state.trace is not None:
+            # Nested in another trace: the outer trace records our ops directly.
+            return self.fn(*args, **kwargs)
+        key, leaves = self._key(args, kwargs)
+        variants = self._variants.get(key)
+        if variants:
+            v = variants[0]
+            tried = 0
+            while True:
+                try:
+                    out = self._run(v, leaves)
+                    self.stats["hits"] += 1
+                    return out
+                except GuardFailure as gf:
+                    self.stats["guard_failures"] += 1
+                    nxt = self._next_variant(variants, v, gf)
+                    tried += 1
+                    if nxt is None or tried > len(variants):
+                        log.info("jit(%s): retrace: guard %d (%s) saw %r", self.__name__,
+                                 gf.index, v.guard_line(gf.index), gf.outcome)
+                        self.stats["retraces"] += 1
+                        break
+                    v = nxt
+                except _Stale as e:
+                    log.info("jit(%s): retrace: %s", self.__name__, e)
+                    self.stats["retraces"] += 1
+                    variants.remove(v)
+                    break
+        if key in self._eager_keys:
+            self.stats["fallbacks"] += 1
+            return self.fn(*args, **kwargs)
+        if key not in self._warm:
+            # The first call with a new signature runs eagerly: state created during a
+            # call (a lazy Linear, an optimizer's buffers) exists before tracing starts.
+            self._warm.add(key)
+            self.stats["misses"] += 1
+            return self.fn(*args, **kwargs)
+        if variants is not None and len(variants) >= self.max_variants:
+            self._fallback(key, f"more than max_variants={self.max_variants} variants "
+                           f"(data-dependent control flow keeps changing)")
+            return self.fn(*args, **kwargs)
+        return self._trace_and_compile(key, args, kwargs)
+
+    def _next_variant(self, variants, failed, gf):
+        prefix = failed.guard_outcomes[:gf.index]
+        for v in variants:
+            if v is failed:
+                continue
+            go = v.guard_outcomes
+            if len(go) > gf.index and go[:gf.index] == prefix and go[gf.index] == gf.outcome:
+                return v
+        return None
+
+    def _fallback(self, key, reason, line=None):
+        self._eager_keys[key] = reason
+        self.stats["fallbacks"] += 1
+        if reason not in self._warned:
+            self._warned.add(reason)
+            where = f" at {line}" if line else ""
+            warnings.warn(f"jit({self.__name__}) runs eagerly: {reason}{where}", JitWarning,
+                          stacklevel=4)
+
+    # ---- running a variant
+
+    def _run(self, v, leaves):
+        arrays = []
+        for kind, obj, spec in v.sources:
+            if kind == "arg":
+                x = leaves[obj]
+                a = x._data if isinstance(x, Variable) else x
+                if type(a) is not np.ndarray:
+                    a = np.asarray(a)
+            elif kind == "var":
+                a = obj._data
+                if a is None or a.shape != spec[0] or a.dtype != spec[1]:
+                    raise _Stale(f"captured Variable {obj.name or ''} changed to "
+                                 f"{None if a is None else (a.shape, a.dtype)}")
+            elif kind == "grad":
+                g = obj._grad
+                if g is None or g._data.shape != spec[0] or g._data.dtype != spec[1]:
+                    raise _Stale("a captured gradient changed")
+                a = g._data
+            else:
+                a = obj
+            arrays.append(a)
+        if v.has_random:
+            rng_state = np.random.get_state()
+            try:
+                outs = v.exe(arrays)
+            except GuardFailure:
+                np.random.set_state(rng_state)
+                raise
+        else:
+            outs = v.exe(arrays)
+        v.calls += 1
+        n_user = v.n_user_outs
+        # Fresh results: an output that is an input array is copied.
+        ids = {id(a) for a in arrays}
+        user = [o.copy() if id(o) in ids else o for o in outs[:n_user]]
+        for kind, target, slot in v.effects:
+            val = outs[slot]
+            if kind == "inplace":
+                np.copyto(target._data, val, casting="unsafe")
+            elif kind == "inplace_array":
+                np.copyto(target, val, casting="unsafe")
+            else:
+                target._data = val.copy() if id(val) in ids else val
+        for var, slot in v.grad_effects:
+            var._grad = None if slot is None else Variable(outs[slot])
+        results = []
+        creator = None
+        if v.bwd is not None and Config.enable_backprop:
+            saved = outs[n_user + v.n_effect_outs:]
+            creator = CompiledFunction(v, saved, arrays)
+            diff_inputs = []
+            for kind, obj in v.diff_sources:
+                diff_inputs.append(leaves[obj] if kind == "arg" else obj)
+            creator.generation = max([x.generation for x in diff_inputs]) if diff_inputs else 0
+            creator.inputs = diff_inputs
+        made = []
+        k = 0
+        for kind, a, b in v.out_leaves:
+            if kind == "const":
+                results.append(a)
+                continue
+            arr = user[k]
+            k += 1
+            if b == _VAR:
+                var = Variable(arr)
+                if creator is not None and var.dtype.kind in "fc":
+                    var.set_creator(creator)
+                made.append(var)
+                results.append(var)
+            elif b == _FLT:
+                results.append(float(arr))
+            else:
+                results.append(arr)
+        if creator is not None:
+            creator.outputs = [weakref.ref(m) for m in made]
+        return _unflatten(v.out_tree, results)
+
+    # ---- tracing
+
+    def _trace_and_compile(self, key, args, kwargs):
+        t0 = time.perf_counter()
+        tr = Trace(self.__name__)
+        tr.arg_inputs = []
+        leaves = []
+        targs, tkwargs = self._tracer_args(tr, args, kwargs, leaves)
+        rng_before = np.random.get_state()
+        prev = tracing.start(tr)
+        try:
+            result = self.fn(*targs, **tkwargs)
+            out_leaves_raw = []
+            out_tree = _flatten_out(result, out_leaves_raw)
+            out_leaves = []
+            out_vals = []
+            for x in out_leaves_raw:
+                if isinstance(x, Variable):
+                    out_leaves.append(("out", tr.value_of(x), _VAR))
+                elif isinstance(x, TracedFloat):
+                    out_leaves.append(("out", x._tv, _FLT))
+                elif isinstance(x, np.ndarray):
+                    out_leaves.append(("out", tr.array_value(x), _ARR))
+                else:
+                    out_leaves.append(("const", x, None))
+            tr.grad_effects = [(var, None if var._grad is None else tr.value_of(var._grad))
+                               for var in tr.grad_writes.values()]
+            n_fwd_inputs = len(tr.graph.inputs)
+            n_fwd_nodes = len(tr.graph.nodes)
+            bwd_info = None
+            diff_vars = []
+            if Config.enable_backprop:
+                bwd_info, diff_vars = self._trace_backward(tr, out_leaves_raw, out_leaves)
+        finally:
+            tracing.stop(tr, prev)
+            for x in leaves:
+                if isinstance(x, Variable):
+                    x._tv = None
+        result = _strip(result)
+        self._check_rng(tr, rng_before)
+        self.stats["trace_seconds"] += time.perf_counter() - t0
+        reason = None
+        if tr.escapes:
+            reason, line = tr.escapes[0]
+        elif bwd_info == "escape":
+            reason, line = "the backward pass inspects values", None
+        if reason is not None:
+            self._fallback(key, reason, line)
+            return result
+        if tr.side_effects and self.__name__ not in self._warned:
+            self._warned.add(self.__name__)
+            what, line = tr.side_effects[0]
+            warnings.warn(f"jit({self.__name__}): {what} at {line} runs only while tracing, "
+                          f"not on compiled calls", JitWarning, stacklevel=3)
+        t1 = time.perf_counter()
+        try:
+            variant = Variant(self, tr, n_fwd_inputs, n_fwd_nodes, out_tree, out_leaves,
+                              diff_vars, bwd_info)
+        except _Unsupported as e:
+            self._fallback(key, str(e))
+            return result
+        self.stats["compile_seconds"] += time.perf_counter() - t1
+        self._variants.setdefault(key, []).append(variant)
+        self.stats["variants"] += 1
+        return result
+
+    def _tracer_args(self, tr, args, kwargs, leaves):
+        def convert(x, name):
+            if isinstance(x, Variable):
+                leaves.append(x)
+                v = tr.add_input(x.shape, x.dtype, x.name or name)
+                tr.arg_inputs.append((v, len(leaves) - 1))
+                x._tv = v
+                tr.arg_vars[id(x)] = (x, v)
+                return x
+            if isinstance(x, np.ndarray):
+                leaves.append(x)
+                v = tr.add_input(x.shape, x.dtype, name)
+                tr.arg_inputs.append((v, len(leaves) - 1))
+                t = x.view(TracedArray)
+                t._tv = v
+                t._trace = tr
+                tr.arg_arrays[id(x)] = (x, v)
+                return t
+            if type(x) is float:
+                leaves.append(x)
+                v = tr.add_input((), np.float64, name)
+                tr.arg_inputs.append((v, len(leaves) - 1))
+                f = TracedFloat(x)
+                f._tv = v
+                f._trace = tr
+                return f
+            if isinstance(x, np.generic) and x.dtype.kind == "f":
+                return convert(np.asarray(x), name)
+            if type(x) in (tuple, list):
+                return type(x)(convert(y, f"{name}_{i}") for i, y in enumerate(x))
+            if type(x) is dict:
+                return {k: convert(y, f"{name}_{k}") for k, y in x.items()}
+            return x
+
+        names = _arg_names(self.fn, len(args))
+        targs = [a if i in self.static_argnums else convert(a, names[i])
+                 for i, a in enumerate(args)]
+        tkwargs = {k: (a if k in self.static_argnames else convert(a, k))
+                   for k, a in sorted(kwargs.items())}
+        # arg_inputs maps input Value -> leaf index; Variant wants (leaf index, Value).
+        tr.arg_inputs = [(i, v) for v, i in tr.arg_inputs]
+        return targs, tkwargs
+
+    def _trace_backward(self, tr, out_raw, out_leaves):
+        """Trace the eager backward over the traced forward: the backward graph."""
+        # Differentiable Variables at the region's boundary: arguments and captures.
+        boundary = []
+        leaf_of = {id(val): i for i, val in tr.arg_inputs}
+        for var, val in tr.arg_vars.values():
+            if var.dtype.kind in "fc":
+                boundary.append((("arg", leaf_of[id(val)]), var))
+        for var, val in tr.captured_vars.values():
+            if var.dtype.kind in "fc" and not _is_grad_capture(tr, val):
+                boundary.append((("var", var), var))
+        outs = [x for x in out_raw if isinstance(x, Variable)]
+        roots = [y for y in outs if y.creator is not None and y.creator in tr.functions
+                 and y.dtype.kind in "fc"]
+        if not boundary or not roots:
+            return None, []
+        g = tr.graph
+        n_nodes = len(g.nodes)
+        n_inputs = len(g.inputs)
+        grads = DictGrads()
+        gy_values = {}
+        out_index = {}
+        k = 0
+        for x in out_raw:
+            if isinstance(x, (Variable, TracedFloat, np.ndarray)):
+                if isinstance(x, Variable):
+                    out_index[id(x)] = k
+                k += 1
+        for y in roots:
+            gy = Variable(np.ones_like(y._data))
+            gv = tr.add_input(y.shape, y.dtype, f"g{out_index[id(y)]}")
+            gy._tv = gv
+            gy_values[id(gv)] = out_index[id(y)]
+            grads.set(y, gy)
+        with core.no_grad():
+            backprop(roots, grads=grads, within=tr.functions)
+        bwd_nodes = g.nodes[n_nodes:]
+        if any(n.kind == GUARD for n in bwd_nodes) or tr.escapes:
+            return "escape", []
+        grad_values = []
+        diff_sources = []
+        for src, var in boundary:
+            gvar = grads.get(var)
+            diff_sources.append(src)
+            grad_values.append(None if gvar is None else tr.value_of(gvar))
+        # Backward graph inputs: forward values it reads (saved), and the gys.
+        defined = {id(v) for n in bwd_nodes for v in n.outputs}
+        fwd_inputs = g.inputs[:n_inputs]
+        bwd_inputs, sources, saved = [], [], []
+        seen = set()
+        new_caps = {id(v) for v in g.inputs[n_inputs:] if id(v) not in gy_values}
+
+        def need(v):
+            if not isinstance(v, Value) or id(v) in defined or id(v) in seen:
+                return
+            seen.add(id(v))
+            bwd_inputs.append(v)
+            if id(v) in gy_values:
+                sources.append(("gy", gy_values[id(v)]))
+            elif id(v) in new_caps:
+                # A constant the backward captured (an np.arange): save it like a value.
+                sources.append(("saved", len(saved)))
+                saved.append(v)
+            else:
+                sources.append(("saved", len(saved)))
+                saved.append(v)
+
+        for n in bwd_nodes:
+            for v in n.inputs:
+                need(v)
+        for v in grad_values:
+            if v is not None:
+                need(v)
+        outs_b = [v for v in grad_values if v is not None]
+        slot, grad_slots = 0, []
+        for v in grad_values:
+            if v is None:
+                grad_slots.append(None)
+            else:
+                grad_slots.append(slot)
+                slot += 1
+        bgraph = Graph(g.name + "_backward", bwd_inputs, bwd_nodes, outs_b,
+                       [v.name for v in bwd_inputs])
+        # The joint graph (for create_graph): all inputs, all nodes.
+        joint = Graph(g.name + "_joint", g.inputs, g.nodes,
+                      outs_b, g.input_names)
+        pos = {id(v): i for i, v in enumerate(g.inputs)}
+        joint_diff = []
+        for src, var in boundary:
+            val = tr.arg_vars[id(var)][1] if src[0] == "arg" else tr.captured_vars[id(var)][1]
+            joint_diff.append(pos[id(val)])
+        joint_gy = {pos[id(v)]: gy_values[id(v)] for v in g.inputs if id(v) in gy_values}
+        info = dict(graph=bgraph, sources=sources, grad_slots=grad_slots, saved=saved,
+                    joint=joint, joint_diff_inputs=joint_diff, joint_gy_inputs=joint_gy,
+                    joint_grad_slots=grad_slots)
+        if any(id(v) in new_caps for v in saved):
+            raise _Unsupported("the backward pass reads an array the forward never used")
+        return info, diff_sources
+
+    def _check_rng(self, tr, before):
+        after = np.random.get_state()
+        if _same_rng(before, after) and not tr.random_nodes:
+            return
+        # Replay the recorded draws from the state before: they must explain the change.
+        np.random.set_state(before)
+        for n in tr.random_nodes:
+            n.fn.forward()
+        replayed = np.random.get_state()
+        np.random.set_state(after)
+        if not _same_rng(replayed, after):
+            tr.escape("a random draw the tracer does not see (np.random.* on something "
+                      "other than traced data); use tracejit functions for random draws")
+
+    def backend_compile(self, g):
+        return compile_graph(g, self.backend, self.parallel, self.cache)
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def compile_graph(g, backend="auto", parallel=None, cache=True):
+    if backend == "auto":
+        backend = os.environ.get("TRACEJIT_BACKEND", "interpret")
+    if backend == "numba":
+        try:
+            from tracejit import codegen
+        except ImportError:
+            codegen = None
+        if codegen is not None and hasattr(codegen, "compile"):
+            return codegen.compile(g, parallel=parallel, cache=cache)
+        if backend == "numba":
+            raise RuntimeError("the numba backend is not available")
+    return interpret.compile(g)
+
+
+def _is_grad_capture(tr, val):
+    for v, (kind, obj) in tr.captures:
+        if v is val:
+            return kind == "grad"
+    return False
+
+
+def _same_rng(a, b):
+    return a[2] == b[2] and np.array_equal(a[1], b[1])
+
+
+def _flatten_out(obj, leaves):
+    t = type(obj)
+    if isinstance(obj, (Variable, np.ndarray, TracedFloat)):
+        leaves.append(obj)
+        return _VAR
+    if t is tuple or t is list:
+        return (t.__name__,) + tuple(_flatten_out(x, leaves) for x in obj)
+    if t is dict:
+        keys = tuple(obj)
+        return ("dict", keys) + tuple(_flatten_out(obj[k], leaves) for k in keys)
+    leaves.append(obj)
+    return _VAR
+
+
+def _strip(obj):
+    """The traced call's result with tracer types replaced by plain ones."""
+    if isinstance(obj, TracedArray):
+        return np.array(obj.view(np.ndarray))
+    if isinstance(obj, TracedFloat):
+        return float.__float__(obj)
+    if type(obj) in (tuple, list):
+        return type(obj)(_strip(x) for x in obj)
+    if type(obj) is dict:
+        return {k: _strip(v) for k, v in obj.items()}
+    return obj
+
+
+def _arg_names(fn, n):
+    import inspect
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        params = []
+    names = []
+    for i in range(n):
+        names.append(params[i] if i < len(params) and params[i] not in ("args", "kwargs")
+                     else f"arg{i}")
+    return names
+
+
+def jit(fn=None, **options):
+    """Compile a define-by-run function: `@tj.jit` or `tj.jit(f, static_argnums=...)`."""
+    if fn is None:
+        return lambda f: Jitted(f, **options)
+    return Jitted(fn, **options)

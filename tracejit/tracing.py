@@ -1,0 +1,654 @@
+"""Tracing: run the user's function once with tracer values and record a Graph.
+
+Tracer values carry real data, so the traced call computes its real result while it
+records. Three kinds of tracer stand in for what the function receives:
+  - Variables (arguments and captured Parameters) get `_tv`, the IR value they are;
+  - `.data` of a Variable, and ndarray arguments, are TracedArray views: NumPy
+    operations on them become nodes, and `bool()/float()/int()` on them become guards;
+  - float arguments are TracedFloat, a float whose arithmetic is recorded.
+What the tracer cannot follow (`.tolist()`, a write into a value computed inside the
+function, an untracked random draw) is an escape: the variant then runs eagerly.
+"""
+import linecache
+import os
+import sys
+import warnings
+
+import numpy as np
+
+from tracejit import core
+from tracejit import functions as F
+from tracejit.core import Config, Variable, DictGrads
+from tracejit.ir import Graph, Lit, Node, Value
+from tracejit.trace_ops import Guard, NumpyCall
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def user_line(skip=2):
+    """'file.py:12  source text' of the innermost frame outside tracejit."""
+    f = sys._getframe(skip)
+    while f is not None:
+        fname = f.f_code.co_filename
+        if not fname.startswith(_PKG_DIR) and "hypothesis" not in fname:
+            text = linecache.getline(fname, f.f_lineno).strip()
+            return f"{os.path.basename(fname)}:{f.f_lineno}  {text}"
+        f = f.f_back
+    return None
+
+
+# -------------------------------------------------------------------- tracer values
+
+_UFUNC_PRIMS = {
+    np.add: F.Add, np.subtract: F.Sub, np.multiply: F.Mul, np.true_divide: F.Div,
+    np.negative: F.Neg, np.exp: F.Exp, np.log: F.Log, np.sin: F.Sin, np.cos: F.Cos,
+    np.tanh: F.Tanh, np.sqrt: F.Sqrt, np.absolute: F.Abs, np.sign: F.Sign,
+    np.maximum: F.Maximum, np.minimum: F.Minimum, np.greater: F.Greater,
+    np.greater_equal: F.GreaterEqual, np.less: F.Less, np.less_equal: F.LessEqual,
+    np.equal: F.Equal, np.not_equal: F.NotEqual, np.power: F.PowV,
+}
+_REDUCE_PRIMS = {np.add: F.Sum, np.maximum: F.Max, np.minimum: F.Min}
+
+
+class TracedArray(np.ndarray):
+    """A view of real data that records what NumPy and Python do with it."""
+
+    _tv = None          # the IR value this array is (None: derived untracked)
+    _owner = None       # the Variable whose .data this is, if any
+    _trace = None
+
+    def __array_finalize__(self, obj):
+        # Views made by NumPy internals carry no IR value: using one is an escape.
+        self._tv = None
+        self._owner = None
+        self._trace = getattr(obj, "_trace", None)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return self._trace.ufunc(ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        return self._trace.array_function(func, args, kwargs)
+
+    def __bool__(self):
+        return self._trace.guard(self, "bool")
+
+    def __float__(self):
+        return self._trace.guard(self, "float")
+
+    def __int__(self):
+        return self._trace.guard(self, "int")
+
+    def __index__(self):
+        return self._trace.guard(self, "index")
+
+    def item(self, *args):
+        if args:
+            return self[args].item() if len(args) > 1 else self.reshape(-1)[args[0]].item()
+        return self._trace.guard(self, "float" if self.dtype.kind in "fc" else
+                                 ("bool" if self.dtype.kind == "b" else "int"))
+
+    def tolist(self):
+        self._trace.escape(".tolist() of traced data")
+        return self.view(np.ndarray).tolist()
+
+    def __setitem__(self, key, value):
+        self._trace.escape("item assignment into traced data")
+        value = value.view(np.ndarray) if isinstance(value, np.ndarray) else value
+        self.view(np.ndarray)[key] = value
+
+    def __getitem__(self, key):
+        return self._trace.record_data_op(F.get_item, self, key)
+
+    def reshape(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = shape[0]
+        return self._trace.record_data_op(F.reshape, self, shape)
+
+    def transpose(self, *axes):
+        axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
+        return self._trace.record_data_op(F.transpose, self, axes or None)
+
+    @property
+    def T(self):
+        return self.transpose()
+
+    def astype(self, dtype, **kwargs):
+        return self._trace.record_data_op(F.cast, self, dtype)
+
+    def copy(self, order="C"):
+        return self._trace.ufunc(np.positive, "__call__", (self,), {})
+
+    def mean(self, axis=None, dtype=None, out=None, keepdims=False):
+        if dtype is not None or out is not None:
+            self._trace.escape("mean() with dtype= or out= on traced data")
+            return self.view(np.ndarray).mean(axis, dtype, out, keepdims)
+        return self._trace.record_data_op(F.mean, self, axis, keepdims)
+
+    def argmax(self, axis=None, out=None, **kw):
+        return self._trace.numpy_call(np.argmax, (self,), {"axis": axis, **kw})
+
+    def argmin(self, axis=None, out=None, **kw):
+        return self._trace.numpy_call(np.argmin, (self,), {"axis": axis, **kw})
+
+    def __repr__(self):
+        self._trace.side_effect("repr() of traced data")
+        return repr(np.asarray(self))
+
+    def __str__(self):
+        self._trace.side_effect("str() of traced data")
+        return str(np.asarray(self))
+
+    def __format__(self, spec):
+        self._trace.side_effect("formatting traced data")
+        return format(np.asarray(self) if self.ndim else np.asarray(self)[()], spec)
+
+    def __reduce__(self):
+        self._trace.escape("pickling traced data")
+        return self.view(np.ndarray).__reduce__()
+
+
+class TracedFloat(float):
+    """A float argument: a runtime input, so a new value does not retrace."""
+
+    __slots__ = ("_tv", "_trace")
+
+    def _op(self, other, fn, reverse=False):
+        tr = self._trace
+        if isinstance(other, TracedArray) or isinstance(other, Variable):
+            return NotImplemented
+        if not isinstance(other, (int, float)) or isinstance(other, bool):
+            return NotImplemented
+        a = tr.scalar_var(self)
+        b = tr.scalar_var(other) if isinstance(other, TracedFloat) else other
+        out = fn(b, a) if reverse else fn(a, b)
+        if not isinstance(out, Variable):
+            return out
+        return tr.make_float(out)
+
+    def __add__(self, o): return self._op(o, F.add)
+    def __radd__(self, o): return self._op(o, F.add, True)
+    def __sub__(self, o): return self._op(o, F.sub)
+    def __rsub__(self, o): return self._op(o, F.sub, True)
+    def __mul__(self, o): return self._op(o, F.mul)
+    def __rmul__(self, o): return self._op(o, F.mul, True)
+    def __truediv__(self, o): return self._op(o, F.div)
+    def __rtruediv__(self, o): return self._op(o, F.div, True)
+    def __pow__(self, o): return self._op(o, lambda a, b: F.PowV()(*F._as_operands(a, b)))
+    def __rpow__(self, o): return self._op(o, lambda a, b: F.PowV()(*F._as_operands(a, b)),
+                                           True)
+    def __neg__(self): return self._trace.make_float(F.neg(self._trace.scalar_var(self)))
+    def __pos__(self): return self
+    def __abs__(self): return self._trace.make_float(F.abs(self._trace.scalar_var(self)))
+
+    def _cmp(self, o, fn):
+        if not isinstance(o, (int, float)):
+            return NotImplemented
+        return bool(fn(self._trace.scalar_var(self), o).data)
+
+    def __gt__(self, o): return self._cmp(o, F.greater)
+    def __ge__(self, o): return self._cmp(o, F.greater_equal)
+    def __lt__(self, o): return self._cmp(o, F.less)
+    def __le__(self, o): return self._cmp(o, F.less_equal)
+    def __eq__(self, o): return self._cmp(o, F.equal)
+    def __ne__(self, o): return self._cmp(o, F.not_equal)
+    __hash__ = float.__hash__
+
+    def __bool__(self):
+        return bool(self._trace.scalar_var(self).data)
+
+    def __float__(self):
+        return float(self._trace.scalar_var(self).data)
+
+    def __int__(self):
+        return int(self._trace.scalar_var(self).data)
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self._trace.scalar_var(self).data, dtype=dtype)
+
+    @property
+    def __array_interface__(self):
+        raise AttributeError
+
+
+# -------------------------------------------------------------------- the trace
+
+class _Pending:
+    """_tv of a Variable created during the trace that no node produced yet."""
+
+
+PENDING = _Pending()
+
+
+class Trace:
+    """Everything one tracing run records. One per traced call, thread-local."""
+
+    def __init__(self, name):
+        self.graph = Graph(name)
+        self.functions = set()       # Functions this trace called (the region to walk)
+        self.created = []            # Variables whose _tv must be cleared afterwards
+        self.captures = []           # (Value, source) for inputs read from outside the args
+        self.captured_vars = {}      # id(Variable) -> (Variable, Value)
+        self.captured_arrays = {}    # id(ndarray) -> (ndarray, current Value)
+        self.effects = []            # (kind, target, Value) replayed after a run
+        self.grad_writes = {}        # id(Variable) -> Variable, live vars whose .grad was set
+        self.escapes = []            # (reason, line)
+        self.side_effects = []       # (what, line)
+        self.random_nodes = []
+        self.arg_arrays = {}         # id(ndarray arg) -> (array, input Value)
+        self.arg_vars = {}           # id(Variable arg) -> (Variable, input Value)
+        self.owned = {}              # id(ndarray) -> ndarray, buffers computed in the trace
+
+    # ---- values
+
+    def new_value(self, shape, dtype, name=None):
+        return Value(shape, dtype, name, self.graph)
+
+    def add_input(self, shape, dtype, name=None):
+        v = self.new_value(shape, dtype, name)
+        self.graph.inputs.append(v)
+        self.graph.input_names.append(name)
+        return v
+
+    def is_mine(self, tv):
+        return tv is not None and (isinstance(tv, Lit) or getattr(tv, "graph", None)
+                                   is self.graph)
+
+    def value_of(self, var):
+        """The IR value a Variable stands for, capturing it if it comes from outside."""
+        tv = var._tv
+        if tv is PENDING:
+            # Made inside the function from a plain array: capture the array itself.
+            tv = self.array_value(var._data)
+            var._tv = tv
+            return tv
+        if self.is_mine(tv):
+            return tv
+        entry = self.captured_vars.get(id(var))
+        if entry is not None:
+            return entry[1]
+        if var._data is None:
+            self.escape(f"a Variable with data None ({var.name or 'unnamed'}) was used")
+            return Lit(0.0, np.float64)
+        v = self.add_input(var.shape, var.dtype, var.name)
+        self.captured_vars[id(var)] = (var, v)
+        self.captures.append((v, ("var", var)))
+        var._tv = v
+        self.created.append(var)
+        return v
+
+    def array_value(self, arr):
+        """The IR value of a plain ndarray operand: an argument, a capture or a constant."""
+        if isinstance(arr, TracedArray):
+            if self.is_mine(arr._tv):
+                return arr._tv
+            self.escape("an array derived from traced data by an operation the tracer "
+                        "does not follow")
+            arr = arr.view(np.ndarray)
+        entry = self.captured_arrays.get(id(arr))
+        if entry is not None:
+            return entry[1]
+        entry = self.arg_arrays.get(id(arr))
+        if entry is not None:
+            return entry[1]
+        if self._is_owned(arr):
+            self.escape("traced data reached NumPy without the tracer (np.asarray, the "
+                        "buffer protocol or a C extension); its values would be frozen")
+        v = self.add_input(arr.shape, arr.dtype)
+        # Held strongly: an array built inside the function (np.arange) would die.
+        self.captured_arrays[id(arr)] = (arr, v)
+        self.captures.append((v, ("array", arr)))
+        return v
+
+    def operand(self, x):
+        if isinstance(x, Variable):
+            return self.value_of(x)
+        if isinstance(x, TracedFloat):
+            return x._tv
+        if isinstance(x, np.ndarray):
+            return self.array_value(x)
+        self.escape(f"unsupported operand {type(x).__name__}")
+        return Lit(0.0, np.float64)
+
+    # ---- hooks called by core
+
+    def new_variable(self, var, data):
+        if isinstance(data, TracedArray):
+            var._tv = self.array_value(data)
+            data = data.view(np.ndarray)
+        else:
+            var._tv = PENDING
+        var._data = data
+        self.created.append(var)
+
+    def record(self, fn, inputs, outputs):
+        ins = [self.value_of(x) for x in inputs]
+        outs = [self.new_value(y.shape, y.dtype) for y in outputs]
+        for y, v in zip(outputs, outs):
+            y._tv = v
+            self.own(y._data)
+        node = Node(fn, ins, outs, user_line(3))
+        self.graph.nodes.append(node)
+        self.functions.add(fn)
+        if fn.kind == core.RANDOM:
+            self.random_nodes.append(node)
+        elif fn.kind == core.OPAQUE and not isinstance(fn, NumpyCall) and fn.params == () \
+                and type(fn).__module__.startswith("tracejit") is False:
+            pass  # a user Function: an opaque node, replayed with its own forward
+
+    def literal(self, var, value):
+        var._tv = Lit(value, var.dtype)
+
+    def scalar_input(self, value, like_dtype):
+        raw = float.__float__(value)   # float(value) would record a guard
+        dtype = np.result_type(like_dtype, raw)
+        var = Variable(np.asarray(raw, dtype=dtype))
+        if dtype == np.float64:
+            var._tv = value._tv
+        else:
+            out = self.new_value((), dtype)
+            self.graph.nodes.append(Node(F.Cast(dtype), [value._tv], [out], user_line(3)))
+            var._tv = out
+        return var
+
+    def scalar_var(self, value):
+        """A Variable for a float (traced or not), as a 0-d float64."""
+        if isinstance(value, TracedFloat):
+            var = Variable(np.asarray(float.__float__(value)))
+            var._tv = value._tv
+            return var
+        var = Variable(np.asarray(float(value)))
+        var._tv = Lit(float(value), np.float64)
+        return var
+
+    def make_float(self, var):
+        tf = TracedFloat(float(var._data))
+        tf._tv = self.value_of(var)
+        tf._trace = self
+        return tf
+
+    def read_data(self, var):
+        tv = self.value_of(var)
+        t = var._data.view(TracedArray)
+        t._tv = tv
+        t._owner = var
+        t._trace = self
+        return t
+
+    def write_data(self, var, value):
+        """`var.data = value` for a Variable that exists: a live input is reassigned."""
+        if isinstance(value, TracedArray):
+            if value._owner is var and _root(value) is _root(var._data):
+                # `var.data -= x` assigns back the array it changed in place: nothing new.
+                return var._data
+            tv = self.array_value(value)
+            plain = value.view(np.ndarray)
+        else:
+            plain = value
+            tv = self.array_value(value) if value is not None else None
+        if self.is_live(var):
+            if tv is None:
+                self.escape("setting a captured Variable's data to None")
+                return plain
+            self.effects.append(("rebind", var, tv))
+            var._tv = tv
+        elif var._tv is not None:
+            var._tv = tv if tv is not None else PENDING
+        return plain
+
+    def read_grad(self, var):
+        g = var._grad
+        if g is None or self.is_mine(g._tv) or g._tv is PENDING:
+            return g
+        if self.is_live(var) and id(g) not in self.captured_vars:
+            # The stale gradient of a live Variable (accumulated into by backward):
+            # read through its owner at every call, not as the object seen now.
+            v = self.add_input(g.shape, g.dtype, (var.name or "p") + ".grad")
+            self.captured_vars[id(g)] = (g, v)
+            self.captures.append((v, ("grad", var)))
+            g._tv = v
+            self.created.append(g)
+        return g
+
+    def write_grad(self, var, value):
+        if self.is_live(var):
+            self.grad_writes[id(var)] = var
+
+    def is_live(self, var):
+        return id(var) in self.captured_vars and self.captured_vars[id(var)][0] is var \
+            or id(var) in self.arg_vars
+
+    # ---- NumPy on traced data
+
+    def _np_operand(self, x, like_dtype):
+        if isinstance(x, (TracedArray, Variable)):
+            return self.operand(x)
+        if isinstance(x, TracedFloat):
+            return x._tv
+        if isinstance(x, np.ndarray):
+            return self.array_value(x)
+        if isinstance(x, (bool, int, float)):
+            return Lit(x, np.result_type(like_dtype, x) if like_dtype is not None else
+                       np.asarray(x).dtype)
+        if isinstance(x, np.generic):
+            return Lit(x, x.dtype)
+        self.escape(f"NumPy call with an operand of type {type(x).__name__}")
+        return Lit(0.0, np.float64)
+
+    def _wrap(self, y, tv, owner=None):
+        y = np.asarray(y)
+        t = y.view(TracedArray)
+        t._tv = tv
+        t._owner = owner
+        t._trace = self
+        return t
+
+    def ufunc(self, ufunc, method, inputs, kwargs):
+        out = kwargs.pop("out", None)
+        plain = [np.asarray(x).view(np.ndarray) if isinstance(x, np.ndarray) else
+                 (float.__float__(x) if isinstance(x, TracedFloat) else x) for x in inputs]
+        arrays = [x for x in inputs if isinstance(x, np.ndarray)]
+        like = np.result_type(*arrays) if arrays else None
+        if kwargs.get("where", True) is not True:
+            return self._escaped_ufunc(f"np.{ufunc.__name__} with where=", ufunc, method,
+                                       plain, kwargs, out)
+        kw = {k: v for k, v in kwargs.items() if k not in ("casting", "subok")}
+        if method == "__call__" and ufunc in _UFUNC_PRIMS and not kw:
+            prim = _UFUNC_PRIMS[ufunc]
+            ins = [self._np_operand(x, like) for x in inputs]
+            fn = prim()
+            if prim is F.PowV and isinstance(ins[1], Lit) and ins[1].dtype.kind in "iuf" \
+                    and not isinstance(ins[0], Lit):
+                fn = F.Pow(ins[1].value.item())
+                ins = ins[:1]
+        elif method == "reduce" and ufunc in _REDUCE_PRIMS and not kw.get("dtype") \
+                and kw.get("initial") is None:
+            x = inputs[0]
+            axis = kw.get("axis", 0)
+            fn = _REDUCE_PRIMS[ufunc](F._normalize_axis(axis, x.ndim, ufunc.__name__),
+                                      kw.get("keepdims", False))
+            ins = [self._np_operand(x, None)]
+        else:
+            return self.numpy_call(ufunc, inputs, kwargs, method=method, out=out)
+        y = fn.forward(*[(i.value if isinstance(i, Lit) else np.asarray(p).view(np.ndarray))
+                         for i, p in zip(ins, plain)])
+        return self._emit(fn, ins, y, out)
+
+    def _emit(self, fn, ins, y, out):
+        y = np.asarray(y)
+        self.own(y)
+        v = self.new_value(y.shape, y.dtype)
+        self.graph.nodes.append(Node(fn, ins, [v], user_line(4)))
+        if out is not None:
+            target = out[0] if isinstance(out, tuple) else out
+            return self._write_into(target, y, v)
+        return self._wrap(y, v)
+
+    def _write_into(self, target, y, v):
+        """An in-place NumPy op (`param.data -= ...`): the target now holds value v."""
+        if isinstance(target, TracedArray):
+            owner = target._owner
+            base = target.view(np.ndarray)
+        else:
+            owner = None
+            base = target
+        if base.shape != y.shape:
+            self.escape("an in-place operation that broadcasts its output")
+        np.copyto(base, y, casting="unsafe")
+        if y.dtype != base.dtype:
+            # `w -= lr * g` with float32 w and a float64 product stays float32, as in NumPy.
+            cast = self.new_value(base.shape, base.dtype)
+            self.graph.nodes.append(Node(F.Cast(base.dtype), [v], [cast], user_line(4)))
+            v = cast
+        if owner is not None and self.is_live(owner):
+            self.effects.append(("inplace", owner, v))
+            owner._tv = v
+        elif owner is None and id(base) in self.captured_arrays:
+            self.effects.append(("inplace_array", base, v))
+            self.captured_arrays[id(base)] = (base, v)
+        elif owner is None and id(base) in self.arg_arrays:
+            self.effects.append(("inplace_array", base, v))
+            self.arg_arrays[id(base)] = (base, v)
+        elif owner is None and isinstance(target, TracedArray) and self.is_mine(target._tv):
+            pass  # a NumPy temporary written in place (mean() does this): rebind below
+        elif owner is None and not isinstance(target, TracedArray):
+            # A plain array of the caller, written before it is read (np.add(a, b, out=m)).
+            self.captured_arrays[id(base)] = (base, v)
+            self.effects.append(("inplace_array", base, v))
+        else:
+            self.escape("an in-place write into a value computed inside the function")
+        if isinstance(target, TracedArray):
+            target._tv = v
+            return target
+        return target
+
+    def numpy_call(self, func, args, kwargs, method=None, out=None):
+        name = getattr(func, "__name__", func)
+        plain = [_plain(a) for a in args]
+        if out is not None:
+            return self._escaped_ufunc(f"np.{name} with out=", func, method, plain, kwargs,
+                                       out)
+        ins = []
+        for a in args:
+            if isinstance(a, (np.ndarray, Variable, TracedFloat)):
+                ins.append(self.operand(a) if not isinstance(a, TracedFloat) else a._tv)
+            else:
+                return self._escaped_ufunc(f"np.{name} with a non-array positional "
+                                           f"argument", func, method, plain, kwargs, None)
+        try:
+            static = tuple(sorted(kwargs.items()))
+            hash(static)
+        except TypeError:
+            return self._escaped_ufunc(f"np.{name} with unhashable keyword arguments", func,
+                                       method, plain, kwargs, None)
+        fn = NumpyCall(func, method, static)
+        y = fn.forward(*[(i.value if isinstance(i, Lit) else p) for i, p in zip(ins, plain)])
+        return self._emit(fn, ins, y, None)
+
+    _FUNCTION_RULES = None
+
+    def array_function(self, func, args, kwargs):
+        name = getattr(func, "__name__", "")
+        if name in ("shape", "ndim", "size", "result_type", "may_share_memory",
+                    "shares_memory", "iscomplexobj", "isrealobj"):
+            return func._implementation(*[np.asarray(a).view(np.ndarray)
+                                         if isinstance(a, np.ndarray) else a for a in args],
+                                        **kwargs)
+        if name in ("sum", "mean", "max", "amax", "min", "amin", "reshape", "transpose",
+                    "copy", "argmax", "argmin") and args and isinstance(args[0], TracedArray):
+            method = {"amax": "max", "amin": "min"}.get(name, name)
+            return getattr(args[0], method)(*args[1:], **kwargs)
+        flat_ok = all(isinstance(a, (np.ndarray, Variable)) for a in args)
+        if flat_ok:
+            return self.numpy_call(func, args, kwargs)
+        self.escape(f"np.{name} applied to traced data")
+        return func._implementation(*[_plain_deep(a) for a in args], **kwargs)
+
+    def record_data_op(self, fn, x, *args):
+        """A tracejit function applied to traced data, giving traced data."""
+        var = Variable.__new__(Variable)
+        var._tv = x._tv if self.is_mine(x._tv) else self.array_value(x)
+        var._data = x.view(np.ndarray)
+        var._grad = None
+        var.name = None
+        var.creator = None
+        var.generation = 0
+        self.created.append(var)
+        with core.no_grad():
+            y = fn(var, *args)
+        if not isinstance(y, Variable):
+            return y
+        return self._wrap(y._data, self.value_of(y))
+
+    # ---- guards and escapes
+
+    def guard(self, x, conv):
+        tv = self.array_value(x)
+        plain = np.asarray(x).view(np.ndarray)
+        if conv == "bool":
+            outcome = bool(plain)
+        elif conv == "float":
+            outcome = float(plain)
+        else:
+            outcome = plain.__index__() if conv == "index" else int(plain)
+        self.graph.nodes.append(Node(Guard(conv, outcome), [tv], [], user_line(3)))
+        return outcome
+
+    def escape(self, reason):
+        """Record what cannot be replayed; the traced call itself goes on, eagerly right."""
+        self.escapes.append((reason, user_line(3)))
+
+    def _escaped_ufunc(self, reason, func, method, plain, kwargs, out):
+        self.escape(reason)
+        if out is not None:
+            kwargs["out"] = tuple(_plain(o) for o in out) if isinstance(out, tuple) \
+                else _plain(out)
+        f = func if not method or method == "__call__" else getattr(func, method)
+        return f(*plain, **kwargs)
+
+    def own(self, arr):
+        """Remember a buffer computed inside the trace (kept alive so ids stay unique)."""
+        self.owned[id(arr)] = arr
+
+    def _is_owned(self, arr):
+        while arr is not None:
+            if id(arr) in self.owned:
+                return True
+            arr = arr.base if isinstance(arr.base, np.ndarray) else None
+        return False
+
+    def side_effect(self, what):
+        self.side_effects.append((what, user_line(3)))
+
+
+def _root(a):
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _plain(a):
+    if isinstance(a, Variable):
+        return a._data
+    if isinstance(a, TracedFloat):
+        return float.__float__(a)
+    if isinstance(a, np.ndarray):
+        return a.view(np.ndarray)
+    return a
+
+
+def _plain_deep(a):
+    if isinstance(a, (list, tuple)):
+        return type(a)(_plain_deep(x) for x in a)
+    return _plain(a)
+
+
+def start(trace):
+    prev = core._state.trace
+    core._state.trace = trace
+    return prev
+
+
+def stop(trace, prev):
+    core._state.trace = prev
+    for v in trace.created:
+        v._tv = None
