@@ -273,6 +273,9 @@ def backprop(outputs, retain_grad=False, create_graph=False, grads=None, within=
     while heap:
         f = heapq.heappop(heap)[2]
         gys = f.output_grads(store)
+        tr = _state.trace
+        if tr is not None:
+            tr.backward_of(f)
         with using_config("enable_backprop", create_graph):
             gxs = f.backward(*gys)
             if not isinstance(gxs, tuple):
@@ -295,6 +298,9 @@ def backprop(outputs, retain_grad=False, create_graph=False, grads=None, within=
                 y = y()
                 if y is not None:
                     store.set(y, None)
+    tr = _state.trace
+    if tr is not None:
+        tr.backward_of(None)
 
 
 class Parameter(Variable):
@@ -358,6 +364,9 @@ class Function:
 
     def __call__(self, *inputs):
         inputs = [as_variable(x) for x in inputs]
+        tr = _state.trace
+        if tr is not None and tr.abstract:
+            return tr.call(self, inputs)
         xs = [x._data for x in inputs]
         try:
             ys = self.forward(*xs)
@@ -366,7 +375,6 @@ class Function:
         if not isinstance(ys, tuple):
             ys = (ys,)
         outputs = [Variable(as_array(y)) for y in ys]
-        tr = _state.trace
         if tr is not None:
             tr.record(self, inputs, outputs)
         if Config.enable_backprop:

@@ -195,6 +195,8 @@ class Variant:
             self.bwd_sources = bwd_info["sources"]
             self.bwd_grad_slots = bwd_info["grad_slots"]
             self.joint_graph = bwd_info["joint"]
+        self.state = ()
+        self.checks_left = 3 if jitted.check else 1
         self.exe = jitted.backend_compile(self.forward_graph)
         self._bexe = None
         self.input_ids = None
@@ -227,6 +229,108 @@ class Variant:
                 env_vars.append(Variable(arrays[idx]))
         outs = interpret.run_with_variables(j, env_vars)
         return tuple(outs[s] if s is not None else None for s in self.bwd["joint_grad_slots"])
+
+
+class _LiveState:
+    """Snapshot and restore of everything a variant reads or writes outside its args."""
+
+    def __init__(self, v, leaves):
+        self.vars, self.arrays = [], []
+        seen = set()
+        objs = [(kind, obj) for kind, obj, _ in v.sources if kind != "arg"]
+        objs += [("var" if kind != "inplace_array" else "array", t) for kind, t, _ in
+                 v.effects]
+        objs += [("var", var) for var, _ in v.grad_effects]
+        objs += [("var", x) for x in leaves if isinstance(x, Variable)]
+        objs += [("array", x) for x in leaves if isinstance(x, np.ndarray)]
+        for kind, obj in objs:
+            if kind == "grad":
+                kind = "var"
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            (self.vars if kind == "var" else self.arrays).append(obj)
+        self.initial = self.capture()
+
+    def capture(self):
+        vs = [(var._data, None if var._data is None else var._data.copy(), var._grad,
+               None if var._grad is None else var._grad._data.copy()) for var in self.vars]
+        arrs = [a.copy() for a in self.arrays]
+        return vs, arrs
+
+    def restore(self, snap):
+        vs, arrs = snap
+        for var, (data, data_copy, grad, grad_copy) in zip(self.vars, vs):
+            if data is not None:
+                np.copyto(data, data_copy)
+            var._data = data
+            if grad is not None:
+                np.copyto(grad._data, grad_copy)
+            var._grad = grad
+        for a, c in zip(self.arrays, arrs):
+            np.copyto(a, c)
+
+    def restore_initial(self):
+        self.restore(self.initial)
+
+    def difference(self, snap):
+        vs, arrs = snap
+        for var, (data, data_copy, grad, grad_copy) in zip(self.vars, vs):
+            name = var.name or "a captured Variable"
+            d = _array_difference(data_copy, var._data, f"{name}.data")
+            if d:
+                return d
+            if (grad_copy is None) != (var._grad is None):
+                return f"{name}.grad is {'None' if var._grad is None else 'set'} compiled"
+            if grad_copy is not None:
+                d = _array_difference(grad_copy, var._grad._data, f"{name}.grad")
+                if d:
+                    return d
+        for a, c in zip(self.arrays, arrs):
+            d = _array_difference(c, a, "a captured array")
+            if d:
+                return d
+        return None
+
+
+def _array_difference(expected, got, what):
+    if expected is None or got is None:
+        return None if expected is got else f"{what} is None in one run"
+    expected, got = np.asarray(expected), np.asarray(got)
+    if expected.shape != got.shape or expected.dtype != got.dtype:
+        return (f"{what}: eager {expected.dtype}{list(expected.shape)}, compiled "
+                f"{got.dtype}{list(got.shape)}")
+    if expected.dtype.kind in "fc":
+        ok = np.isclose(got, expected, rtol=1e-5, atol=1e-7, equal_nan=True)
+    else:
+        ok = got == expected
+    if np.all(ok):
+        return None
+    i = np.unravel_index(np.argmin(ok), ok.shape) if ok.ndim else ()
+    return f"{what}{list(i) if i else ''}: eager {expected[i]!r}, compiled {got[i]!r}"
+
+
+def _first_difference(expected, got, path="output"):
+    if isinstance(expected, Variable) or isinstance(expected, np.ndarray):
+        e = expected._data if isinstance(expected, Variable) else expected
+        g = got._data if isinstance(got, Variable) else got
+        return _array_difference(e, g, path)
+    if isinstance(expected, (tuple, list)):
+        for i, (e, g) in enumerate(zip(expected, got)):
+            d = _first_difference(e, g, f"{path}[{i}]")
+            if d:
+                return d
+        return None
+    if isinstance(expected, dict):
+        for k in expected:
+            d = _first_difference(expected[k], got[k], f"{path}[{k!r}]")
+            if d:
+                return d
+        return None
+    if isinstance(expected, float):
+        return None if np.isclose(expected, got, rtol=1e-5, equal_nan=True) else \
+            f"{path}: eager {expected!r}, compiled {got!r}"
+    return None if expected == got else f"{path}: eager {expected!r}, compiled {got!r}"
 
 
 class _Stale(Exception):
@@ -331,6 +435,8 @@ class Jitted:
             tried = 0
             while True:
                 try:
+                    if v.checks_left > 0:
+                        return self._run_checked(key, v, args, kwargs, leaves)
                     out = self._run(v, leaves)
                     self.stats["hits"] += 1
                     return out
@@ -383,9 +489,49 @@ class Jitted:
             warnings.warn(f"jit({self.__name__}) runs eagerly: {reason}{where}", JitWarning,
                           stacklevel=4)
 
+    # ---- verifying a variant against eager
+
+    def _run_checked(self, key, v, args, kwargs, leaves):
+        """Run eager and compiled side by side from the same state; keep eager's on a
+        mismatch. Every variant's first call does this (check=True: its first three),
+        so a value the tracer could not see (NumPy on a bare array the function also
+        mutates) demotes the variant instead of replaying a frozen constant."""
+        v.checks_left -= 1
+        state = _LiveState(v, leaves)
+        rng = np.random.get_state()
+        with disable_jit():
+            expected = self.fn(*args, **kwargs)
+        eager_state = state.capture()
+        rng_after = np.random.get_state()
+        state.restore_initial()
+        np.random.set_state(rng)
+        try:
+            got = self._run(v, leaves)
+        except (GuardFailure, _Stale):
+            state.restore(eager_state)
+            np.random.set_state(rng_after)
+            return expected
+        diff = _first_difference(expected, got) or state.difference(eager_state)
+        if diff is None:
+            return got
+        variants = self._variants.get(key, [])
+        if v in variants:
+            variants.remove(v)
+        state.restore(eager_state)
+        np.random.set_state(rng_after)
+        self._fallback(key, f"the compiled variant differs from eager ({diff}); the "
+                            f"function likely computes with NumPy on arrays the tracer "
+                            f"cannot see")
+        return expected
+
     # ---- running a variant
 
     def _run(self, v, leaves):
+        if v.state:
+            changed = _changed(v.state)
+            if changed is not None:
+                o, k, old, new = changed
+                raise _Stale(f"{type(o).__name__}.{k} changed from {old!r} to {new!r}")
         arrays = []
         for kind, obj, spec in v.sources:
             if kind == "arg":
@@ -471,6 +617,8 @@ class Jitted:
         leaves = []
         targs, tkwargs = self._tracer_args(tr, args, kwargs, leaves)
         rng_before = np.random.get_state()
+        objs = _state_objects(self.fn)
+        snap_before = _snapshot(objs)
         prev = tracing.start(tr)
         try:
             result = self.fn(*targs, **tkwargs)
@@ -504,8 +652,14 @@ class Jitted:
         self._check_rng(tr, rng_before)
         self.stats["trace_seconds"] += time.perf_counter() - t0
         reason = None
+        mutated = _changed(snap_before)
         if tr.escapes:
             reason, line = tr.escapes[0]
+        elif mutated is not None:
+            o, k, old, new = mutated
+            reason = (f"the function changes the Python attribute {type(o).__name__}.{k} "
+                      f"({old!r} -> {new!r}); compiled calls would not")
+            line = None
         elif bwd_info == "escape":
             reason, line = "the backward pass inspects values", None
         if reason is not None:
@@ -524,6 +678,7 @@ class Jitted:
             self._fallback(key, str(e))
             return result
         self.stats["compile_seconds"] += time.perf_counter() - t1
+        variant.state = _snapshot(objs)
         self._variants.setdefault(key, []).append(variant)
         self.stats["variants"] += 1
         return result
@@ -607,6 +762,7 @@ class Jitted:
             grads.set(y, gy)
         with core.no_grad():
             backprop(roots, grads=grads, within=tr.functions)
+        tr.bwd_line = None
         bwd_nodes = g.nodes[n_nodes:]
         if any(n.kind == GUARD for n in bwd_nodes) or tr.escapes:
             return "escape", []
@@ -705,6 +861,56 @@ def compile_graph(g, backend="auto", parallel=None, cache=True):
         if backend == "numba":
             raise RuntimeError("the numba backend is not available")
     return interpret.compile(g)
+
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _state_objects(fn):
+    """Objects whose Python attributes the function may read: closure cells, bound
+    self, and module globals it names (one level, objects with a __dict__)."""
+    objs = []
+    target = getattr(fn, "__func__", fn)
+    if hasattr(fn, "__self__"):
+        objs.append(fn.__self__)
+    for cell in getattr(target, "__closure__", None) or ():
+        try:
+            objs.append(cell.cell_contents)
+        except ValueError:
+            pass
+    code = getattr(target, "__code__", None)
+    glb = getattr(target, "__globals__", {})
+    if code is not None:
+        for name in code.co_names:
+            if name in glb:
+                objs.append(glb[name])
+    out = []
+    for o in objs:
+        d = getattr(o, "__dict__", None)
+        if isinstance(d, dict) and not isinstance(o, type) and not callable(o) \
+                or (isinstance(d, dict) and hasattr(o, "params")):
+            out.append(o)
+    return out
+
+
+def _snapshot(objs):
+    snap = []
+    for o in objs:
+        for k, v in list(vars(o).items()):
+            if type(v) in _SCALARS:
+                snap.append((o, k, v))
+    return snap
+
+
+def _changed(snap):
+    for o, k, v in snap:
+        cur = getattr(o, k, _MISSING)
+        if cur is not v and cur != v:
+            return (o, k, v, cur)
+    return None
+
+
+_MISSING = object()
 
 
 def _is_grad_capture(tr, val):

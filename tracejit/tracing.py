@@ -222,6 +222,8 @@ PENDING = _Pending()
 class Trace:
     """Everything one tracing run records. One per traced call, thread-local."""
 
+    abstract = False
+
     def __init__(self, name):
         self.graph = Graph(name)
         self.functions = set()       # Functions this trace called (the region to walk)
@@ -237,6 +239,8 @@ class Trace:
         self.arg_arrays = {}         # id(ndarray arg) -> (array, input Value)
         self.arg_vars = {}           # id(Variable arg) -> (Variable, input Value)
         self.owned = {}              # id(ndarray) -> ndarray, buffers computed in the trace
+        self.line_of = {}            # Function -> the user line that called it
+        self.bwd_line = None         # while backward runs: the line of the op it differentiates
 
     # ---- values
 
@@ -326,7 +330,8 @@ class Trace:
         for y, v in zip(outputs, outs):
             y._tv = v
             self.own(y._data)
-        node = Node(fn, ins, outs, user_line(3))
+        node = Node(fn, ins, outs, self.bwd_line or user_line(3))
+        self.line_of[fn] = node.line
         self.graph.nodes.append(node)
         self.functions.add(fn)
         if fn.kind == core.RANDOM:
@@ -334,6 +339,10 @@ class Trace:
         elif fn.kind == core.OPAQUE and not isinstance(fn, NumpyCall) and fn.params == () \
                 and type(fn).__module__.startswith("tracejit") is False:
             pass  # a user Function: an opaque node, replayed with its own forward
+
+    def backward_of(self, fn):
+        line = self.line_of.get(fn)
+        self.bwd_line = f"grad of {line}" if line and not line.startswith("grad of") else line
 
     def literal(self, var, value):
         var._tv = Lit(value, var.dtype)

@@ -1,0 +1,399 @@
+"""numba source for one fused group (loop kernel) or a whole scalar graph.
+
+Part of codegen (trace -> IR -> passes -> codegen): reads a `Fused` node's subgraph and
+writes readable Python/numba source from each primitive's `expr`. The source depends on
+structure only (ops, parameters, literals, dtypes, ranks, which operand axes broadcast),
+never on sizes: loop extents are arguments, so a new shape reuses the kernel.
+
+Numerics follow NumPy: literals and parameters are typed to the array dtype (numba
+types a bare 1.5 as float64, which would silently compute float32 kernels in float64),
+each intermediate is cast to its IR dtype, float32 sums accumulate in float64, and
+error_model='numpy' gives inf/nan for x / 0 instead of an exception. fastmath is off,
+except {'reassoc', 'contract'} in kernels with reductions (lets sums vectorize; keeps
+NaN/inf semantics).
+"""
+import hashlib
+import re
+
+import numpy as np
+
+from tracejit.ir import Lit, Value
+
+_FLOAT_LIT = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][-+]?\d+)?)")
+_NP_NAME = {np.dtype("f4"): "np.float32", np.dtype("f8"): "np.float64"}
+
+
+def lit_text(value, dtype):
+    """A literal of `dtype` as numba source (typed: float32 stays float32)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return "True" if bool(value) else "False"
+    if dtype.kind in "iu":
+        return repr(int(value))
+    x = float(value)
+    if x != x:
+        s = "np.nan"
+    elif x in (float("inf"), float("-inf")):
+        s = "np.inf" if x > 0 else "(-np.inf)"
+    else:
+        s = repr(x)
+    if dtype == np.float32:
+        return f"np.float32({s})"
+    return f"({s})" if s.startswith("-") else s
+
+
+def _template(n, dtype):
+    """The node's expression template with parameters and literals typed to `dtype`."""
+    name = n.op.__name__
+    if name in ("Sum", "Max", "Min", "SumTo"):       # of a 0-d value: the value itself
+        return "{0}"
+    if name == "Cast":
+        out = n.out.dtype
+        return "({0} != 0)" if out == np.bool_ else f"{_NP_NAME[out]}({{0}})"
+    if name == "Pow":
+        c = n.fn.c
+        if c == 2:
+            return "({0} * {0})"
+        if c == 1:
+            return "({0})"
+        if c == 0.5:
+            return "math.sqrt({0})"
+        if c == -1:
+            return f"({lit_text(1.0, dtype)} / {{0}})"
+        return f"({{0}} ** {lit_text(float(c), dtype)})"
+    if name == "Clip":
+        # NumPy's clip propagates NaN; min(max(nan, lo), hi) would give lo.
+        expr = "({0} if {0} != {0} else min(max({0}, {x_min}), {x_max}))"
+    else:
+        expr = n.fn.expr
+    if dtype.kind == "f" and dtype != np.float64:
+        expr = _FLOAT_LIT.sub(lambda m: f"{_NP_NAME[dtype]}({m.group(1)})", expr)
+    params = {p: lit_text(v, dtype) if isinstance(v, (int, float)) and not isinstance(v, bool)
+              else v for p, v in zip(n.op.params, n.params)}
+    return expr, params
+
+
+def node_expr(n, operands):
+    """Source of node n's value from operand source strings, cast to its dtype."""
+    dtype = n.out.dtype
+    calc_dtype = dtype if dtype.kind == "f" else _operand_float(n)
+    t = _template(n, calc_dtype)
+    if isinstance(t, tuple):
+        expr, params = t
+        body = expr.format(*operands, **params)
+    else:
+        body = t.format(*operands)
+    if dtype.kind == "f":
+        return f"{_NP_NAME[dtype]}({body})"
+    return f"({body})"
+
+
+def _operand_float(n):
+    for v in n.inputs:
+        if v.dtype.kind == "f":
+            return v.dtype
+    return np.dtype("f8")
+
+
+def operand_text(v, names):
+    if isinstance(v, Lit):
+        return lit_text(v.value, v.dtype)
+    return names[id(v)]
+
+
+# ---------------------------------------------------------------- loop kernels
+
+class KernelSpec:
+    """What the plan needs to call a loop kernel: source, name and argument roles."""
+
+    def __init__(self, name, source, inputs, outputs, reductions, epilogue_outputs, shape):
+        self.name = name
+        self.source = source
+        self.inputs = inputs                  # ext input Values, argument order
+        self.outputs = outputs                # main outputs (shape = iteration shape)
+        self.reductions = reductions          # (node, kind, axes, init) per reduction
+        self.epilogue_outputs = epilogue_outputs
+        self.shape = shape
+
+
+def _roles(fused):
+    sub = fused.graph
+    shape = fused.shape
+    roles = {}
+    for n in sub.nodes:
+        if n.kind == "reduction" and n.inputs[0].shape != ():
+            roles[id(n)] = "red"
+        elif n.kind == "movement":
+            roles[id(n)] = "load"
+        elif n.out.shape != shape:
+            roles[id(n)] = "epi"
+        else:
+            roles[id(n)] = "main"
+    return roles
+
+
+def reduced_axes(n, rank):
+    """Axes of the iteration space a reduction node sums over, and its output index."""
+    name = n.op.__name__
+    if name == "SumTo":
+        target = n.fn.shape
+        lead = rank - len(target)
+        axes = set(range(lead)) | {k + lead for k, d in enumerate(target) if d == 1}
+        out_index = [None if d == 1 else k + lead for k, d in enumerate(target)]
+        return axes, out_index
+    axis, keepdims = n.fn.axis, n.fn.keepdims
+    axes = set(range(rank)) if axis is None else set(axis)
+    out_index = []
+    for k in range(rank):
+        if k in axes:
+            if keepdims:
+                out_index.append(None)
+        else:
+            out_index.append(k)
+    return axes, out_index
+
+
+def _index(idx):
+    return "[" + ", ".join(idx) + "]" if idx else "[()]"
+
+
+def loop_kernel(fused, parallel):
+    """KernelSpec of a loop kernel for `fused` (prange over one axis when parallel)."""
+    sub = fused.graph
+    shape = fused.shape
+    r = len(shape)
+    roles = _roles(fused)
+    names = {}
+    in_names = {}
+    for j, v in enumerate(sub.inputs):
+        in_names[id(v)] = f"a{j}"
+    out_ids = {id(v) for v in sub.outputs}
+    main_outs = [v for n in sub.nodes if roles[id(n)] in ("main", "load")
+                 for v in n.outputs if id(v) in out_ids]
+    epi_outs = [v for n in sub.nodes if roles[id(n)] == "epi"
+                for v in n.outputs if id(v) in out_ids]
+    reds = [n for n in sub.nodes if roles[id(n)] == "red"]
+    red_info = []
+    for k, n in enumerate(reds):
+        axes, out_index = reduced_axes(n, r)
+        red_info.append((n, axes, out_index, f"r{k}"))
+
+    # Loop order and the prange axis. A prange iteration must own the slots it writes:
+    # prange over an axis no reduction sums over (sum_to over a batch axis runs the
+    # output axis outside), or, for full sums, over axis 0 with scalar reduction vars.
+    order = list(range(r))
+    prange_ok = False
+    if parallel and r:
+        free = [a for a in range(r) if all(a not in ax for _, ax, _, _ in red_info)]
+        if free:
+            order = [free[0]] + [a for a in range(r) if a != free[0]]
+            prange_ok = True
+        elif all(n.op.__name__ in ("Sum", "SumTo") and len(ax) == r and _k(ax, order) == 0
+                 for n, ax, _, _ in red_info):
+            prange_ok = True
+
+    def ext_index(v):
+        q = len(v.shape)
+        return [("0" if v.shape[k] == 1 else f"i{k + r - q}") for k in range(q)]
+
+    def load_index(n, out_idx):
+        """Index source of a movement chain down to a group input."""
+        u = n.inputs[0]
+        name = n.op.__name__
+        q = len(u.shape)
+        if name == "BroadcastTo":
+            p = len(n.out.shape)
+            idx = [("0" if u.shape[k] == 1 else out_idx[k + p - q]) for k in range(q)]
+        elif name == "Transpose":
+            axes = n.fn.axes if n.fn.axes is not None else tuple(reversed(range(q)))
+            idx = ["0"] * q
+            for k, a in enumerate(axes):
+                idx[a] = out_idx[k]
+        else:                                       # reshape adding / dropping size-1 axes
+            P = [k for k, d in enumerate(n.out.shape) if d != 1]
+            Q = [k for k, d in enumerate(u.shape) if d != 1]
+            idx = ["0"] * q
+            for pk, qk in zip(P, Q):
+                idx[qk] = out_idx[pk]
+        if id(u) in in_names:
+            return in_names[id(u)] + _index(idx)
+        return load_index(producer[id(u)], idx)
+
+    producer = {id(v): n for n in sub.nodes for v in n.outputs}
+    lines = []
+    body = []            # innermost loop body (at depth r)
+    hoisted = []         # before the loops
+    used_inputs = set()
+    for n in sub.nodes:
+        role = roles[id(n)]
+        if role in ("main", "red"):
+            for v in n.inputs:
+                if isinstance(v, Value) and id(v) in in_names:
+                    used_inputs.add(id(v))
+    for j, v in enumerate(sub.inputs):
+        if id(v) not in used_inputs:
+            continue
+        if v.shape == ():
+            hoisted.append(f"x{j} = a{j}[()]")
+        else:
+            body.append(f"x{j} = a{j}{_index(ext_index(v))}")
+        names[id(v)] = f"x{j}"
+    for v in sub.inputs:
+        if id(v) not in names and v.shape == ():
+            j = sub.inputs.index(v)
+            hoisted.append(f"x{j} = a{j}[()]")
+            names[id(v)] = f"x{j}"
+    for i, n in enumerate(sub.nodes):
+        role = roles[id(n)]
+        if role == "main":
+            names[id(n.out)] = f"v{i}"
+            ops = [operand_text(v, names) for v in n.inputs]
+            body.append(f"v{i} = {node_expr(n, ops)}")
+        elif role == "load":
+            names[id(n.out)] = f"v{i}"
+            body.append(f"v{i} = {load_index(n, [f'i{k}' for k in range(r)])}")
+    for j, v in enumerate(main_outs):
+        body.append(f"o{j}{_index([f'i{k}' for k in range(r)])} = {names[id(v)]}")
+
+    # Reductions: a scalar accumulator opened at the depth where the summed axes
+    # start (so the inner loops vectorize), folded into the accumulator array after.
+    opens = {d: [] for d in range(r + 1)}
+    closes = {d: [] for d in range(r + 1)}
+    for n, axes, out_index, acc in red_info:
+        val = names[id(n.inputs[0])]
+        kind = n.op.__name__
+        d = _k(axes, order)
+        oidx = _index(["0" if k is None else f"i{k}" for k in out_index])
+        if d == r:
+            body.append(_combine(kind, f"{acc}{oidx}", f"np.float64({val})"))
+            continue
+        s = f"s_{acc}"
+        init = "0.0" if kind in ("Sum", "SumTo") else ("-np.inf" if kind == "Max" else "np.inf")
+        opens[d].append(f"{s} = {init}")
+        body.append(_combine(kind, s, f"np.float64({val})"))
+        closes[d].append(_combine(kind, f"{acc}{oidx}", s))
+
+    ind = "    "
+    out = list(ind + h for h in hoisted)
+    for depth, a in enumerate(order):
+        out += [ind * (depth + 1) + x for x in opens[depth]]
+        rng = "numba.prange" if prange_ok and depth == 0 else "range"
+        out.append(ind * (depth + 1) + f"for i{a} in {rng}(n{a}):")
+    out += [ind * (r + 1) + x for x in body]
+    if r == 0:
+        out += [ind + x for x in opens[0]]
+    for depth in reversed(range(r + 1)):
+        if depth < r or r == 0:
+            out += [ind * (depth + 1) + x for x in closes[depth]]
+    # Epilogue: 0-d ops on full reductions (mean = sum / n), after the loops.
+    red_scalar = {}
+    for n, axes, out_index, acc in red_info:
+        if n.out.shape == ():
+            red_scalar[id(n.out)] = f"{_NP_NAME[n.out.dtype]}({acc}[()])"
+    for i, n in enumerate(sub.nodes):
+        if roles[id(n)] != "epi":
+            continue
+        ops = []
+        for v in n.inputs:
+            if isinstance(v, Value) and id(v) in red_scalar:
+                ops.append(red_scalar[id(v)])
+            else:
+                ops.append(operand_text(v, names))
+        names[id(n.out)] = f"v{i}"
+        out.append(ind + f"v{i} = {node_expr(n, ops)}")
+    for j, v in enumerate(epi_outs):
+        out.append(ind + f"e{j}[()] = {names[id(v)]}")
+    if not out:
+        out.append(ind + "pass")
+
+    args = [f"a{j}" for j in range(len(sub.inputs))] + [f"o{j}" for j in range(len(main_outs))]
+    args += [acc for _, _, _, acc in red_info] + [f"e{j}" for j in range(len(epi_outs))]
+    args += [f"n{k}" for k in range(r)]
+    fm = "{'reassoc', 'contract'}" if red_info else "False"
+    label = fused.label[:40]
+    head = (f"@numba.njit(cache=True, nogil=True, error_model='numpy', "
+            f"parallel={prange_ok}, fastmath={fm})")
+    text = "\n".join(out)
+    digest = hashlib.sha256((head + text + repr(args)).encode()).hexdigest()[:8]
+    name = f"k_{label}_{r}d{'_par' if prange_ok else ''}_{digest}"
+    mat = [id(v) for v in main_outs]
+    doc = (f"    # {len(sub.nodes)} ops; writes {len(main_outs)} arrays, "
+           f"{len(red_info)} reductions; {len(sub.nodes) - len(mat) - len(red_info)} "
+           f"values stay in registers")
+    source = (f"import math\nimport numpy as np\nimport numba\n\n\n{head}\n"
+              f"def {name}({', '.join(args)}):\n{doc}\n{text}\n")
+    reductions = [(n, n.op.__name__, axes, acc) for n, axes, _, acc in red_info]
+    return KernelSpec(name, source, list(sub.inputs), main_outs, reductions, epi_outs, shape)
+
+
+def _k(axes, order):
+    """First loop depth from which every loop sums over (scalar accumulator depth)."""
+    d = len(order)
+    while d > 0 and order[d - 1] in axes:
+        d -= 1
+    return d
+
+
+def _combine(kind, acc, val):
+    if kind in ("Sum", "SumTo"):
+        return f"{acc} += {val}"
+    cmp = ">" if kind == "Max" else "<"
+    # NaN propagates as in np.max: once acc is NaN, nothing replaces it.
+    return f"{acc} = {val} if ({val} {cmp} {acc} or {val} != {val}) else {acc}"
+
+
+# ---------------------------------------------------------------- whole scalar graphs
+
+def scalar_kernel(nodes, inputs, outputs):
+    """One njit function for a graph of 0-d ops and guards (dispatch-bound code).
+
+    Takes the inputs as scalars, checks guards where they stand and returns
+    (index of the first failed guard or -1, the value that guard saw, *outputs).
+    """
+    names = {}
+    for j, v in enumerate(inputs):
+        names[id(v)] = f"a{j}"
+    lines = []
+    out_vals = [v for v in outputs if isinstance(v, Value)]
+    holders = ", ".join(_zero(v.dtype) for v in out_vals)
+    gi = 0
+    for i, n in enumerate(nodes):
+        if n.kind == "guard":
+            x = operand_text(n.inputs[0], names)
+            cond = _guard_cond(n.fn, x)
+            lines.append(f"if not ({cond}):")
+            lines.append(f"    return {gi}, np.float64({x}){', ' if holders else ''}{holders}")
+            gi += 1
+            continue
+        names[id(n.out)] = f"v{i}"
+        ops = [operand_text(v, names) for v in n.inputs]
+        lines.append(f"v{i} = {node_expr(n, ops)}")
+    rets = ", ".join(names[id(v)] for v in out_vals)
+    lines.append(f"return -1, np.float64(0.0){', ' if rets else ''}{rets}")
+    text = "\n".join("    " + x for x in lines)
+    args = ", ".join(f"a{j}" for j in range(len(inputs)))
+    head = "@numba.njit(cache=True, nogil=True, error_model='numpy')"
+    digest = hashlib.sha256((head + text + args).encode()).hexdigest()[:8]
+    name = f"scalar_graph_{len(nodes)}ops_{digest}"
+    source = (f"import math\nimport numpy as np\nimport numba\n\n\n{head}\n"
+              f"def {name}({args}):\n{text}\n")
+    return name, source, out_vals
+
+
+def _zero(dtype):
+    if dtype == np.bool_:
+        return "False"
+    return f"{_NP_NAME[np.dtype(dtype)]}(0.0)"
+
+
+def _guard_cond(guard, x):
+    exp = guard.expected
+    if guard.conv == "bool":
+        return f"bool({x}) == {bool(exp)!r}"
+    if guard.conv == "float":
+        e = float(exp)
+        if e != e:
+            return f"{x} != {x}"
+        return f"np.float64({x}) == {lit_text(e, 'f8')}"
+    # int / index: NaN and inf fail here; the plan then raises as int() would.
+    return f"({x} == {x} and abs(np.float64({x})) != np.inf and int({x}) == {int(exp)})"

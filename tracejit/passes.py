@@ -1,0 +1,448 @@
+"""Graph -> Graph passes: dead code, common subexpressions, constants, fusion.
+
+Sits between tracing (which builds a Graph) and the backends. Every pass is a pure
+function: it returns a new Graph whose nodes are the old Node objects (or new ones)
+and whose values keep their identity, so `ir.check` and the interpret backend work on
+every intermediate result. Guards keep their relative order (a backend numbers them
+by position), and impure nodes (random draws, opaque calls, guards) are never dropped,
+merged, folded or reordered against each other.
+
+`fuse` groups nodes into `Fused` nodes, one per kernel the code generator emits:
+elementwise DAGs over one iteration shape (operands may broadcast), the reductions
+that consume them (sum((a - b) ** 2) in one pass), 0-d epilogues after a full
+reduction (mean = sum / n), and movement ops that read a group input (broadcast_to,
+transpose, reshape that only adds or drops size-1 axes) folded into index arithmetic.
+"""
+import os
+import sys
+import time
+
+import numpy as np
+
+from tracejit.core import ELEMENTWISE, MOVEMENT, OPAQUE, RANDOM, REDUCTION, Function
+from tracejit.ir import Graph, Lit, Node, Value
+from tracejit.trace_ops import GUARD
+
+FUSED = "fused"
+# Kinds whose nodes have effects or draw: kept, never merged, kept in order.
+_IMPURE = (GUARD, RANDOM, OPAQUE)
+# Dtypes a fused kernel reads / writes (bool only from comparisons, where, cast).
+_IN_DTYPES = frozenset(np.dtype(d) for d in ("f4", "f8", "b1", "i4", "i8"))
+_FLOAT = frozenset(np.dtype(d) for d in ("f4", "f8"))
+
+
+# ---------------------------------------------------------------- the Fused op
+
+class Fused(Function):
+    """A fused group: a subgraph the code generator turns into one kernel.
+
+    `graph` holds the member nodes (the same Node and Value objects as the outer
+    graph had); `shape` is the iteration shape. Its forward runs the subgraph with
+    the interpret backend, so a fused graph still runs everywhere.
+    """
+
+    kind = FUSED
+    params = ("label",)
+
+    def __init__(self, graph, shape):
+        self.graph = graph
+        self.shape = tuple(shape)
+        self.label = "_".join(_dedup(n.name for n in graph.nodes))[:60]
+        self._run = None
+
+    def forward(self, *xs):
+        if self._run is None:
+            from tracejit import interpret
+            self._run = interpret.compile(self.graph)
+        ys = self._run(list(xs))
+        return tuple(ys) if len(ys) > 1 else ys[0]
+
+
+def _dedup(names):
+    out = []
+    for x in names:
+        if x not in out:
+            out.append(x)
+    return out
+
+
+# ---------------------------------------------------------------- dead code
+
+def _roots_kind(n):
+    return n.kind in (GUARD, RANDOM) or (n.kind == OPAQUE and not n.outputs)
+
+
+def eliminate_dead_code(g):
+    """Drop nodes that no output, guard or random draw reads.
+
+    Guard inputs are roots: dropping them would let a variant run without checking
+    the condition it was traced under. Random draws are roots: dropping one would
+    shift every later draw of NumPy's global stream.
+    """
+    live = {id(v) for v in g.outputs if isinstance(v, Value)}
+    keep = []
+    for n in reversed(g.nodes):
+        if _roots_kind(n) or any(id(v) in live for v in n.outputs):
+            keep.append(n)
+            live.update(id(v) for v in n.inputs if isinstance(v, Value))
+    keep.reverse()
+    return g.replace(nodes=keep)
+
+
+# ---------------------------------------------------------------- CSE
+
+def _substitute(n, subst):
+    """n with its inputs renamed through subst (a new Node only if something changed)."""
+    if not any(isinstance(v, Value) and id(v) in subst for v in n.inputs):
+        return n
+    ins = [subst.get(id(v), v) if isinstance(v, Value) else v for v in n.inputs]
+    m = Node(n.fn, ins, n.outputs, n.line)
+    return m
+
+
+def _finish(g, nodes, subst):
+    outs = [subst.get(id(v), v) if isinstance(v, Value) else v for v in g.outputs]
+    return g.replace(nodes=nodes, outputs=outs)
+
+
+def eliminate_common_subexpressions(g):
+    """Merge nodes with the same op, parameters and inputs (pure ops only)."""
+    seen = {}
+    subst = {}
+    nodes = []
+    for n in g.nodes:
+        n = _substitute(n, subst)
+        if n.kind in _IMPURE or n.kind in (FUSED, "constant") or not n.outputs:
+            nodes.append(n)
+            continue
+        try:
+            key = (n.op, n.params,
+                   tuple(("v", id(v)) if isinstance(v, Value) else ("l", v) for v in n.inputs),
+                   tuple((v.shape, v.dtype) for v in n.outputs))
+            hash(key)
+        except TypeError:          # unhashable parameters: leave the node alone
+            nodes.append(n)
+            continue
+        prev = seen.get(key)
+        if prev is None:
+            seen[key] = n
+            nodes.append(n)
+        else:
+            for old, new in zip(n.outputs, prev.outputs):
+                subst[id(old)] = new
+    return _finish(g, nodes, subst)
+
+
+# ---------------------------------------------------------------- constants
+
+def fold_constants(g):
+    """Evaluate elementwise nodes whose inputs are all literals, with their own forward.
+
+    The result is NumPy's, NaN and inf included. A folded value that a guard reads
+    stays a node: guards read values, and the guard numbering must not change.
+    """
+    guard_reads = {id(v) for n in g.nodes if n.kind == GUARD for v in n.inputs}
+    subst = {}
+    nodes = []
+    for n in g.nodes:
+        n = _substitute(n, subst)
+        if (n.kind == ELEMENTWISE and n.inputs and len(n.outputs) == 1
+                and all(isinstance(v, Lit) for v in n.inputs)
+                and n.out.shape == () and id(n.out) not in guard_reads):
+            try:
+                with np.errstate(all="ignore"):
+                    y = np.asarray(n.fn.forward(*[np.asarray(v.value, v.dtype)
+                                                  for v in n.inputs]))
+            except Exception:  # noqa: BLE001 - leave it to run (and fail) at run time
+                nodes.append(n)
+                continue
+            if y.shape == () and y.dtype == n.out.dtype:
+                subst[id(n.out)] = Lit(y[()], y.dtype)
+                continue
+        nodes.append(n)
+    return _finish(g, nodes, subst)
+
+
+# ---------------------------------------------------------------- fusion
+
+def _fusable_elementwise(n):
+    if n.kind != ELEMENTWISE or n.fn.expr is None or len(n.outputs) != 1:
+        return False
+    if any(isinstance(v, Value) and v.dtype not in _IN_DTYPES for v in n.inputs):
+        return False
+    if any(isinstance(v, Lit) and v.dtype not in _IN_DTYPES for v in n.inputs):
+        return False
+    dt = n.out.dtype
+    name = n.op.__name__
+    if dt in _FLOAT:
+        if name == "Cast":
+            return all(v.dtype in _FLOAT or v.dtype == np.bool_ for v in n.inputs)
+        return True
+    if dt == np.bool_:
+        if name == "Cast":
+            return True
+        return name in ("Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual") \
+            or (name == "Where" and all(v.dtype == np.bool_ for v in n.inputs))
+    return False
+
+
+def _fusable_reduction(n):
+    return (n.kind == REDUCTION and n.op.__name__ in ("Sum", "Max", "Min", "SumTo")
+            and len(n.inputs) == 1 and isinstance(n.inputs[0], Value)
+            and n.inputs[0].dtype in _FLOAT and n.out.dtype == n.inputs[0].dtype)
+
+
+def _index_movement(n):
+    """Movement ops that are pure index arithmetic on one input."""
+    if n.kind != MOVEMENT or len(n.inputs) != 1 or not isinstance(n.inputs[0], Value):
+        return False
+    if n.inputs[0].dtype not in _IN_DTYPES:
+        return False
+    name = n.op.__name__
+    if name in ("BroadcastTo", "Transpose"):
+        return True
+    if name == "Reshape":   # only adding / dropping size-1 axes
+        a = [d for d in n.inputs[0].shape if d != 1]
+        b = [d for d in n.out.shape if d != 1]
+        return a == b
+    return False
+
+
+class _Group:
+    __slots__ = ("gid", "shape", "nodes", "values", "role", "first")
+
+    def __init__(self, gid, shape, first):
+        self.gid = gid
+        self.shape = shape
+        self.nodes = []
+        self.values = {}      # id(value) -> role: "main" | "load" | "red" | "epi"
+        self.first = first
+
+
+def fuse(g, horizontal=True):
+    """Group fusable nodes into Fused nodes (one kernel each); see the module docstring.
+
+    Greedy, in topological order. A node joins one existing group (the group of one
+    of its inputs, else, with `horizontal`, any open group of the same iteration
+    shape) if that creates no cycle: `deps[v]` is the bitset of groups value v
+    depends on, through any path, including the order edges that chain impure nodes.
+    """
+    deps = {}                 # id(value) -> bitset of group ids
+    group_of = {}             # id(value) -> _Group producing it
+    groups = []
+    by_shape = {}             # iteration shape -> open groups (horizontal candidates)
+    effect_dep = 0            # deps of the last impure node (order edges)
+    placement = []            # (node or group, first position)
+
+    def input_deps(n):
+        d = 0
+        for v in n.inputs:
+            if isinstance(v, Value):
+                d |= deps.get(id(v), 0)
+        return d
+
+    def can_join(grp, n, role):
+        bit = 1 << grp.gid
+        for v in n.inputs:
+            if not isinstance(v, Value):
+                continue
+            r = grp.values.get(id(v))
+            if r is not None:
+                if role == "load":
+                    return False
+                if role == "main" and r not in ("main", "load"):
+                    return False
+                if role == "red" and r != "main" and r != "load":
+                    return False
+                if role == "epi" and r not in ("red", "epi"):
+                    return False
+                continue
+            if deps.get(id(v), 0) & bit:
+                return False
+            if role == "load":
+                continue
+            if role == "epi" and v.shape != ():
+                return False
+        return True
+
+    def add(grp, n, role, d):
+        grp.nodes.append(n)
+        for v in n.outputs:
+            grp.values[id(v)] = role
+            group_of[id(v)] = grp
+            deps[id(v)] = d | (1 << grp.gid)
+
+    def new_group(shape, n, role, d, pos):
+        grp = _Group(len(groups), shape, pos)
+        groups.append(grp)
+        placement.append((grp, pos))
+        by_shape.setdefault(shape, []).append(grp)
+        add(grp, n, role, d)
+
+    for pos, n in enumerate(g.nodes):
+        d = input_deps(n)
+        if n.kind in _IMPURE:
+            d |= effect_dep
+            effect_dep = d
+            for v in n.outputs:
+                deps[id(v)] = d
+            placement.append((n, pos))
+            continue
+        if _fusable_elementwise(n):
+            role = "main"
+        elif _index_movement(n):
+            role = "load"
+        elif _fusable_reduction(n):
+            role = "red"
+        else:
+            role = None
+        if role is None:
+            for v in n.outputs:
+                deps[id(v)] = d
+            placement.append((n, pos))
+            continue
+        if role == "red" and n.inputs[0].shape == ():
+            role = "main"         # a reduction of one element is the element itself
+        shape = n.inputs[0].shape if role == "red" else n.out.shape
+        cands = []
+        for v in n.inputs:
+            grp = group_of.get(id(v)) if isinstance(v, Value) else None
+            if grp is not None and grp not in cands:
+                cands.append(grp)
+        joined = False
+        for grp in cands:
+            r = "epi" if (role == "main" and grp.shape != shape and shape == ()) else role
+            if grp.shape != shape and r != "epi":
+                continue
+            if r == "load" and any(grp.values.get(id(v)) for v in n.inputs
+                                   if isinstance(v, Value)):
+                continue          # a load reads group inputs only
+            if can_join(grp, n, r):
+                add(grp, n, r, d)
+                joined = True
+                break
+        if not joined and horizontal:
+            for grp in reversed(by_shape.get(shape, ())):
+                if can_join(grp, n, role):
+                    add(grp, n, role, d)
+                    joined = True
+                    break
+        if not joined:
+            new_group(shape, n, role, d, pos)
+
+    fused_nodes = {grp.gid: _make_fused_node(g, grp) for grp in groups}
+    items = []
+    for obj, pos in placement:
+        if not isinstance(obj, _Group):
+            items.append((pos, obj))
+        elif fused_nodes[obj.gid] is not None:
+            items.append((pos, fused_nodes[obj.gid]))
+        else:                     # a lone movement op: a NumPy call, as before
+            items.extend((pos, n) for n in obj.nodes)
+    return g.replace(nodes=_schedule(items))
+
+
+def _schedule(items):
+    """Topological order of (position, node) items, original order where possible.
+
+    Impure nodes are chained in their original order (random draws and guards never
+    swap); everything else moves only as far as its data dependencies require.
+    """
+    import heapq
+    items = sorted(items, key=lambda it: it[0])
+    item_of = {}
+    for i, (_, node) in enumerate(items):
+        for v in node.outputs:
+            item_of[id(v)] = i
+    succ = [[] for _ in items]
+    indeg = [0] * len(items)
+    last_impure = None
+    for i, (_, node) in enumerate(items):
+        preds = {item_of[id(v)] for v in node.inputs
+                 if isinstance(v, Value) and id(v) in item_of}
+        if node.kind in _IMPURE:
+            if last_impure is not None:
+                preds.add(last_impure)
+            last_impure = i
+        preds.discard(i)
+        for p in preds:
+            succ[p].append(i)
+            indeg[i] += 1
+    heap = [(items[i][0], i) for i in range(len(items)) if indeg[i] == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        _, i = heapq.heappop(heap)
+        out.append(items[i][1])
+        for s in succ[i]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(heap, (items[s][0], s))
+    if len(out) != len(items):
+        raise AssertionError("fuse produced a cyclic schedule")
+    return out
+
+
+def _make_fused_node(g, grp):
+    """The Fused node of a group: inputs read from outside, outputs used outside."""
+    if len(grp.nodes) == 1 and grp.nodes[0].kind == MOVEMENT:
+        return None
+    members = {id(v) for n in grp.nodes for v in n.outputs}
+    inputs, seen = [], set()
+    for n in grp.nodes:
+        for v in n.inputs:
+            if isinstance(v, Value) and id(v) not in members and id(v) not in seen:
+                seen.add(id(v))
+                inputs.append(v)
+    used_outside = {id(v) for v in g.outputs if isinstance(v, Value)}
+    member_nodes = set(map(id, grp.nodes))
+    for n in g.nodes:
+        if id(n) not in member_nodes:
+            used_outside.update(id(v) for v in n.inputs if isinstance(v, Value))
+    outputs = [v for n in grp.nodes for v in n.outputs if id(v) in used_outside]
+    sub = Graph(f"{g.name}_fused{grp.gid}", inputs, grp.nodes, outputs)
+    return Node(Fused(sub, grp.shape), inputs, outputs, grp.nodes[-1].line)
+
+
+# ---------------------------------------------------------------- pipeline
+
+PIPELINE = (eliminate_dead_code, fold_constants, eliminate_common_subexpressions,
+            eliminate_dead_code, fuse)
+
+
+class PassError(Exception):
+    pass
+
+
+def run_pipeline(g, dump=None, passes=None, timings=None):
+    """Run the passes in order; time each, name the pass in errors, dump on request.
+
+    `dump` is a pass name (TRACEJIT_DUMP=fuse) or "all": the graph is printed to
+    stderr after that pass. Timings (seconds per pass) go to g.notes["pass_seconds"].
+    """
+    if dump is None:
+        dump = os.environ.get("TRACEJIT_DUMP")
+    times = {}
+    for p in (PIPELINE if passes is None else passes):
+        name = p.__name__
+        t0 = time.perf_counter()
+        try:
+            g = p(g)
+        except Exception as e:
+            raise PassError(f"pass {name} failed on graph {g.name}: "
+                            f"{type(e).__name__}: {e}") from e
+        times[name] = times.get(name, 0.0) + time.perf_counter() - t0
+        if dump and (dump == name or dump == "all"):
+            print(f"# after {name}\n{g}", file=sys.stderr)
+    g.notes["pass_seconds"] = {k: round(v, 6) for k, v in times.items()}
+    if timings is not None:
+        timings.update(times)
+    return g
+
+
+def is_fused(g):
+    return any(n.kind == FUSED for n in g.nodes)
+
+
+__all__ = ["Fused", "FUSED", "eliminate_dead_code", "eliminate_common_subexpressions",
+           "fold_constants", "fuse", "PIPELINE", "run_pipeline", "PassError"]

@@ -1,0 +1,297 @@
+"""tracejit.testing: tools for testing differentiable code, yours and tracejit's own.
+
+`gradcheck` compares the analytic gradient of a function (from `backward()`) with
+central differences in float64, contracting the outputs with seeded random cotangents
+(all-ones cotangents miss gradients that are permuted or summed in the wrong order).
+`strategies` holds hypothesis strategies for arrays, shapes and random programs; it is
+imported lazily, so gradcheck works without hypothesis installed.
+
+This module sits beside the pipeline (eager -> trace -> IR -> passes -> codegen): it
+only calls the public eager API and, when present, `tracejit.jit`.
+"""
+import numpy as np
+
+from tracejit.core import Variable, as_variable
+from tracejit import functions as F
+
+__all__ = ["gradcheck", "assert_jit_matches_eager", "strategies"]
+
+
+def __getattr__(name):
+    # `from tracejit.testing import strategies` imports hypothesis only when asked for.
+    if name == "strategies":
+        from tracejit import testing_strategies
+        return testing_strategies
+    raise AttributeError(f"module 'tracejit.testing' has no attribute {name!r}")
+
+
+# ---------------------------------------------------------------- helpers
+
+def _is_float(a):
+    return isinstance(a, np.ndarray) and a.dtype.kind == "f"
+
+
+def _unwrap(x):
+    """(array or None, name) of one gradcheck input; non-arrays give (None, None)."""
+    if isinstance(x, Variable):
+        return x.data, x.name
+    if isinstance(x, np.ndarray):
+        return x, None
+    return None, None
+
+
+def _outputs(ys):
+    if isinstance(ys, (tuple, list)):
+        return [as_variable(y) for y in ys]
+    if not isinstance(ys, (Variable, np.ndarray)):
+        raise TypeError(f"gradcheck: f must return a Variable or a tuple of Variables, "
+                        f"got {type(ys).__name__}")
+    return [as_variable(ys)]
+
+
+class _Problem:
+    """The inputs of one check: which are checked, their float64 copies, their names."""
+
+    def __init__(self, inputs):
+        self.originals = list(inputs)
+        self.arrays, self.names, self.checked = [], [], []
+        for i, x in enumerate(inputs):
+            a, name = _unwrap(x)
+            self.names.append(name)
+            self.arrays.append(a)
+            if _is_float(a):
+                self.checked.append(i)
+
+    def call(self, fn, arrays, dtype=np.float64):
+        """Call fn on fresh Variables; checked inputs get `arrays[i]` cast to dtype.
+
+        dtype=None keeps each input's own dtype. Returns (input Variables, outputs).
+        """
+        args, xs = [], {}
+        for i, x in enumerate(self.originals):
+            if i in self.checked:
+                a = arrays[i] if dtype is None else arrays[i].astype(dtype, copy=True)
+                v = Variable(a, name=self.names[i])
+                xs[i] = v
+                args.append(v)
+            else:
+                args.append(x)          # labels, index arrays, Python numbers: as given
+        return xs, _outputs(fn(*args))
+
+    def describe(self, i):
+        name = f" ({self.names[i]!r})" if self.names[i] else ""
+        return f"input {i}{name} with shape {self.arrays[i].shape}"
+
+
+def _loss(ys, cotangents):
+    total = None
+    for y, c in zip(ys, cotangents):
+        cv = Variable(c.astype(y.dtype) if y.dtype.kind == "f" else c)
+        term = F.sum(y * cv)
+        total = term if total is None else total + term
+    return total
+
+
+def _numeric_loss(ys, cotangents):
+    return float(sum(np.sum(np.asarray(y.data, dtype=np.float64) * c)
+                     for y, c in zip(ys, cotangents)))
+
+
+def _grad_array(v):
+    if v.grad is None:
+        return np.zeros(v.shape, np.float64)
+    return np.asarray(v.grad.data)
+
+
+def _analytic(problem, fn, arrays, cotangents, dtype=np.float64):
+    """Outputs and gradients of sum(y * c) with respect to the checked inputs."""
+    xs, ys = problem.call(fn, arrays, dtype)
+    _loss(ys, cotangents).backward()
+    grads = {}
+    for i, v in xs.items():
+        if v.grad is not None and v.grad.shape != v.shape:
+            raise AssertionError(
+                f"gradcheck: the gradient of {problem.describe(i)} has shape "
+                f"{v.grad.shape}; a gradient must have its input's shape (a missing "
+                f"sum_to under broadcasting?)")
+        grads[i] = v.grad
+    return ys, grads
+
+
+def _second_order_analytic(problem, fn, arrays, cotangents, vectors):
+    """Gradient of sum_i (grad_i . v_i) through backward(create_graph=True)."""
+    xs, ys = problem.call(fn, arrays)
+    _loss(ys, cotangents).backward(create_graph=True)
+    gxs = {i: v.grad for i, v in xs.items()}
+    for v in xs.values():
+        v.cleargrad()
+    total = None
+    for i, g in gxs.items():
+        if g is None:
+            continue
+        term = F.sum(g * Variable(vectors[i]))
+        total = term if total is None else total + term
+    if total is not None:
+        total.backward()
+    return {i: _grad_array(v) for i, v in xs.items()}
+
+
+def _first_order_dot(problem, fn, arrays, cotangents, vectors):
+    """sum_i (grad_i . v_i) with first-order gradients only: the numeric side."""
+    _, grads = _analytic(problem, fn, arrays, cotangents)
+    return float(sum(np.sum((np.zeros(arrays[i].shape) if g is None else g.data) * vectors[i])
+                     for i, g in grads.items()))
+
+
+def _numeric(problem, scalar_fn, eps):
+    """Central differences of scalar_fn(arrays) for every element of the checked inputs."""
+    arrays = [a.astype(np.float64, copy=True) if i in problem.checked else a
+              for i, a in enumerate(problem.arrays)]
+    grads = {}
+    for i in problem.checked:
+        x = arrays[i]
+        g = np.zeros(x.shape, np.float64)
+        flat = x.reshape(-1)            # a view: writes reach arrays[i]
+        gflat = g.reshape(-1)
+        for j in range(flat.size):
+            old = flat[j]
+            flat[j] = old + eps
+            plus = scalar_fn(arrays)
+            flat[j] = old - eps
+            minus = scalar_fn(arrays)
+            flat[j] = old
+            gflat[j] = (plus - minus) / (2 * eps)
+        grads[i] = g
+    return grads
+
+
+def _compare(problem, i, analytic, numeric, rtol, atol, what):
+    analytic = np.asarray(analytic, dtype=np.float64)
+    numeric = np.asarray(numeric, dtype=np.float64)
+    if analytic.shape != numeric.shape:
+        raise AssertionError(f"{what} failed for {problem.describe(i)}: analytic gradient has "
+                             f"shape {analytic.shape}, expected {numeric.shape}")
+    if analytic.size == 0:
+        return
+    excess = np.abs(analytic - numeric) - (atol + rtol * np.abs(numeric))
+    # A NaN on one side only is a failure; NaN on both sides is reported too (the check
+    # point is outside the function's domain, so nothing was verified).
+    excess = np.where(np.isnan(excess), np.inf, excess)
+    if np.all(excess <= 0):
+        return
+    k = int(np.argmax(excess))
+    idx = np.unravel_index(k, analytic.shape) if analytic.ndim else ()
+    bad = int(np.count_nonzero(excess > 0))
+    raise AssertionError(
+        f"{what} failed for {problem.describe(i)}: worst element at index "
+        f"{tuple(int(d) for d in idx)}: analytic={analytic.flat[k]!r}, "
+        f"numeric={numeric.flat[k]!r}, |diff|={abs(analytic.flat[k] - numeric.flat[k]):.3g} "
+        f"({bad} of {analytic.size} elements outside tolerance; rtol={rtol}, atol={atol})")
+
+
+# ---------------------------------------------------------------- gradcheck
+
+def gradcheck(f, *inputs, rtol=1e-4, atol=1e-6, eps=1e-6, second_order=False, seed=0,
+              jit=False, cotangents=None, check_dtype=True):
+    """Check f's analytic gradients against central differences; return True or raise.
+
+    f maps Variables to a Variable or a tuple of Variables. Float inputs (Variables or
+    ndarrays, any shape, 0-d included) are checked in float64; other inputs (int
+    labels, index arrays, Python numbers) are passed through unchanged. The outputs
+    are contracted with random cotangents drawn from np.random.default_rng(seed), or
+    with `cotangents` (one array per output). An element passes when
+    |analytic - numeric| <= atol + rtol * |numeric|.
+
+    second_order=True also checks the gradient of (gradient . v), for random v, from
+    backward(create_graph=True) against central differences of the first-order
+    gradient. check_dtype=True checks that float32 inputs get float32 gradients that
+    agree with the float64 ones to float32 precision. jit=True repeats the check
+    through tracejit.jit(f) when tracejit has a jit (otherwise that part is skipped).
+
+    A failure raises AssertionError naming the input (index, name, shape), the worst
+    element, both values and the tolerances.
+    """
+    problem = _Problem(inputs)
+    rng = np.random.default_rng(seed)
+
+    _, ys = problem.call(f, problem.arrays)
+    if cotangents is None:
+        cotangents = [rng.standard_normal(y.shape) for y in ys]
+    else:
+        if isinstance(cotangents, np.ndarray):
+            cotangents = [cotangents]
+        cotangents = [np.asarray(c, dtype=np.float64) for c in cotangents]
+        if len(cotangents) != len(ys) or any(c.shape != y.shape
+                                             for c, y in zip(cotangents, ys)):
+            raise ValueError(f"gradcheck: cotangents have shapes "
+                             f"{[c.shape for c in cotangents]}, outputs have shapes "
+                             f"{[y.shape for y in ys]}")
+
+    def loss_value(fn):
+        return lambda arrays: _numeric_loss(problem.call(fn, arrays)[1], cotangents)
+
+    numeric = _numeric(problem, loss_value(f), eps)
+    variants = [("eager", f)]
+    if jit:
+        import tracejit
+        if hasattr(tracejit, "jit"):
+            variants.append(("jit", tracejit.jit(f)))
+
+    eager_ys = None
+    for label, fn in variants:
+        ys, grads = _analytic(problem, fn, problem.arrays, cotangents)
+        if eager_ys is None:
+            eager_ys = ys
+        else:
+            for k, (y, ye) in enumerate(zip(ys, eager_ys)):
+                if y.shape != ye.shape or y.dtype != ye.dtype or not np.allclose(
+                        y.data, ye.data, rtol=1e-6, atol=1e-9, equal_nan=True):
+                    raise AssertionError(f"gradcheck: {label} output {k} ({y.dtype}"
+                                         f"{list(y.shape)}) differs from eager ({ye.dtype}"
+                                         f"{list(ye.shape)})")
+        for i in problem.checked:
+            g = np.zeros(problem.arrays[i].shape) if grads[i] is None else grads[i].data
+            _compare(problem, i, g, numeric[i], rtol, atol, f"gradcheck ({label})")
+
+        if second_order:
+            vectors = {i: rng.standard_normal(problem.arrays[i].shape)
+                       for i in problem.checked}
+            numeric2 = _numeric(
+                problem, lambda arrays, fn=fn: _first_order_dot(problem, fn, arrays,
+                                                                cotangents, vectors), eps)
+            analytic2 = _second_order_analytic(problem, fn, problem.arrays, cotangents,
+                                               vectors)
+            for i in problem.checked:
+                _compare(problem, i, analytic2[i], numeric2[i], rtol, atol,
+                         f"second-order gradcheck ({label})")
+
+    if check_dtype and any(problem.arrays[i].dtype == np.float32 for i in problem.checked):
+        _check_float32(problem, f, cotangents, numeric)
+    return True
+
+
+def _check_float32(problem, f, cotangents, numeric):
+    """float32 inputs keep float32 gradients, equal to the float64 ones within float32 error."""
+    _, grads = _analytic(problem, f, problem.arrays, cotangents, dtype=None)
+    for i in problem.checked:
+        a = problem.arrays[i]
+        g = grads[i]
+        if g is None:
+            continue
+        if g.dtype != a.dtype:
+            raise AssertionError(f"gradcheck: the gradient of {problem.describe(i)} and dtype "
+                                 f"{a.dtype} has dtype {g.dtype}")
+        if a.dtype == np.float32:
+            scale = max(1.0, float(np.max(np.abs(numeric[i]), initial=0.0)))
+            _compare(problem, i, g.data, numeric[i], 1e-3, 1e-3 * scale,
+                     "gradcheck (float32)")
+
+
+# ---------------------------------------------------------------- jit vs eager
+
+def assert_jit_matches_eager(f, *args, rtol=1e-6, atol=1e-9, **kwargs):
+    """Assert that tracejit.jit(f) gives eager's values and gradients."""
+    import tracejit
+    if not hasattr(tracejit, "jit"):
+        raise NotImplementedError("requires tracejit.jit")
+    raise NotImplementedError("assert_jit_matches_eager: to be implemented with tracejit.jit")
