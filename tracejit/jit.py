@@ -307,7 +307,8 @@ def _array_difference(expected, got, what):
     if np.all(ok):
         return None
     i = np.unravel_index(np.argmin(ok), ok.shape) if ok.ndim else ()
-    return f"{what}{list(i) if i else ''}: eager {expected[i]!r}, compiled {got[i]!r}"
+    where = list(int(k) for k in i) if i else ""
+    return f"{what}{where}: eager {expected[i]}, compiled {got[i]}"
 
 
 def _first_difference(expected, got, path="output"):
@@ -839,6 +840,10 @@ class Jitted:
         if not _same_rng(replayed, after):
             tr.escape("a random draw the tracer does not see (np.random.* on something "
                       "other than traced data); use tracejit functions for random draws")
+
+    def backend_name(self):
+        b = self.backend
+        return os.environ.get("TRACEJIT_BACKEND", "interpret") if b == "auto" else b
 
     def backend_compile(self, g):
         return compile_graph(g, self.backend, self.parallel, self.cache)
