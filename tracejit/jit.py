@@ -17,7 +17,7 @@ import weakref
 import numpy as np
 
 from tracejit import core, interpret
-from tracejit.core import Config, DictGrads, Function, Variable, backprop
+from tracejit.core import Config, DictGrads, Function, Parameter, Variable, backprop
 from tracejit.ir import Graph, Lit, Value
 from tracejit.trace_ops import GUARD, GuardFailure
 from tracejit import tracing
@@ -30,7 +30,11 @@ class JitWarning(UserWarning):
     """tracejit ran something eagerly, or saw a side effect that only runs while tracing."""
 
 
-_disabled = threading.local()
+class _DisabledFlag(threading.local):
+    on = False
+
+
+_disabled = _DisabledFlag()
 
 
 def jit_disabled():
@@ -131,6 +135,8 @@ class CompiledFunction(Function):
         for kind, i in v.bwd_sources:
             if kind == "saved":
                 arrays.append(self.saved[i])
+            elif kind != "gy":
+                arrays.append(_read_capture(kind, i))
             else:
                 g = gys[i]
                 arrays.append(g._data if g is not None else
@@ -195,6 +201,8 @@ class Variant:
             self.bwd_sources = bwd_info["sources"]
             self.bwd_grad_slots = bwd_info["grad_slots"]
             self.joint_graph = bwd_info["joint"]
+        in_ids = {id(x) for x in fwd_inputs}
+        self.copy_outputs = [i for i, x in enumerate(user_outs) if id(x) in in_ids]
         self.state = ()
         self.checks_left = 3 if jitted.check else 1
         self.exe = jitted.backend_compile(self.forward_graph)
@@ -225,10 +233,20 @@ class Variant:
                 g = gys[k]
                 env_vars.append(g if g is not None else Variable(
                     np.zeros(self.out_specs[k].shape, self.out_specs[k].dtype)))
+            elif idx in self.bwd["joint_captures"]:
+                env_vars.append(Variable(_read_capture(*self.bwd["joint_captures"][idx])))
             else:
                 env_vars.append(Variable(arrays[idx]))
         outs = interpret.run_with_variables(j, env_vars)
         return tuple(outs[s] if s is not None else None for s in self.bwd["joint_grad_slots"])
+
+
+def _read_capture(kind, obj):
+    if kind == "var":
+        return obj._data
+    if kind == "grad":
+        return obj._grad._data
+    return obj
 
 
 class _LiveState:
@@ -359,6 +377,8 @@ class Jitted:
         self.cache = cache
         self.check = check if check is not None else os.environ.get("TRACEJIT_CHECK") == "1"
         self.lock = threading.RLock()
+        # Read once: TRACEJIT_DISABLE=1 set before the function is made turns it off.
+        self._env_disabled = os.environ.get("TRACEJIT_DISABLE") == "1"
         self._variants = {}          # key -> list of Variant
         self._warm = set()
         self._eager_keys = {}        # key -> reason (fallback for good)
@@ -425,11 +445,33 @@ class Jitted:
                             f"{e}") from None
         return key, leaves
 
+    def _fast_key(self, args):
+        """The key for positional Variables / ndarrays / floats: the common call, fast."""
+        parts = []
+        for a in args:
+            t = type(a)
+            if t is Variable or t is Parameter:
+                d = a._data
+                if d is None:
+                    return None
+                parts.append((d.shape, d.dtype, _VAR))
+            elif t is np.ndarray:
+                parts.append((a.shape, a.dtype, _ARR))
+            elif t is float:
+                parts.append(_FLT)
+            else:
+                return None
+        return (tuple(parts), Config.enable_backprop, Config.train)
+
     def __call__(self, *args, **kwargs):
-        if jit_disabled() or core._state.trace is not None:
+        if self._env_disabled or _disabled.on or core._state.trace is not None:
             # Nested in another trace: the outer trace records our ops directly.
             return self.fn(*args, **kwargs)
-        key, leaves = self._key(args, kwargs)
+        key = None if kwargs or self.static_argnums else self._fast_key(args)
+        if key is not None:
+            leaves = args
+        else:
+            key, leaves = self._key(args, kwargs)
         variants = self._variants.get(key)
         if variants:
             v = variants[0]
@@ -562,11 +604,11 @@ class Jitted:
                 raise
         else:
             outs = v.exe(arrays)
-        v.calls += 1
         n_user = v.n_user_outs
-        # Fresh results: an output that is an input array is copied.
-        ids = {id(a) for a in arrays}
-        user = [o.copy() if id(o) in ids else o for o in outs[:n_user]]
+        user = outs[:n_user]
+        for i in v.copy_outputs:
+            # Fresh results: an output that is an input array is copied.
+            user[i] = user[i].copy()
         for kind, target, slot in v.effects:
             val = outs[slot]
             if kind == "inplace":
@@ -574,7 +616,7 @@ class Jitted:
             elif kind == "inplace_array":
                 np.copyto(target, val, casting="unsafe")
             else:
-                target._data = val.copy() if id(val) in ids else val
+                target._data = val.copy() if any(val is x for x in arrays) else val
         for var, slot in v.grad_effects:
             var._grad = None if slot is None else Variable(outs[slot])
         results = []
@@ -620,6 +662,7 @@ class Jitted:
         rng_before = np.random.get_state()
         objs = _state_objects(self.fn)
         snap_before = _snapshot(objs)
+        sizes_before = _container_sizes(self.fn)
         prev = tracing.start(tr)
         try:
             result = self.fn(*targs, **tkwargs)
@@ -666,6 +709,10 @@ class Jitted:
         if reason is not None:
             self._fallback(key, reason, line)
             return result
+        grown = [c for c, n in sizes_before if len(c) != n]
+        if grown:
+            tr.side_effects.append((f"a {type(grown[0]).__name__} changing size (append, "
+                                    f"insert or pop)", None))
         if tr.side_effects and self.__name__ not in self._warned:
             self._warned.add(self.__name__)
             what, line = tr.side_effects[0]
@@ -779,6 +826,7 @@ class Jitted:
         bwd_inputs, sources, saved = [], [], []
         seen = set()
         new_caps = {id(v) for v in g.inputs[n_inputs:] if id(v) not in gy_values}
+        cap_source = {id(v): src for v, src in tr.captures if id(v) in new_caps}
 
         def need(v):
             if not isinstance(v, Value) or id(v) in defined or id(v) in seen:
@@ -788,9 +836,9 @@ class Jitted:
             if id(v) in gy_values:
                 sources.append(("gy", gy_values[id(v)]))
             elif id(v) in new_caps:
-                # A constant the backward captured (an np.arange): save it like a value.
-                sources.append(("saved", len(saved)))
-                saved.append(v)
+                # Captured by the backward alone (a constant array a user Function's
+                # backward builds): read from where it lives, like a forward capture.
+                sources.append(cap_source[id(v)])
             else:
                 sources.append(("saved", len(saved)))
                 saved.append(v)
@@ -823,8 +871,8 @@ class Jitted:
         info = dict(graph=bgraph, sources=sources, grad_slots=grad_slots, saved=saved,
                     joint=joint, joint_diff_inputs=joint_diff, joint_gy_inputs=joint_gy,
                     joint_grad_slots=grad_slots)
-        if any(id(v) in new_caps for v in saved):
-            raise _Unsupported("the backward pass reads an array the forward never used")
+        info["joint_captures"] = {pos[id(v)]: cap_source[id(v)] for v in g.inputs
+                                  if id(v) in new_caps}
         return info, diff_sources
 
     def _check_rng(self, tr, before):
@@ -905,6 +953,33 @@ def _snapshot(objs):
             if type(v) in _SCALARS:
                 snap.append((o, k, v))
     return snap
+
+
+def _container_sizes(fn):
+    """Lengths of the lists, dicts and sets a function can reach (closure, globals,
+    attributes of those objects): an append while tracing is a side effect that
+    compiled calls will not repeat."""
+    target = getattr(fn, "__func__", fn)
+    objs = []
+    for cell in getattr(target, "__closure__", None) or ():
+        try:
+            objs.append(cell.cell_contents)
+        except ValueError:
+            pass
+    code = getattr(target, "__code__", None)
+    glb = getattr(target, "__globals__", {})
+    if code is not None:
+        objs += [glb[n] for n in code.co_names if n in glb]
+    if hasattr(fn, "__self__"):
+        objs.append(fn.__self__)
+    sizes = []
+    for o in objs:
+        if type(o) in (list, dict, set):
+            sizes.append((o, len(o)))
+        d = getattr(o, "__dict__", None)
+        if isinstance(d, dict) and not isinstance(o, type) and not callable(o):
+            sizes += [(v, len(v)) for v in d.values() if type(v) in (list, set)]
+    return sizes
 
 
 def _changed(snap):

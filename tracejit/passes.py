@@ -330,16 +330,63 @@ def fuse(g, horizontal=True):
         if not joined:
             new_group(shape, n, role, d, pos)
 
-    fused_nodes = {grp.gid: _make_fused_node(g, grp) for grp in groups}
+    _absorb_loads(g, groups, group_of, deps)
+    fused_nodes = {grp.gid: _make_fused_node(g, grp) for grp in groups if grp.nodes}
     items = []
     for obj, pos in placement:
         if not isinstance(obj, _Group):
             items.append((pos, obj))
+        elif not obj.nodes:
+            continue
         elif fused_nodes[obj.gid] is not None:
             items.append((pos, fused_nodes[obj.gid]))
         else:                     # a lone movement op: a NumPy call, as before
             items.extend((pos, n) for n in obj.nodes)
     return g.replace(nodes=_schedule(items))
+
+
+def _broadcasts_into(shape, target):
+    if len(shape) > len(target):
+        return False
+    lead = len(target) - len(shape)
+    return all(d == 1 or d == target[k + lead] for k, d in enumerate(shape))
+
+
+def _absorb_loads(g, groups, group_of, deps):
+    """Move a lone movement op into the one group that reads it (index arithmetic).
+
+    A reshape to (n, 1) or a transpose feeding a broadcasting add of another shape
+    is not in that group's iteration shape, so the greedy walk left it alone.
+    """
+    users = {}
+    for n in g.nodes:
+        for v in n.inputs:
+            if isinstance(v, Value):
+                users.setdefault(id(v), []).append(n)
+    out_ids = {id(v) for v in g.outputs if isinstance(v, Value)}
+    for grp in groups:
+        if len(grp.nodes) != 1 or grp.nodes[0].kind != MOVEMENT:
+            continue
+        n = grp.nodes[0]
+        v = n.out
+        readers = users.get(id(v), [])
+        if id(v) in out_ids or not readers:
+            continue
+        targets = {id(group_of.get(id(r.outputs[0]))) if r.outputs else None for r in readers}
+        target = group_of.get(id(readers[0].outputs[0])) if readers[0].outputs else None
+        if target is None or target is grp or len(targets) != 1:
+            continue
+        if not all(target.values.get(id(r.outputs[0])) in ("main", "red") for r in readers):
+            continue
+        src = n.inputs[0]
+        if target.values.get(id(src)) or deps.get(id(src), 0) & (1 << target.gid):
+            continue
+        if not _broadcasts_into(v.shape, target.shape):
+            continue
+        grp.nodes = []
+        target.nodes.insert(0, n)
+        target.values[id(v)] = "load"
+        group_of[id(v)] = target
 
 
 def _schedule(items):

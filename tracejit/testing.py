@@ -182,10 +182,11 @@ def _compare(problem, i, analytic, numeric, rtol, atol, what):
     k = int(np.argmax(excess))
     idx = np.unravel_index(k, analytic.shape) if analytic.ndim else ()
     bad = int(np.count_nonzero(excess > 0))
+    where = tuple(int(d) for d in idx)
+    a, n = float(analytic.flat[k]), float(numeric.flat[k])
     raise AssertionError(
         f"{what} failed for {problem.describe(i)}: worst element at index "
-        f"{tuple(int(d) for d in idx)}: analytic={analytic.flat[k]!r}, "
-        f"numeric={numeric.flat[k]!r}, |diff|={abs(analytic.flat[k] - numeric.flat[k]):.3g} "
+        f"{where}: analytic={a!r}, numeric={n!r}, |diff|={abs(a - n):.3g} "
         f"({bad} of {analytic.size} elements outside tolerance; rtol={rtol}, atol={atol})")
 
 

@@ -9,7 +9,9 @@ records. Three kinds of tracer stand in for what the function receives:
 What the tracer cannot follow (`.tolist()`, a write into a value computed inside the
 function, an untracked random draw) is an escape: the variant then runs eagerly.
 """
+import builtins
 import linecache
+import threading
 import os
 import sys
 import warnings
@@ -652,13 +654,37 @@ def _plain_deep(a):
     return _plain(a)
 
 
+# print() runs only while tracing: a wrapper installed while any thread traces reports
+# it to that thread's trace (other threads' prints pass through untouched).
+_print_lock = threading.Lock()
+_print_users = 0
+_original_print = builtins.print
+
+
+def _tracing_print(*args, **kwargs):
+    tr = core._state.trace
+    if tr is not None and not tr.abstract:
+        tr.side_effect("print()")
+    return _original_print(*args, **kwargs)
+
+
 def start(trace):
+    global _print_users
+    with _print_lock:
+        if _print_users == 0:
+            builtins.print = _tracing_print
+        _print_users += 1
     prev = core._state.trace
     core._state.trace = trace
     return prev
 
 
 def stop(trace, prev):
+    global _print_users
     core._state.trace = prev
     for v in trace.created:
         v._tv = None
+    with _print_lock:
+        _print_users -= 1
+        if _print_users == 0:
+            builtins.print = _original_print

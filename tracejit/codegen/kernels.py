@@ -251,7 +251,7 @@ def loop_kernel(fused, parallel):
             body.append(f"v{i} = {node_expr(n, ops)}")
         elif role == "load":
             names[id(n.out)] = f"v{i}"
-            body.append(f"v{i} = {load_index(n, [f'i{k}' for k in range(r)])}")
+            body.append(f"v{i} = {load_index(n, ext_index(n.out))}")
     for j, v in enumerate(main_outs):
         body.append(f"o{j}{_index([f'i{k}' for k in range(r)])} = {names[id(v)]}")
 

@@ -1,0 +1,400 @@
+"""The numba backend: `compile(graph)` -> run(list of input arrays) -> list of outputs.
+
+Last stage of trace -> IR -> passes -> codegen. Same contract as `tracejit.interpret`:
+inputs in graph.inputs order, outputs in graph.outputs order, GuardFailure(index,
+outcome) at the first failing guard (index = position among the graph's guards).
+
+The graph goes through passes.PIPELINE (unless it is already fused), then becomes a
+*plan*: generated Python source that runs, in order, one numba kernel per fused group
+(kernels.py), NumPy calls for matmul / opaque / random / movement nodes, and guard
+checks. A graph of 0-d ops and guards (dispatch-bound scalar code) instead becomes one
+njit function that checks the guards inside and returns the first failing index.
+`graph.source` holds the plan and every kernel; graph.notes counts kernels, NumPy
+calls and materialized intermediates, so `graph.summary()` reports them.
+
+Static rules, fixed by measurement (benchmarks/bench_kernels.py; 2-core Xeon, AVX-512,
+numba 0.68, NumPy 2.4; per element, 4e6 float64):
+  exp: NumPy 1.6 ns, libm loop in numba 8 ns; tanh: 3 vs 42 ns; log: 4 vs 15 ns;
+  sin: 17 vs 13 ns; cos: 14 vs 21 ns; float32 sin/cos: NumPy 4x faster.
+  A fused 5-op tanh/sin/exp chain: numba libm loop 677 ms, whole-array NumPy 358 ms,
+  NumPy ufuncs on 16384-element blocks 156 ms.
+So groups that contain exp/log/tanh/sigmoid/cos (and float32 sin) and have at least
+NUMPY_MATH_MIN elements run as NumPy ufuncs on cache-sized blocks (BLOCK elements):
+fused memory traffic, NumPy's SIMD math. Everything else is a fused numba loop.
+"""
+import builtins
+import linecache
+import time
+
+import numpy as np
+
+from tracejit import passes
+from tracejit.codegen import cache as _cache
+from tracejit.codegen import kernels as K
+from tracejit.ir import Lit, Value
+from tracejit.trace_ops import GUARD, GuardFailure
+
+# prange pays above this many elements per kernel (measured: a 10-op add/mul chain on
+# 2 cores breaks even near 1e5 elements; thread start-up is ~10-20 us).
+PARALLEL_MIN = 1 << 17
+# NumPy ufuncs beat a libm loop once a call's ~1 us overhead is amortized.
+NUMPY_MATH_MIN = 4096
+BLOCK = 16384
+_NUMPY_MATH = {"Exp", "Log", "Tanh", "Sigmoid", "Cos"}
+_NUMPY_MATH_F32 = _NUMPY_MATH | {"Sin"}
+
+__all__ = ["compile", "optimize", "PARALLEL_MIN", "NUMPY_MATH_MIN", "stats"]
+
+
+def optimize(graph):
+    """The graph after passes.PIPELINE (returned as is if it is already fused)."""
+    return graph if passes.is_fused(graph) else passes.run_pipeline(graph)
+
+
+def stats():
+    """Kernels built, numba compilations, disk-cache loads and errors (this process)."""
+    out = dict(_cache.STATS)
+    out["numba_compilations"] = _cache.compiled_signatures()
+    return out
+
+
+def compile(graph, parallel=None, cache=True):
+    """Compile `graph` to run(arrays) -> outputs; parallel None = by size, True/False force.
+
+    cache=False skips the disk cache (the in-process structural cache always applies).
+    Sets graph.source and graph.notes (kernels, numpy_calls, materialized).
+    """
+    t0 = time.perf_counter()
+    g = optimize(graph)
+    flat = _flatten(g)
+    if _scalar_graph(g, flat):
+        run, source, notes = _compile_scalar(g, flat, cache)
+    else:
+        run, source, notes = _compile_plan(g, parallel, cache)
+    notes["compile_seconds"] = round(time.perf_counter() - t0, 6)
+    for target in (graph, g):
+        target.source = source
+        target.notes.update(notes)
+    run.graph = g
+    run.source = source
+    return run
+
+
+def _flatten(g):
+    out = []
+    for n in g.nodes:
+        if n.kind == passes.FUSED:
+            out.extend(n.fn.graph.nodes)
+        else:
+            out.append(n)
+    return out
+
+
+# ---------------------------------------------------------------- scalar graphs
+
+def _scalar_graph(g, flat):
+    if not flat or not all(isinstance(v, Value) and v.shape == () and
+                           v.dtype in passes._IN_DTYPES for v in g.inputs):
+        return False
+    for n in flat:
+        if n.kind == GUARD:
+            if n.fn.conv not in ("bool", "float", "int", "index"):
+                return False
+            continue
+        if len(n.outputs) != 1 or n.out.shape != ():
+            return False
+        if passes._fusable_elementwise(n):
+            continue
+        if (n.kind == "reduction" and n.op.__name__ in ("Sum", "Max", "Min", "SumTo")
+                and n.inputs[0].shape == () and n.out.dtype == n.inputs[0].dtype
+                and n.out.dtype.kind == "f"):
+            continue
+        return False
+    return True
+
+
+def _compile_scalar(g, flat, use_disk):
+    name, source, out_vals = K.scalar_kernel(flat, g.inputs, g.outputs)
+    kern = _cache.kernel(source, name, disk=use_disk)
+    guards = [n.fn for n in flat if n.kind == GUARD]
+    in_pos = {id(v): j for j, v in enumerate(g.inputs)}
+    env = {"np": np, "_k": kern, "_fail": _fail_factory(guards)}
+    rets = []
+    for v in g.outputs:
+        if isinstance(v, Lit):
+            cname = f"_c{len(env)}"
+            env[cname] = v
+            rets.append(f"np.array({cname}.value)")
+        elif id(v) in in_pos:
+            rets.append(f"np.array(x{in_pos[id(v)]}, np.{v.dtype.name})")
+        else:
+            rets.append(f"np.array(r[{2 + out_vals.index(v)}], np.{v.dtype.name})")
+    args = ", ".join(f"x{j}" for j in range(len(g.inputs)))
+    call = ", ".join(f"x{j}[()]" for j in range(len(g.inputs)))
+    plan = (f"def plan({args}):\n"
+            f"    r = _k({call})     # {name}: the whole graph, guards inside\n"
+            f"    if r[0] >= 0:\n"
+            f"        _fail(r[0], r[1])\n"
+            f"    return [{', '.join(rets)}]\n")
+    run = _make_run(g, plan, env)
+    notes = {"kernels": 1, "numpy_calls": 0, "materialized": 0, "mode": "scalar"}
+    return run, f"# plan\n{plan}\n# kernel\n{source}", notes
+
+
+def _fail_factory(guards):
+    def fail(i, value):
+        raise GuardFailure(int(i), guards[int(i)].outcome(value))
+    return fail
+
+
+def _make_run(g, plan_source, env):
+    code = compile_source(plan_source, f"<tracejit-plan {g.name}>")
+    exec(code, env)
+    plan = env["plan"]
+    n_inputs = len(g.inputs)
+    name = g.name
+
+    def run(arrays):
+        if len(arrays) != n_inputs:
+            raise ValueError(f"graph {name} takes {n_inputs} inputs, got {len(arrays)}")
+        return plan(*arrays)
+
+    run.plan = plan
+    return run
+
+
+def compile_source(source, filename):
+    """Python code of generated source, registered with linecache for tracebacks."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    return builtins.compile(source, filename, "exec")
+
+
+# ---------------------------------------------------------------- general plans
+
+class _PlanWriter:
+    def __init__(self, g):
+        self.g = g
+        self.env = {"np": np, "GuardFailure": GuardFailure}
+        self.lines = []
+        self.names = {}
+        self.kernel_sources = []
+        self.notes = {"kernels": 0, "numpy_calls": 0, "materialized": 0, "blocked_groups": 0}
+        self.out_ids = {id(v) for v in g.outputs if isinstance(v, Value)}
+        for j, v in enumerate(g.inputs):
+            self.names[id(v)] = f"x{j}"
+
+    def const(self, obj, prefix="_c"):
+        name = f"{prefix}{len(self.env)}"
+        self.env[name] = obj
+        return name
+
+    def val(self, v):
+        if isinstance(v, Lit):
+            return self.const(v.value)
+        return self.names[id(v)]
+
+    def define(self, v):
+        name = f"v{len(self.names)}"
+        self.names[id(v)] = name
+        if id(v) not in self.out_ids:
+            self.notes["materialized"] += 1
+        return name
+
+    def emit(self, line):
+        self.lines.append("    " + line)
+
+
+def _compile_plan(g, parallel, use_disk):
+    w = _PlanWriter(g)
+    gi = 0
+    for n in g.nodes:
+        if n.kind == GUARD:
+            x = w.val(n.inputs[0])
+            gname = w.const(n.fn, "_g")
+            w.emit(f"if not {gname}.holds({x}):{_where(n)}")
+            w.emit(f"    raise GuardFailure({gi}, {gname}.outcome({x}))")
+            gi += 1
+        elif n.kind == passes.FUSED:
+            _emit_group(w, n, parallel, use_disk)
+        else:
+            f = w.const(n.fn.forward, "_f")
+            ins = ", ".join(w.val(v) for v in n.inputs)
+            outs = [w.define(v) for v in n.outputs]
+            lhs = outs[0] if len(outs) == 1 else ", ".join(outs)
+            w.emit(f"{lhs} = {f}({ins})   # {n.name}{_where(n, short=True)}")
+            w.notes["numpy_calls"] += 1
+    rets = []
+    in_ids = {id(v) for v in g.inputs}
+    for v in g.outputs:
+        if isinstance(v, Lit):
+            rets.append(f"np.array({w.const(v.value)})")
+        elif id(v) in in_ids:
+            rets.append(f"np.array({w.val(v)})")     # results are fresh arrays
+        else:
+            rets.append(w.val(v))
+    args = ", ".join(f"x{j}" for j in range(len(g.inputs)))
+    plan = f"def plan({args}):\n" + "\n".join(w.lines) + \
+        f"\n    return [{', '.join(rets)}]\n"
+    run = _make_run(g, plan, w.env)
+    source = "# plan\n" + plan + "".join(f"\n# kernel\n{s}" for s in w.kernel_sources)
+    return run, source, w.notes
+
+
+def _where(n, short=False):
+    if not n.line:
+        return ""
+    return f"  # {n.line}" if not short else f"  {n.line}"
+
+
+def _numpy_math_group(fn):
+    size = int(np.prod(fn.shape, dtype=np.int64))
+    if not fn.shape or size < NUMPY_MATH_MIN:
+        return False
+    if any(n.kind == "movement" for n in fn.graph.nodes):
+        return False
+    for n in fn.graph.nodes:
+        ops = _NUMPY_MATH_F32 if n.out.dtype == np.float32 else _NUMPY_MATH
+        if n.op.__name__ in ops:
+            return True
+    return False
+
+
+def _emit_group(w, node, parallel, use_disk):
+    fn = node.fn
+    if _numpy_math_group(fn):
+        _emit_blocked(w, node)
+        return
+    size = int(np.prod(fn.shape, dtype=np.int64))
+    par = (size >= PARALLEL_MIN) if parallel is None else bool(parallel)
+    spec = K.loop_kernel(fn, par and len(fn.shape) > 0)
+    kern = _cache.kernel(spec.source, spec.name, disk=use_disk)
+    kname = w.const(kern, "_k")
+    if spec.source not in w.kernel_sources:
+        w.kernel_sources.append(spec.source)
+    w.notes["kernels"] += 1
+    args = []
+    for v in spec.inputs:
+        x = w.val(v)
+        args.append(f"np.asarray({x})" if v.shape == () else x)
+    for v in spec.outputs:
+        o = w.define(v)
+        w.emit(f"{o} = np.empty({v.shape!r}, np.{v.dtype.name})")
+        args.append(o)
+    finals = []
+    for rn, kind, axes, acc in spec.reductions:
+        a = f"{acc}_{len(w.names)}"
+        out = rn.out
+        init = "np.zeros" if kind in ("Sum", "SumTo") else "np.full"
+        fill = "" if init == "np.zeros" else (", -np.inf" if kind == "Max" else ", np.inf")
+        w.emit(f"{a} = {init}({out.shape!r}{fill})")
+        if kind in ("Max", "Min") and any(fn.shape[k] == 0 for k in axes) and out.size:
+            w.emit(f"raise ValueError('zero-size array to reduction operation "
+                   f"{'maximum' if kind == 'Max' else 'minimum'} which has no identity')")
+        args.append(a)
+        finals.append((rn, a))
+    for v in spec.epilogue_outputs:
+        e = w.define(v)
+        w.emit(f"{e} = np.empty((), np.{v.dtype.name})")
+        args.append(e)
+    args += [str(d) for d in fn.shape]
+    call = f"{kname}({', '.join(args)})   # {fn.label}{_where(node, short=True)}"
+    if spec.name.find("_par_") >= 0 and not _cache.THREADSAFE_PARALLEL:
+        w.env["_plock"] = _cache.PARALLEL_LOCK
+        w.emit("with _plock:")
+        w.emit("    " + call)
+    else:
+        w.emit(call)
+    for rn, a in finals:
+        if id(rn.out) not in {id(v) for v in node.outputs}:
+            continue
+        r = w.define(rn.out)
+        if rn.out.dtype == np.float64:
+            w.emit(f"{r} = {a}")
+        else:
+            w.emit(f"{r} = {a}.astype(np.{rn.out.dtype.name})")
+
+
+def _emit_blocked(w, node):
+    """A group as NumPy ufuncs on blocks of rows: each member's own forward."""
+    fn = node.fn
+    sub = fn.graph
+    shape = fn.shape
+    rows = max(1, BLOCK // max(1, int(np.prod(shape[1:], dtype=np.int64))))
+    w.notes["blocked_groups"] += 1
+    w.notes["numpy_calls"] += len(sub.nodes)
+    out_ids = {id(v) for v in node.outputs}
+    roles = K._roles(fn)
+    local = {}
+    w.emit(f"# {fn.label}: NumPy ufuncs on blocks of {rows} rows (SIMD math, "
+           f"cache-resident temporaries){_where(node)}")
+    acc_of = {}
+    for n in sub.nodes:
+        role = roles[id(n)]
+        for v in n.outputs:
+            if id(v) in out_ids and role == "main":
+                o = w.define(v)
+                w.emit(f"{o} = np.empty({v.shape!r}, np.{v.dtype.name})")
+        if role == "red":
+            axes, _ = K.reduced_axes(n, len(shape))
+            a = f"acc{len(w.names)}_{len(acc_of)}"
+            kind = n.op.__name__
+            if 0 in axes:
+                init = {"Max": "np.full({s}, -np.inf)", "Min": "np.full({s}, np.inf)"}.get(
+                    kind, "np.zeros({s})").format(s=repr(n.out.shape))
+            else:
+                init = f"np.empty({n.out.shape!r}, np.{n.out.dtype.name})"
+            if kind in ("Max", "Min") and shape[0] == 0 and n.out.size:
+                w.emit(f"raise ValueError('zero-size array to reduction operation "
+                       f"{'maximum' if kind == 'Max' else 'minimum'} which has no identity')")
+            w.emit(f"{a} = {init}")
+            acc_of[id(n)] = (a, 0 in axes, kind)
+    w.emit(f"for lo in range(0, {shape[0]}, {rows}):")
+    for v in sub.inputs:
+        x = w.val(v)
+        if len(v.shape) == len(shape) and v.shape[0] == shape[0] and shape[0] != 1:
+            local[id(v)] = f"b_{x}"
+            w.emit(f"    b_{x} = {x}[lo:lo + {rows}]")
+        else:
+            local[id(v)] = x
+    for i, n in enumerate(sub.nodes):
+        role = roles[id(n)]
+        if role == "epi":
+            continue
+        f = w.const(n.fn.forward, "_f")
+        ins = ", ".join(local[id(v)] if isinstance(v, Value) else w.const(v.value)
+                        for v in n.inputs)
+        if role == "red":
+            a, over0, kind = acc_of[id(n)]
+            if not over0:
+                w.emit(f"    {a}[lo:lo + {rows}] = {f}({ins})")
+            elif kind == "Max":
+                w.emit(f"    np.maximum({a}, {f}({ins}), out={a})")
+            elif kind == "Min":
+                w.emit(f"    np.minimum({a}, {f}({ins}), out={a})")
+            else:
+                w.emit(f"    {a} += {f}({ins})")
+            continue
+        t = f"b{i}"
+        local[id(n.out)] = t
+        w.emit(f"    {t} = {f}({ins})   # {n.name}")
+        if id(n.out) in out_ids:
+            w.emit(f"    {w.names[id(n.out)]}[lo:lo + {rows}] = {t}")
+    for n in sub.nodes:
+        if roles[id(n)] == "red":
+            a, _, _ = acc_of[id(n)]
+            v = n.out
+            expr = a if v.dtype == np.float64 or not acc_of[id(n)][1] else \
+                f"{a}.astype(np.{v.dtype.name})"
+            r = w.define(v) if id(v) in out_ids else f"red{len(local)}"
+            w.emit(f"{r} = {expr}")
+            local[id(v)] = r
+    for n in sub.nodes:
+        if roles[id(n)] != "epi":
+            continue
+        f = w.const(n.fn.forward, "_f")
+        ins = ", ".join(local[id(v)] if isinstance(v, Value) else w.const(v.value)
+                        for v in n.inputs)
+        r = w.define(n.out) if id(n.out) in out_ids else f"ep{len(local)}"
+        local[id(n.out)] = r
+        w.emit(f"{r} = {f}({ins})   # {n.name}")
+
