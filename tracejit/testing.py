@@ -290,9 +290,76 @@ def _check_float32(problem, f, cotangents, numeric):
 
 # ---------------------------------------------------------------- jit vs eager
 
-def assert_jit_matches_eager(f, *args, rtol=1e-6, atol=1e-9, **kwargs):
-    """Assert that tracejit.jit(f) gives eager's values and gradients."""
+def assert_jit_matches_eager(f, *args, calls=4, rtol=1e-6, atol=1e-9, seed=0, **jit_options):
+    """Assert that tracejit.jit(f) gives eager's values and gradients, call after call.
+
+    The jitted function is called `calls` times beyond its warm-up and trace, each
+    time with new values (the float arguments perturbed, shapes kept), and each
+    result and the gradients of sum(output * random cotangent) with respect to the
+    float Variable / ndarray arguments are compared with the eager function's. A
+    fallback to eager (a JitWarning) fails the assertion: it would hide what jit does.
+    """
+    import warnings
+
     import tracejit
-    if not hasattr(tracejit, "jit"):
-        raise NotImplementedError("requires tracejit.jit")
-    raise NotImplementedError("assert_jit_matches_eager: to be implemented with tracejit.jit")
+    rng = np.random.default_rng(seed)
+    jitted = tracejit.jit(f, **jit_options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tracejit.JitWarning)
+        for call in range(calls + 2):
+            new_args = [_perturb(a, rng) if call else a for a in args]
+            jit_vals, jit_grads = _values_and_grads(jitted, new_args, rng, seed + call)
+            eager_vals, eager_grads = _values_and_grads(f, new_args, rng, seed + call)
+            for k, (got, want) in enumerate(zip(jit_vals, eager_vals)):
+                _assert_close(got, want, rtol, atol, f"call {call}: output {k}")
+            for k, (got, want) in enumerate(zip(jit_grads, eager_grads)):
+                _assert_close(got, want, rtol, atol, f"call {call}: gradient of argument {k}")
+    info = jitted.cache_info()
+    if info["fallbacks"]:
+        raise AssertionError(f"jit fell back to eager: {info}")
+    return info
+
+
+def _perturb(a, rng):
+    if isinstance(a, Variable) and _is_float(a.data):
+        return Variable(a.data + (0.1 * rng.standard_normal(a.shape)).astype(a.dtype))
+    if isinstance(a, np.ndarray) and _is_float(a):
+        return a + (0.1 * rng.standard_normal(a.shape)).astype(a.dtype)
+    return a
+
+
+def _values_and_grads(fn, args, rng, seed):
+    args = [Variable(a.data.copy()) if isinstance(a, Variable) else a for a in args]
+    wrt = [Variable(a) if isinstance(a, np.ndarray) and _is_float(a) else a for a in args]
+    ys = _outputs(fn(*wrt))
+    values = [np.array(y.data) for y in ys]
+    cot_rng = np.random.default_rng(seed)
+    cotangents = [cot_rng.standard_normal(y.shape).astype(y.dtype) for y in ys]
+    diff = [y for y in ys if y.creator is not None and _is_float(y.data)]
+    if diff:
+        loss = None
+        for y, c in zip(ys, cotangents):
+            if y.creator is None or not _is_float(y.data):
+                continue
+            term = F.sum(y * c)
+            loss = term if loss is None else loss + term
+        loss.backward()
+    grads = [None if not isinstance(w, Variable) or w.grad is None else np.array(w.grad.data)
+             for w in wrt]
+    return values, grads
+
+
+def _assert_close(got, want, rtol, atol, what):
+    if got is None or want is None:
+        if got is not want:
+            raise AssertionError(f"{what}: jit gave {got!r}, eager gave {want!r}")
+        return
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        raise AssertionError(f"{what}: jit gave {got.dtype}{list(got.shape)}, eager "
+                             f"{want.dtype}{list(want.shape)}")
+    ok = np.isclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+    if not np.all(ok):
+        i = np.unravel_index(np.argmin(ok), ok.shape) if ok.ndim else ()
+        raise AssertionError(f"{what}: differs at {tuple(int(k) for k in i)}: jit "
+                             f"{got[i]!r}, eager {want[i]!r} (rtol={rtol}, atol={atol})")
