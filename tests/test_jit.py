@@ -1045,6 +1045,230 @@ def test_unhashable_nonarray_argument_raises_type_error():
         jf(Variable(np.ones(2)), {1, 2})
 
 
+@pytest.mark.xfail(strict=True, reason="the traced call's argument stays alive: the IR "
+                   "Node keeps the traced Function object, whose .inputs hold the argument")
+def test_jit_keeps_no_argument_alive():
+    import gc
+    import weakref
+
+    jf = tj.jit(lambda x: F.sum(F.tanh(x) * 2))
+    refs = []
+    for i in range(N_CALLS):
+        x = Variable(np.arange(3.0) + i)
+        y = jf(x)
+        y.backward()
+        refs.append(weakref.ref(x))
+        del x, y
+    gc.collect()
+    assert [r() is None for r in refs] == [True] * N_CALLS
+    no_fallbacks(jf)
+
+
+@pytest.mark.xfail(strict=True, reason="in-place write into an argument (`a += 1.0` on an "
+                   "ndarray arg, `x.data += 1` on a Variable arg) is not replayed like eager: "
+                   "the check run sees a difference and the function falls back")
+@pytest.mark.parametrize("kind", ["ndarray", "variable"])
+def test_inplace_write_into_argument_replayed(kind):
+    if kind == "ndarray":
+        def f(x, a):
+            a += 1.0
+            return x * a
+    else:
+        def f(x, a):
+            a.data += 1.0
+            return x * a
+
+    jf = tj.jit(f)
+    for i in range(N_CALLS):
+        aj, ae = np.arange(3.0) + i, np.arange(3.0) + i
+        if kind == "variable":
+            aj, ae = Variable(aj), Variable(ae)
+        xa = np.linspace(-1, 1, 3) * i
+        yj, ye = jf(Variable(xa), aj), f(Variable(xa), ae)
+        assert_close(yj, ye)
+        np.testing.assert_array_equal(_arr(aj), _arr(ae))
+    no_fallbacks(jf)
+
+
+@pytest.mark.xfail(strict=True, reason="a function that returns an argument Variable itself "
+                   "(identity, or F.reshape to the same shape): the compiled call returns a "
+                   "fresh Variable with no creator, so backward never reaches the argument")
+@pytest.mark.parametrize("form", ["identity", "noop_reshape"])
+def test_returned_argument_gets_gradient(form):
+    if form == "identity":
+        f = lambda x, y: (x, y * 2)
+    else:
+        f = lambda x, y: (F.reshape(x, x.shape), y * 2)
+    jf = tj.jit(f)
+    r = rng(34)
+    for i in range(N_CALLS):
+        xa, ya = r.standard_normal(3), r.standard_normal(3)
+        xj, yj_ = Variable(xa.copy()), Variable(ya.copy())
+        xe, ye_ = Variable(xa.copy()), Variable(ya.copy())
+        (aj, bj), (ae, be) = jf(xj, yj_), f(xe, ye_)
+        assert_close((aj, bj), (ae, be))
+        F.sum(aj * bj).backward()
+        F.sum(ae * be).backward()
+        assert_grad_close(xj, xe)
+        assert_grad_close(yj_, ye_)
+    no_fallbacks(jf)
+
+
+def test_nested_jit():
+    inner = tj.jit(lambda x: F.sin(x) * x)
+
+    def outer(x):
+        return F.sum(inner(x) + x)
+
+    def eager(x):
+        return F.sum(F.sin(x) * x + x)
+
+    jo = tj.jit(outer)
+    r = rng(26)
+    for i in range(N_CALLS):
+        xa = r.standard_normal(3)
+        xj, xe = Variable(xa.copy()), Variable(xa.copy())
+        yj, ye = jo(xj), eager(xe)
+        assert_close(yj, ye)
+        yj.backward()
+        ye.backward()
+        assert_grad_close(xj, xe)
+    no_fallbacks(jo)
+
+
+def test_gradient_accumulates_across_compiled_calls():
+    f = lambda x: F.sum(F.tanh(x))
+    jf = tj.jit(f)
+    r = rng(27)
+    for i in range(N_CALLS):
+        xa = r.standard_normal(3)
+        xj, xe = Variable(xa.copy()), Variable(xa.copy())
+        (jf(xj) + jf(xj * 3)).backward()
+        (f(xe) + f(xe * 3)).backward()
+        assert_grad_close(xj, xe)
+        jf(xj).backward()
+        f(xe).backward()
+        assert_grad_close(xj, xe)
+    no_fallbacks(jf)
+
+
+def test_retain_grad_on_compiled_output():
+    g = lambda x: F.tanh(x) * 3
+    jf = tj.jit(g)
+    r = rng(28)
+    for i in range(N_CALLS):
+        xa = r.standard_normal(3)
+        xj, xe = Variable(xa.copy()), Variable(xa.copy())
+        yj, ye = jf(xj), g(xe)
+        F.sum(yj * yj).backward(retain_grad=True)
+        F.sum(ye * ye).backward(retain_grad=True)
+        assert_grad_close(yj, ye)
+        assert_grad_close(xj, xe)
+    no_fallbacks(jf)
+
+
+def test_int_dtype_arrays_correct():
+    f = lambda x: x * 2 + 1
+    jf = tj.jit(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tj.JitWarning)   # ints may run eagerly, with a warning
+        for i in range(N_CALLS):
+            a = np.arange(3) + i
+            yj, ye = jf(Variable(a)), f(Variable(a))
+            assert_close(yj, ye)
+
+
+def test_check_mode_agrees():
+    g = lambda x, s: F.tanh(x) * s
+    jf = tj.jit(g, check=True)
+    r = rng(29)
+    for i in range(N_CALLS):
+        xa, s = r.standard_normal(3), float(r.uniform(0.5, 2))
+        xj, xe = Variable(xa.copy()), Variable(xa.copy())
+        yj, ye = jf(xj, s), g(xe, s)
+        assert_close(yj, ye)
+        F.sum(yj).backward()
+        F.sum(ye).backward()
+        assert_grad_close(xj, xe)
+    assert jf.cache_info()["hits"] >= 1
+    no_fallbacks(jf)
+
+
+def test_captured_parameter_changes_shape():
+    p = Parameter(np.ones(3), name="p")
+    g = lambda x: F.sum(x * p)
+    jf = tj.jit(g)
+    r = rng(30)
+    for i in range(N_CALLS * 2):
+        if i == N_CALLS:
+            p.data = r.standard_normal((2, 3))
+        else:
+            p.data = r.standard_normal(p.shape)
+        xa = r.standard_normal(3)
+        p.cleargrad()
+        yj = jf(Variable(xa))
+        yj.backward()
+        gj = p.grad.data.copy()
+        p.cleargrad()
+        ye = g(Variable(xa))
+        ye.backward()
+        assert_close(yj, ye)
+        np.testing.assert_allclose(gj, p.grad.data, rtol=1e-12)
+    no_fallbacks(jf)
+
+
+def test_non_array_outputs_are_constants():
+    jf = tj.jit(lambda x, n: (x * 2, n, None, "s"))
+    for i in range(N_CALLS):
+        out = jf(Variable(np.arange(2.0) + i), 3)
+        assert out[1:] == (3, None, "s")
+        np.testing.assert_array_equal(out[0].data, (np.arange(2.0) + i) * 2)
+    no_fallbacks(jf)
+
+
+def test_mask_from_data_comparison():
+    def f(x):
+        mask = x.data > 0
+        return F.sum(x * Variable(mask.astype(x.dtype)) + F.relu(-x) * 0.5)
+
+    jf = tj.jit(f)
+    r = rng(31)
+    for i in range(N_CALLS):
+        xa = r.standard_normal(5)
+        xj, xe = Variable(xa.copy()), Variable(xa.copy())
+        yj, ye = jf(xj), f(xe)
+        assert_close(yj, ye)
+        yj.backward()
+        ye.backward()
+        assert_grad_close(xj, xe)
+    no_fallbacks(jf)
+
+
+def test_softmax_cross_entropy_with_int_labels():
+    jf = tj.jit(F.softmax_cross_entropy)
+    r = rng(32)
+    for i in range(N_CALLS):
+        xa, t = r.standard_normal((4, 3)), r.integers(0, 3, 4)
+        xj, xe = Variable(xa.copy()), Variable(xa.copy())
+        yj, ye = jf(xj, t), F.softmax_cross_entropy(xe, t)
+        assert_close(yj, ye)
+        yj.backward()
+        ye.backward()
+        assert_grad_close(xj, xe)
+    no_fallbacks(jf)
+
+
+@pytest.mark.xfail(strict=True, reason="F.accuracy does not compile: np.asarray on traced "
+                   "data escapes, so any jitted step that reports accuracy runs eagerly")
+def test_accuracy_compiles():
+    jf = tj.jit(F.accuracy)
+    r = rng(33)
+    for i in range(N_CALLS):
+        xa, t = r.standard_normal((6, 3)), r.integers(0, 3, 6)
+        assert_close(jf(xa, t), F.accuracy(xa, t))
+    no_fallbacks(jf)
+
+
 # ============================================================== 7. disabling
 
 def _printing(x):
@@ -1070,6 +1294,20 @@ def test_eager_method_runs_plain_python(capsys):
         np.testing.assert_allclose(y.data, (np.arange(2.0) + i) * 3)
     assert capsys.readouterr().out.count("CALLED") == N_CALLS
     assert jf.cache_info()["variants"] == 0
+
+
+_module_level_jitted = tj.jit(_printing)
+
+
+@pytest.mark.xfail(strict=True, reason="TRACEJIT_DISABLE is read once, when tj.jit(f) is "
+                   "created: setting it later does not disable an already-decorated function")
+def test_env_disable_after_decoration(monkeypatch, capsys):
+    monkeypatch.setenv("TRACEJIT_DISABLE", "1")
+    for i in range(N_CALLS):
+        y = _module_level_jitted(Variable(np.arange(2.0) + i))
+        np.testing.assert_allclose(y.data, (np.arange(2.0) + i) * 3)
+    assert capsys.readouterr().out.count("CALLED") == N_CALLS
+    assert _module_level_jitted.cache_info()["variants"] == 0
 
 
 def test_env_disable(monkeypatch, capsys):
@@ -1126,7 +1364,8 @@ from hypothesis import given, settings, strategies as st, HealthCheck  # noqa: E
 from tracejit.testing import strategies as tjst  # noqa: E402
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck),
+          derandomize=True, database=None)
 @given(data=st.data(), dtype=st.sampled_from([np.float64, np.float32]))
 def test_random_programs_jit_matches_eager(data, dtype):
     prog, inputs = data.draw(tjst.programs(dtype=dtype))
@@ -1221,31 +1460,43 @@ def test_gradcheck_with_jit():
 # ============================================================== 12. threads
 
 def f_threads(x, W):
-    return F.sum(F.tanh(F.matmul(x, W)) ** 2)
+    # A longer chain: tracing takes long enough for the threads to overlap.
+    h = F.matmul(x, W)
+    for _ in range(40):
+        h = F.tanh(h) * 1.01 + 0.01
+    return F.sum(h ** 2)
 
 
+@pytest.mark.xfail(strict=True, reason="tj.Config is process-global: a trace in one thread "
+                   "(no_grad around the traced backward) turns enable_backprop off for the "
+                   "others, whose jitted calls then return outputs without gradients")
 def test_threads_correct_results():
-    """4 threads, one cold jitted function: every call gets the eager result."""
-    for rep in range(5):
+    """4 threads, one cold jitted function: every call gets eager's value and gradient."""
+    for rep in range(3):
         _run_threads(tj.jit(f_threads), rep)
+        assert tj.Config.enable_backprop is True
 
 
 @pytest.mark.xfail(strict=True, reason="no lock around warm-up/trace/compile in "
                    "Jitted.__call__: concurrent cold calls trace the same signature "
                    "several times (variants > 1)")
 def test_threads_cold_cache_compiles_once():
-    for rep in range(10):
+    for rep in range(5):
         jf = tj.jit(f_threads)
-        _run_threads(jf, rep)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                _run_threads(jf, rep, check=False)
+            finally:
+                tj.Config.enable_backprop = True
         info = jf.cache_info()
         assert info["variants"] == 1, info
 
 
-def _run_threads(jf, seed):
+def _run_threads(jf, seed, check=True):
     f = f_threads
     r = rng(100 + seed)
-    r = rng(24)
-    n_threads, n_calls = 4, 8
+    n_threads, n_calls = 4, 6
     inputs = [[(r.standard_normal((3, 4)), r.standard_normal((4, 2))) for _ in range(n_calls)]
               for _ in range(n_threads)]
     results = [[None] * n_calls for _ in range(n_threads)]
@@ -1254,14 +1505,13 @@ def _run_threads(jf, seed):
 
     def work(k):
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", tj.JitWarning)
-                barrier.wait()
-                for i, (x, W) in enumerate(inputs[k]):
-                    Wv = Variable(W.copy())
-                    y = jf(x, Wv)
-                    y.backward()
-                    results[k][i] = (y.data.copy(), Wv.grad.data.copy())
+            barrier.wait()
+            for i, (x, W) in enumerate(inputs[k]):
+                Wv = Variable(W.copy())
+                y = jf(x, Wv)
+                y.backward()
+                results[k][i] = (y.data.copy(),
+                                 None if Wv.grad is None else Wv.grad.data.copy())
         except BaseException as e:       # pragma: no cover - reported below
             errors.append(e)
 
@@ -1270,12 +1520,16 @@ def _run_threads(jf, seed):
         t.start()
     for t in ts:
         t.join()
+    if not check:
+        return
     assert not errors, errors
+    assert tj.Config.enable_backprop is True
     for k in range(n_threads):
         for i, (x, W) in enumerate(inputs[k]):
             Wv = Variable(W.copy())
             y = f(x, Wv)
             y.backward()
             np.testing.assert_allclose(results[k][i][0], y.data, rtol=1e-12)
+            assert results[k][i][1] is not None, f"thread {k} call {i}: no gradient"
             np.testing.assert_allclose(results[k][i][1], Wv.grad.data, rtol=1e-12)
     no_fallbacks(jf)

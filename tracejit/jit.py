@@ -406,7 +406,7 @@ class Jitted:
         """The forward graph of the variant these arguments run (tracing if needed)."""
         self(*args, **kwargs)
         self(*args, **kwargs)
-        key, _ = self._key(args, kwargs)
+        key, _ = self._call_key(args, kwargs)
         variants = self._variants.get(key)
         if not variants:
             reason = self._eager_keys.get(key, "no variant")
@@ -416,7 +416,7 @@ class Jitted:
 
     def backward_graph(self, *args, **kwargs):
         self.trace(*args, **kwargs)
-        key, _ = self._key(args, kwargs)
+        key, _ = self._call_key(args, kwargs)
         v = self._variants[key][-1]
         return v.bwd["graph"] if v.bwd else None
 
@@ -463,15 +463,17 @@ class Jitted:
                 return None
         return (tuple(parts), Config.enable_backprop, Config.train)
 
+    def _call_key(self, args, kwargs):
+        key = None if kwargs or self.static_argnums else self._fast_key(args)
+        if key is not None:
+            return key, args
+        return self._key(args, kwargs)
+
     def __call__(self, *args, **kwargs):
         if self._env_disabled or _disabled.on or core._state.trace is not None:
             # Nested in another trace: the outer trace records our ops directly.
             return self.fn(*args, **kwargs)
-        key = None if kwargs or self.static_argnums else self._fast_key(args)
-        if key is not None:
-            leaves = args
-        else:
-            key, leaves = self._key(args, kwargs)
+        key, leaves = self._call_key(args, kwargs)
         variants = self._variants.get(key)
         if variants:
             v = variants[0]
@@ -891,7 +893,7 @@ class Jitted:
 
     def backend_name(self):
         b = self.backend
-        return os.environ.get("TRACEJIT_BACKEND", "interpret") if b == "auto" else b
+        return os.environ.get("TRACEJIT_BACKEND", "numba") if b == "auto" else b
 
     def backend_compile(self, g):
         return compile_graph(g, self.backend, self.parallel, self.cache)
@@ -902,18 +904,25 @@ class _Unsupported(Exception):
 
 
 def compile_graph(g, backend="auto", parallel=None, cache=True):
+    """backend: "numba" (fused kernels), "interpret" (the reference), or "auto"
+    (TRACEJIT_BACKEND, else numba; a graph numba fails on runs interpreted, warned)."""
     if backend == "auto":
-        backend = os.environ.get("TRACEJIT_BACKEND", "interpret")
-    if backend == "numba":
-        try:
-            from tracejit import codegen
-        except ImportError:
-            codegen = None
-        if codegen is not None and hasattr(codegen, "compile"):
-            return codegen.compile(g, parallel=parallel, cache=cache)
+        backend = os.environ.get("TRACEJIT_BACKEND", "numba")
         if backend == "numba":
-            raise RuntimeError("the numba backend is not available")
-    return interpret.compile(g)
+            from tracejit import codegen
+            try:
+                return codegen.compile(g, parallel=parallel, cache=cache)
+            except Exception as e:  # noqa: BLE001 - any codegen failure: still correct
+                warnings.warn(f"jit({g.name}): the numba backend failed ({type(e).__name__}: "
+                              f"{e}); this graph runs on the interpret backend", JitWarning,
+                              stacklevel=2)
+                return interpret.compile(g)
+    if backend == "numba":
+        from tracejit import codegen
+        return codegen.compile(g, parallel=parallel, cache=cache)
+    if backend == "interpret":
+        return interpret.compile(g)
+    raise ValueError(f"jit: unknown backend {backend!r} (use 'numba', 'interpret' or 'auto')")
 
 
 _SCALARS = (bool, int, float, str, type(None))

@@ -38,7 +38,7 @@ from tracejit.trace_ops import GUARD, GuardFailure
 # 2 cores breaks even near 1e5 elements; thread start-up is ~10-20 us).
 PARALLEL_MIN = 1 << 17
 # NumPy ufuncs beat a libm loop once a call's ~1 us overhead is amortized.
-NUMPY_MATH_MIN = 4096
+NUMPY_MATH_MIN = 256
 BLOCK = 16384
 _NUMPY_MATH = {"Exp", "Log", "Tanh", "Sigmoid", "Cos"}
 _NUMPY_MATH_F32 = _NUMPY_MATH | {"Sin"}

@@ -151,6 +151,10 @@ def _guard_disk_cache(disp):
             return load(sig, target_context)
         except Exception:  # noqa: BLE001 - truncated / corrupted entry
             STATS["disk_errors"] += 1
+            try:
+                cache.flush()       # a fresh, empty index: the rebuilt entry is saved
+            except Exception:  # noqa: BLE001
+                pass
             return None
 
     def save_overload(sig, data):
