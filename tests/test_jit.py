@@ -464,8 +464,6 @@ def test_closure_ndarray_in_variable_ops_mutated_in_place():
     no_fallbacks(jf)
 
 
-@pytest.mark.xfail(strict=True, reason="NumPy ops on a captured closure ndarray (`c ** 2`) "
-                   "are frozen at trace time: later in-place mutations are silently ignored")
 def test_closure_ndarray_numpy_op_mutated_later():
     c = np.array([1.0, -1.0, 0.5])
 
@@ -485,9 +483,6 @@ def test_closure_ndarray_numpy_op_mutated_later():
 _GLOBAL_K = 2.0
 
 
-@pytest.mark.xfail(strict=True, reason="a module-global Python float read by the function "
-                   "is baked into the variant without a value guard: a changed value "
-                   "is silently ignored")
 def test_global_python_float_change_retraces():
     global _GLOBAL_K
 
@@ -506,8 +501,6 @@ def test_global_python_float_change_retraces():
         _GLOBAL_K = 2.0
 
 
-@pytest.mark.xfail(strict=True, reason="a closure-cell Python float (nonlocal) is baked into "
-                   "the variant without a value guard: a changed value is silently ignored")
 def test_closure_cell_python_float_change_retraces():
     k = 2.0
 
@@ -552,9 +545,6 @@ def test_attribute_python_float_change_retraces():
     no_fallbacks(jf)
 
 
-@pytest.mark.xfail(strict=True, reason="a Python float read from a captured dict "
-                   "(`state['k']`) is baked into the variant: a changed value is "
-                   "silently ignored")
 def test_dict_item_python_float_change():
     state = {"k": 2.0}
 
@@ -1045,8 +1035,6 @@ def test_unhashable_nonarray_argument_raises_type_error():
         jf(Variable(np.ones(2)), {1, 2})
 
 
-@pytest.mark.xfail(strict=True, reason="the traced call's argument stays alive: the IR "
-                   "Node keeps the traced Function object, whose .inputs hold the argument")
 def test_jit_keeps_no_argument_alive():
     import gc
     import weakref
@@ -1064,9 +1052,6 @@ def test_jit_keeps_no_argument_alive():
     no_fallbacks(jf)
 
 
-@pytest.mark.xfail(strict=True, reason="in-place write into an argument (`a += 1.0` on an "
-                   "ndarray arg, `x.data += 1` on a Variable arg) is not replayed like eager: "
-                   "the check run sees a difference and the function falls back")
 @pytest.mark.parametrize("kind", ["ndarray", "variable"])
 def test_inplace_write_into_argument_replayed(kind):
     if kind == "ndarray":
@@ -1090,9 +1075,6 @@ def test_inplace_write_into_argument_replayed(kind):
     no_fallbacks(jf)
 
 
-@pytest.mark.xfail(strict=True, reason="a function that returns an argument Variable itself "
-                   "(identity, or F.reshape to the same shape): the compiled call returns a "
-                   "fresh Variable with no creator, so backward never reaches the argument")
 @pytest.mark.parametrize("form", ["identity", "noop_reshape"])
 def test_returned_argument_gets_gradient(form):
     if form == "identity":
@@ -1258,8 +1240,6 @@ def test_softmax_cross_entropy_with_int_labels():
     no_fallbacks(jf)
 
 
-@pytest.mark.xfail(strict=True, reason="F.accuracy does not compile: np.asarray on traced "
-                   "data escapes, so any jitted step that reports accuracy runs eagerly")
 def test_accuracy_compiles():
     jf = tj.jit(F.accuracy)
     r = rng(33)
@@ -1296,11 +1276,12 @@ def test_eager_method_runs_plain_python(capsys):
     assert jf.cache_info()["variants"] == 0
 
 
-_module_level_jitted = tj.jit(_printing)
+@tj.jit
+def _module_level_jitted(x):
+    print("CALLED")
+    return x * 3
 
 
-@pytest.mark.xfail(strict=True, reason="TRACEJIT_DISABLE is read once, when tj.jit(f) is "
-                   "created: setting it later does not disable an already-decorated function")
 def test_env_disable_after_decoration(monkeypatch, capsys):
     monkeypatch.setenv("TRACEJIT_DISABLE", "1")
     for i in range(N_CALLS):
@@ -1409,9 +1390,6 @@ def test_eval_shape_mlp_like_no_softmax():
     assert tuple(loss.shape) == () and np.dtype(loss.dtype) == np.float32
 
 
-@pytest.mark.xfail(strict=True, reason="eval_shape fails on an MLP/Linear: Linear.forward "
-                   "checks `self.W.data is None`, which the abstract trace rejects as a "
-                   "value read")
 def test_eval_shape_mlp_model():
     m = MLP((100, 10))
     m(np.zeros((1, 784), np.float32))            # lazy init (an eager call)
@@ -1419,8 +1397,6 @@ def test_eval_shape_mlp_model():
     assert out == tj.ShapeDtype((32, 10), np.float32)
 
 
-@pytest.mark.xfail(strict=True, reason="eval_shape fails on F.softmax (and log_softmax): "
-                   "_stop_gradient reads x.data, which the abstract trace rejects")
 def test_eval_shape_mlp_like():
     W1 = Variable(np.zeros((784, 100), np.float32))
     b1 = Variable(np.zeros(100, np.float32))
@@ -1467,19 +1443,16 @@ def f_threads(x, W):
     return F.sum(h ** 2)
 
 
-@pytest.mark.xfail(strict=True, reason="tj.Config is process-global: a trace in one thread "
-                   "(no_grad around the traced backward) turns enable_backprop off for the "
-                   "others, whose jitted calls then return outputs without gradients")
 def test_threads_correct_results():
     """4 threads, one cold jitted function: every call gets eager's value and gradient."""
-    for rep in range(3):
-        _run_threads(tj.jit(f_threads), rep)
-        assert tj.Config.enable_backprop is True
+    try:
+        for rep in range(3):
+            _run_threads(tj.jit(f_threads), rep)
+            assert tj.Config.enable_backprop is True
+    finally:
+        tj.Config.enable_backprop = True     # a failure must not leak into other tests
 
 
-@pytest.mark.xfail(strict=True, reason="no lock around warm-up/trace/compile in "
-                   "Jitted.__call__: concurrent cold calls trace the same signature "
-                   "several times (variants > 1)")
 def test_threads_cold_cache_compiles_once():
     for rep in range(5):
         jf = tj.jit(f_threads)
@@ -1529,7 +1502,7 @@ def _run_threads(jf, seed, check=True):
             Wv = Variable(W.copy())
             y = f(x, Wv)
             y.backward()
-            np.testing.assert_allclose(results[k][i][0], y.data, rtol=1e-12)
+            np.testing.assert_allclose(results[k][i][0], y.data, rtol=1e-10)
             assert results[k][i][1] is not None, f"thread {k} call {i}: no gradient"
-            np.testing.assert_allclose(results[k][i][1], Wv.grad.data, rtol=1e-12)
+            np.testing.assert_allclose(results[k][i][1], Wv.grad.data, rtol=1e-10)
     no_fallbacks(jf)

@@ -87,12 +87,11 @@ class _AbstractTrace:
         return ys if len(ys) > 1 else ys[0]
 
     def new_variable(self, var, data):
-        var._data = data
+        var._data = data.view(np.ndarray) if isinstance(data, _ShapeOnly) else data
 
     def read_data(self, var):
-        from tracejit.tracing import user_line
-        raise TypeError(f"eval_shape: the function reads values (.data) at {user_line(3)}; "
-                        f"its output shapes depend on data")
+        # Shapes pass through (Variable(x.data), x.data.shape); a value does not.
+        return var._data.view(_ShapeOnly)
 
     def write_data(self, var, value):
         return value
@@ -105,6 +104,17 @@ class _AbstractTrace:
 
     def literal(self, var, value):
         pass
+
+
+class _ShapeOnly(np.ndarray):
+    """`.data` under eval_shape: it has a shape and dtype, and no value to look at."""
+
+    def _no_value(self, *args):
+        from tracejit.tracing import user_line
+        raise TypeError(f"eval_shape: the function looks at values at {user_line(2)}; "
+                        f"only shapes and dtypes are known")
+
+    __bool__ = __float__ = __int__ = __index__ = item = tolist = _no_value
 
 
 def _placeholder(spec):

@@ -16,9 +16,35 @@ import weakref
 import numpy as np
 
 
-class Config:
+class _ThreadConfig(threading.local):
     enable_backprop = True
     train = True
+
+
+class _ConfigType(type):
+    # Config.enable_backprop reads and writes a per-thread value: one thread's
+    # no_grad() (or a trace's backward) never switches gradients off in another.
+    @property
+    def enable_backprop(cls):
+        return cls._local.enable_backprop
+
+    @enable_backprop.setter
+    def enable_backprop(cls, value):
+        cls._local.enable_backprop = value
+
+    @property
+    def train(cls):
+        return cls._local.train
+
+    @train.setter
+    def train(cls, value):
+        cls._local.train = value
+
+
+class Config(metaclass=_ConfigType):
+    """DeZero's Config: `Config.enable_backprop`, `Config.train` (per thread)."""
+
+    _local = _ThreadConfig()
 
 
 @contextlib.contextmanager

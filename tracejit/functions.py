@@ -15,7 +15,8 @@ import functools
 import numpy as np
 
 from tracejit.core import (ELEMENTWISE, MATMUL, MOVEMENT, RANDOM, REDUCTION, Config, Function,
-                           ShapeDtype, Variable, as_variable, scalar_variable, to_operand)
+                           ShapeDtype, Variable, as_array, as_variable, scalar_variable,
+                           to_operand)
 
 PRIMITIVES = {}
 
@@ -1126,7 +1127,9 @@ def accuracy(y, t):
     y, t = as_variable(y), as_variable(t)
     pred = y.data.argmax(axis=1).reshape(t.shape)
     result = (pred == t.data).mean()
-    return Variable(np.asarray(result))
+    # as_array, not np.asarray: under jit `result` is traced data, which np.asarray
+    # would strip of its tracking.
+    return Variable(as_array(result))
 
 
 def random_uniform(shape):

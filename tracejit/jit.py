@@ -20,7 +20,7 @@ from tracejit import core, interpret
 from tracejit.core import Config, DictGrads, Function, Parameter, Variable, backprop
 from tracejit.ir import Graph, Lit, Value
 from tracejit.trace_ops import GUARD, GuardFailure
-from tracejit import tracing
+from tracejit import pystate, tracing
 from tracejit.tracing import TracedArray, TracedFloat, Trace
 
 log = logging.getLogger("tracejit")
@@ -37,8 +37,21 @@ class _DisabledFlag(threading.local):
 _disabled = _DisabledFlag()
 
 
+_ENVIRON = getattr(os.environ, "_data", None)
+_ENV_KEY = os.environ.encodekey("TRACEJIT_DISABLE") if hasattr(os.environ, "encodekey") \
+    else "TRACEJIT_DISABLE"
+
+
+def _env_disabled():
+    # Read at every call, cheaply: os.environ's backing dict, not os.environ.get.
+    if _ENVIRON is not None:
+        v = _ENVIRON.get(_ENV_KEY)
+        return v is not None and v in (b"1", "1")
+    return os.environ.get("TRACEJIT_DISABLE") == "1"
+
+
 def jit_disabled():
-    return getattr(_disabled, "on", False) or os.environ.get("TRACEJIT_DISABLE") == "1"
+    return _disabled.on or _env_disabled()
 
 
 class disable_jit:
@@ -175,16 +188,21 @@ class Variant:
         user_outs = [v for kind, v, _ in out_leaves if kind == "out"]
         # Effects on live state, replayed after the graph ran and every guard held.
         effect_values = []
+        def target(obj):
+            # An argument is the current call's argument, not the traced call's.
+            leaf = trace.arg_leaf.get(id(obj))
+            return ("leaf", leaf) if leaf is not None else ("obj", obj)
+
         self.effects = []
-        for kind, target, v in trace.effects:
-            self.effects.append((kind, target, len(user_outs) + len(effect_values)))
+        for kind, obj, v in trace.effects:
+            self.effects.append((kind, target(obj), len(user_outs) + len(effect_values)))
             effect_values.append(v)
         self.grad_effects = []
         for var, gv in trace.grad_effects:
             if gv is None:
-                self.grad_effects.append((var, None))
+                self.grad_effects.append((target(var), None))
             else:
-                self.grad_effects.append((var, len(user_outs) + len(effect_values)))
+                self.grad_effects.append((target(var), len(user_outs) + len(effect_values)))
                 effect_values.append(gv)
         # Backward: what the forward saves, and where each backward input comes from.
         self.diff_sources = diff_vars       # sources (as in self.sources) of the creator's inputs
@@ -195,7 +213,8 @@ class Variant:
         self.forward_graph = Graph(g.name, fwd_inputs, fwd_nodes,
                                    user_outs + effect_values + saved_values,
                                    g.input_names[:n_fwd_inputs])
-        self.out_specs = [v.spec for v in user_outs]
+        # Specs of the output Variables, in the order of the creator's outputs.
+        self.out_specs = [v.spec for kind, v, b in out_leaves if kind == "out" and b == _VAR]
         self.bwd = bwd_info
         if bwd_info:
             self.bwd_sources = bwd_info["sources"]
@@ -256,9 +275,9 @@ class _LiveState:
         self.vars, self.arrays = [], []
         seen = set()
         objs = [(kind, obj) for kind, obj, _ in v.sources if kind != "arg"]
-        objs += [("var" if kind != "inplace_array" else "array", t) for kind, t, _ in
-                 v.effects]
-        objs += [("var", var) for var, _ in v.grad_effects]
+        objs += [("var" if kind != "inplace_array" else "array", t) for kind, (w, t), _ in
+                 v.effects if w == "obj"]
+        objs += [("var", var) for (w, var), _ in v.grad_effects if w == "obj"]
         objs += [("var", x) for x in leaves if isinstance(x, Variable)]
         objs += [("array", x) for x in leaves if isinstance(x, np.ndarray)]
         for kind, obj in objs:
@@ -352,6 +371,9 @@ def _first_difference(expected, got, path="output"):
     return None if expected == got else f"{path}: eager {expected!r}, compiled {got!r}"
 
 
+_RETRACE = object()
+
+
 class _Stale(Exception):
     """A captured input changed shape or dtype, or died: this variant no longer applies."""
 
@@ -377,8 +399,8 @@ class Jitted:
         self.cache = cache
         self.check = check if check is not None else os.environ.get("TRACEJIT_CHECK") == "1"
         self.lock = threading.RLock()
-        # Read once: TRACEJIT_DISABLE=1 set before the function is made turns it off.
-        self._env_disabled = os.environ.get("TRACEJIT_DISABLE") == "1"
+        self._version = 0            # bumped whenever the variants change
+
         self._variants = {}          # key -> list of Variant
         self._warm = set()
         self._eager_keys = {}        # key -> reason (fallback for good)
@@ -470,36 +492,54 @@ class Jitted:
         return self._key(args, kwargs)
 
     def __call__(self, *args, **kwargs):
-        if self._env_disabled or _disabled.on or core._state.trace is not None:
+        if _disabled.on or core._state.trace is not None or _env_disabled():
             # Nested in another trace: the outer trace records our ops directly.
             return self.fn(*args, **kwargs)
         key, leaves = self._call_key(args, kwargs)
-        variants = self._variants.get(key)
-        if variants:
-            v = variants[0]
-            tried = 0
-            while True:
-                try:
-                    if v.checks_left > 0:
-                        return self._run_checked(key, v, args, kwargs, leaves)
-                    out = self._run(v, leaves)
-                    self.stats["hits"] += 1
+        for attempt in (0, 1):
+            version = self._version
+            variants = self._variants.get(key)
+            if variants:
+                out = self._dispatch(key, variants, args, kwargs, leaves)
+                if out is not _RETRACE:
                     return out
-                except GuardFailure as gf:
-                    self.stats["guard_failures"] += 1
-                    nxt = self._next_variant(variants, v, gf)
-                    tried += 1
-                    if nxt is None or tried > len(variants):
-                        log.info("jit(%s): retrace: guard %d (%s) saw %r", self.__name__,
-                                 gf.index, v.guard_line(gf.index), gf.outcome)
-                        self.stats["retraces"] += 1
-                        break
-                    v = nxt
-                except _Stale as e:
-                    log.info("jit(%s): retrace: %s", self.__name__, e)
+            with self.lock:
+                if self._version != version and attempt == 0:
+                    continue    # another thread traced meanwhile: try its variant first
+                return self._cold_call(key, args, kwargs)
+
+    def _dispatch(self, key, variants, args, kwargs, leaves):
+        """Run the variant whose guards hold; _RETRACE if none does."""
+        v = variants[0]
+        tried = 0
+        while True:
+            try:
+                if v.checks_left > 0:
+                    return self._run_checked(key, v, args, kwargs, leaves)
+                out = self._run(v, leaves)
+                self.stats["hits"] += 1
+                return out
+            except GuardFailure as gf:
+                self.stats["guard_failures"] += 1
+                nxt = self._next_variant(variants, v, gf)
+                tried += 1
+                if nxt is None or tried > len(variants):
+                    log.info("jit(%s): retrace: guard %d (%s) saw %r", self.__name__,
+                             gf.index, v.guard_line(gf.index), gf.outcome)
                     self.stats["retraces"] += 1
-                    variants.remove(v)
-                    break
+                    return _RETRACE
+                v = nxt
+            except _Stale as e:
+                log.info("jit(%s): retrace: %s", self.__name__, e)
+                self.stats["retraces"] += 1
+                with self.lock:
+                    if v in variants:
+                        variants.remove(v)
+                        self._version += 1
+                return _RETRACE
+
+    def _cold_call(self, key, args, kwargs):
+        """Warm-up, fallback or a new trace (under the lock: a cold cache traces once)."""
         if key in self._eager_keys:
             self.stats["fallbacks"] += 1
             return self.fn(*args, **kwargs)
@@ -509,11 +549,14 @@ class Jitted:
             self._warm.add(key)
             self.stats["misses"] += 1
             return self.fn(*args, **kwargs)
+        variants = self._variants.get(key)
         if variants is not None and len(variants) >= self.max_variants:
             self._fallback(key, f"more than max_variants={self.max_variants} variants "
                            f"(data-dependent control flow keeps changing)")
             return self.fn(*args, **kwargs)
-        return self._trace_and_compile(key, args, kwargs)
+        result = self._trace_and_compile(key, args, kwargs)
+        self._version += 1
+        return result
 
     def _next_variant(self, variants, failed, gf):
         prefix = failed.guard_outcomes[:gf.index]
@@ -573,10 +616,10 @@ class Jitted:
 
     def _run(self, v, leaves):
         if v.state:
-            changed = _changed(v.state)
+            changed = pystate.changed(v.state)
             if changed is not None:
-                o, k, old, new = changed
-                raise _Stale(f"{type(o).__name__}.{k} changed from {old!r} to {new!r}")
+                loc, old, new = changed
+                raise _Stale(f"{loc.describe()} changed from {old!r} to {new!r}")
         arrays = []
         for kind, obj, spec in v.sources:
             if kind == "arg":
@@ -611,15 +654,19 @@ class Jitted:
         for i in v.copy_outputs:
             # Fresh results: an output that is an input array is copied.
             user[i] = user[i].copy()
-        for kind, target, slot in v.effects:
+        for kind, (where, target), slot in v.effects:
             val = outs[slot]
+            if where == "leaf":
+                target = leaves[target]
             if kind == "inplace":
                 np.copyto(target._data, val, casting="unsafe")
             elif kind == "inplace_array":
                 np.copyto(target, val, casting="unsafe")
             else:
                 target._data = val.copy() if any(val is x for x in arrays) else val
-        for var, slot in v.grad_effects:
+        for (where, var), slot in v.grad_effects:
+            if where == "leaf":
+                var = leaves[var]
             var._grad = None if slot is None else Variable(outs[slot])
         results = []
         creator = None
@@ -634,8 +681,9 @@ class Jitted:
         made = []
         k = 0
         for kind, a, b in v.out_leaves:
-            if kind == "const":
-                results.append(a)
+            if kind != "out":
+                # A constant, or an argument / captured Variable returned as itself.
+                results.append(leaves[a] if kind == "arg" else a)
                 continue
             arr = user[k]
             k += 1
@@ -659,21 +707,31 @@ class Jitted:
         t0 = time.perf_counter()
         tr = Trace(self.__name__)
         tr.arg_inputs = []
+        tr.arg_leaf = {}
         leaves = []
         targs, tkwargs = self._tracer_args(tr, args, kwargs, leaves)
         rng_before = np.random.get_state()
-        objs = _state_objects(self.fn)
-        snap_before = _snapshot(objs)
-        sizes_before = _container_sizes(self.fn)
+        locs = pystate.locations(self.fn)
+        snap_before = pystate.snapshot(locs)
+        sizes_before = pystate.sizes(locs)
         prev = tracing.start(tr)
+        swaps = pystate.swap_arrays(locs, tr.capture_view)
         try:
-            result = self.fn(*targs, **tkwargs)
+            try:
+                result = self.fn(*targs, **tkwargs)
+            finally:
+                pystate.unswap(swaps)
             out_leaves_raw = []
             out_tree = _flatten_out(result, out_leaves_raw)
             out_leaves = []
             out_vals = []
             for x in out_leaves_raw:
-                if isinstance(x, Variable):
+                if isinstance(x, Variable) and id(x) in tr.arg_leaf:
+                    out_leaves.append(("arg", tr.arg_leaf[id(x)], _VAR))
+                elif isinstance(x, Variable) and tr.captured_vars.get(id(x), (None,))[0] is x \
+                        and x._tv is tr.captured_vars[id(x)][1]:
+                    out_leaves.append(("const", x, _VAR))
+                elif isinstance(x, Variable):
                     out_leaves.append(("out", tr.value_of(x), _VAR))
                 elif isinstance(x, TracedFloat):
                     out_leaves.append(("out", x._tv, _FLT))
@@ -698,23 +756,23 @@ class Jitted:
         self._check_rng(tr, rng_before)
         self.stats["trace_seconds"] += time.perf_counter() - t0
         reason = None
-        mutated = _changed(snap_before)
+        mutated = pystate.changed(snap_before)
         if tr.escapes:
             reason, line = tr.escapes[0]
         elif mutated is not None:
-            o, k, old, new = mutated
-            reason = (f"the function changes the Python attribute {type(o).__name__}.{k} "
-                      f"({old!r} -> {new!r}); compiled calls would not")
+            loc, old, new = mutated
+            reason = (f"the function changes the Python value {loc.describe()} ({old!r} -> "
+                      f"{new!r}); compiled calls would not")
             line = None
         elif bwd_info == "escape":
             reason, line = "the backward pass inspects values", None
         if reason is not None:
             self._fallback(key, reason, line)
             return result
-        grown = [c for c, n in sizes_before if len(c) != n]
-        if grown:
-            tr.side_effects.append((f"a {type(grown[0]).__name__} changing size (append, "
-                                    f"insert or pop)", None))
+        grown = pystate.grown(sizes_before)
+        if grown is not None:
+            tr.side_effects.append((f"changing the size of {grown.label} (append, insert, "
+                                    f"pop)", None))
         if tr.side_effects and self.__name__ not in self._warned:
             self._warned.add(self.__name__)
             what, line = tr.side_effects[0]
@@ -728,7 +786,7 @@ class Jitted:
             self._fallback(key, str(e))
             return result
         self.stats["compile_seconds"] += time.perf_counter() - t1
-        variant.state = _snapshot(objs)
+        variant.state = pystate.snapshot(locs)
         self._variants.setdefault(key, []).append(variant)
         self.stats["variants"] += 1
         return result
@@ -737,6 +795,7 @@ class Jitted:
         def convert(x, name):
             if isinstance(x, Variable):
                 leaves.append(x)
+                tr.arg_leaf[id(x)] = len(leaves) - 1
                 v = tr.add_input(x.shape, x.dtype, x.name or name)
                 tr.arg_inputs.append((v, len(leaves) - 1))
                 x._tv = v
@@ -744,6 +803,7 @@ class Jitted:
                 return x
             if isinstance(x, np.ndarray):
                 leaves.append(x)
+                tr.arg_leaf[id(x)] = len(leaves) - 1
                 v = tr.add_input(x.shape, x.dtype, name)
                 tr.arg_inputs.append((v, len(leaves) - 1))
                 t = x.view(TracedArray)
@@ -798,12 +858,13 @@ class Jitted:
         grads = DictGrads()
         gy_values = {}
         out_index = {}
+        # gys are numbered like the compiled call's output Variables (its creator's outputs).
         k = 0
-        for x in out_raw:
-            if isinstance(x, (Variable, TracedFloat, np.ndarray)):
-                if isinstance(x, Variable):
-                    out_index[id(x)] = k
+        for x, (kind, _, b) in zip(out_raw, out_leaves):
+            if kind == "out" and b == _VAR:
+                out_index.setdefault(id(x), k)
                 k += 1
+        roots = [y for y in roots if id(y) in out_index]
         for y in roots:
             gy = Variable(np.ones_like(y._data))
             gv = tr.add_input(y.shape, y.dtype, f"g{out_index[id(y)]}")
@@ -923,83 +984,6 @@ def compile_graph(g, backend="auto", parallel=None, cache=True):
     if backend == "interpret":
         return interpret.compile(g)
     raise ValueError(f"jit: unknown backend {backend!r} (use 'numba', 'interpret' or 'auto')")
-
-
-_SCALARS = (bool, int, float, str, type(None))
-
-
-def _state_objects(fn):
-    """Objects whose Python attributes the function may read: closure cells, bound
-    self, and module globals it names (one level, objects with a __dict__)."""
-    objs = []
-    target = getattr(fn, "__func__", fn)
-    if hasattr(fn, "__self__"):
-        objs.append(fn.__self__)
-    for cell in getattr(target, "__closure__", None) or ():
-        try:
-            objs.append(cell.cell_contents)
-        except ValueError:
-            pass
-    code = getattr(target, "__code__", None)
-    glb = getattr(target, "__globals__", {})
-    if code is not None:
-        for name in code.co_names:
-            if name in glb:
-                objs.append(glb[name])
-    out = []
-    for o in objs:
-        d = getattr(o, "__dict__", None)
-        if isinstance(d, dict) and not isinstance(o, type) and not callable(o) \
-                or (isinstance(d, dict) and hasattr(o, "params")):
-            out.append(o)
-    return out
-
-
-def _snapshot(objs):
-    snap = []
-    for o in objs:
-        for k, v in list(vars(o).items()):
-            if type(v) in _SCALARS:
-                snap.append((o, k, v))
-    return snap
-
-
-def _container_sizes(fn):
-    """Lengths of the lists, dicts and sets a function can reach (closure, globals,
-    attributes of those objects): an append while tracing is a side effect that
-    compiled calls will not repeat."""
-    target = getattr(fn, "__func__", fn)
-    objs = []
-    for cell in getattr(target, "__closure__", None) or ():
-        try:
-            objs.append(cell.cell_contents)
-        except ValueError:
-            pass
-    code = getattr(target, "__code__", None)
-    glb = getattr(target, "__globals__", {})
-    if code is not None:
-        objs += [glb[n] for n in code.co_names if n in glb]
-    if hasattr(fn, "__self__"):
-        objs.append(fn.__self__)
-    sizes = []
-    for o in objs:
-        if type(o) in (list, dict, set):
-            sizes.append((o, len(o)))
-        d = getattr(o, "__dict__", None)
-        if isinstance(d, dict) and not isinstance(o, type) and not callable(o):
-            sizes += [(v, len(v)) for v in d.values() if type(v) in (list, set)]
-    return sizes
-
-
-def _changed(snap):
-    for o, k, v in snap:
-        cur = getattr(o, k, _MISSING)
-        if cur is not v and cur != v:
-            return (o, k, v, cur)
-    return None
-
-
-_MISSING = object()
 
 
 def _is_grad_capture(tr, val):

@@ -10,6 +10,7 @@ What the tracer cannot follow (`.tolist()`, a write into a value computed inside
 function, an untracked random draw) is an escape: the variant then runs eagerly.
 """
 import builtins
+import copy
 import linecache
 import threading
 import os
@@ -59,11 +60,13 @@ class TracedArray(np.ndarray):
     _tv = None          # the IR value this array is (None: derived untracked)
     _owner = None       # the Variable whose .data this is, if any
     _trace = None
+    _capture = None     # a closure/global array this view stands for, captured on use
 
     def __array_finalize__(self, obj):
         # Views made by NumPy internals carry no IR value: using one is an escape.
         self._tv = None
         self._owner = None
+        self._capture = None
         self._trace = getattr(obj, "_trace", None)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
@@ -288,6 +291,9 @@ class Trace:
         if isinstance(arr, TracedArray):
             if self.is_mine(arr._tv):
                 return arr._tv
+            if arr._capture is not None:
+                arr._tv = self.array_value(arr._capture)
+                return arr._tv
             self.escape("an array derived from traced data by an operation the tracer "
                         "does not follow")
             arr = arr.view(np.ndarray)
@@ -333,7 +339,7 @@ class Trace:
         for y, v in zip(outputs, outs):
             y._tv = v
             self.own(y._data)
-        node = Node(fn, ins, outs, self.bwd_line or user_line(3))
+        node = Node(_detached(fn), ins, outs, self.bwd_line or user_line(3))
         self.line_of[fn] = node.line
         self.graph.nodes.append(node)
         self.functions.add(fn)
@@ -377,6 +383,13 @@ class Trace:
         tf._tv = self.value_of(var)
         tf._trace = self
         return tf
+
+    def capture_view(self, arr):
+        """A traced view of a closure/global array, captured when first used."""
+        t = arr.view(TracedArray)
+        t._capture = arr
+        t._trace = self
+        return t
 
     def read_data(self, var):
         tv = self.value_of(var)
@@ -500,9 +513,13 @@ class Trace:
         if isinstance(target, TracedArray):
             owner = target._owner
             base = target.view(np.ndarray)
+            if target._capture is not None and target._tv is None:
+                target._tv = self.array_value(target._capture)
         else:
             owner = None
             base = target
+        root = _root(base)
+        whole = root.shape == base.shape and root.dtype == base.dtype
         if base.shape != y.shape:
             self.escape("an in-place operation that broadcasts its output")
         np.copyto(base, y, casting="unsafe")
@@ -514,12 +531,12 @@ class Trace:
         if owner is not None and self.is_live(owner):
             self.effects.append(("inplace", owner, v))
             owner._tv = v
-        elif owner is None and id(base) in self.captured_arrays:
-            self.effects.append(("inplace_array", base, v))
-            self.captured_arrays[id(base)] = (base, v)
-        elif owner is None and id(base) in self.arg_arrays:
-            self.effects.append(("inplace_array", base, v))
-            self.arg_arrays[id(base)] = (base, v)
+        elif owner is None and whole and id(root) in self.captured_arrays:
+            self.effects.append(("inplace_array", root, v))
+            self.captured_arrays[id(root)] = (root, v)
+        elif owner is None and whole and id(root) in self.arg_arrays:
+            self.effects.append(("inplace_array", root, v))
+            self.arg_arrays[id(root)] = (root, v)
         elif owner is None and isinstance(target, TracedArray) and self.is_mine(target._tv):
             pass  # a NumPy temporary written in place (mean() does this): rebind below
         elif owner is None and not isinstance(target, TracedArray):
@@ -630,6 +647,20 @@ class Trace:
 
     def side_effect(self, what):
         self.side_effects.append((what, user_line(3)))
+
+
+def _detached(fn):
+    """A copy of a Function for a graph node: same parameters, no inputs or outputs,
+    so a variant keeps no traced argument or intermediate alive."""
+    if type(fn).__module__.startswith("tracejit"):
+        try:
+            return type(fn)(*fn.param_values())
+        except TypeError:
+            pass
+    clone = copy.copy(fn)
+    for attr in ("inputs", "outputs", "generation"):
+        clone.__dict__.pop(attr, None)
+    return clone
 
 
 def _root(a):
