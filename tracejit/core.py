@@ -256,6 +256,26 @@ class Variable:
         raise NotImplementedError("tracejit runs on the CPU only")
 
 
+def wrap_array(data, creator=None):
+    """A Variable for a trusted fresh ndarray, skipping __init__'s checks (the
+    compiled call's outputs: the hot path of a jitted call)."""
+    v = _new_variable(Variable)
+    v._data = data
+    v._tv = None
+    v._grad = None
+    v.name = None
+    if creator is None:
+        v.creator = None
+        v.generation = 0
+    else:
+        v.creator = creator
+        v.generation = creator.generation + 1
+    return v
+
+
+_new_variable = object.__new__
+
+
 class _AttrGrads:
     """Gradients kept in `.grad` (a plain backward)."""
 
@@ -296,13 +316,16 @@ def backprop(outputs, retain_grad=False, create_graph=False, grads=None, within=
             seen.add(c)
             heap.append((-c.generation, next(order), c))
     heapq.heapify(heap)
+    local = Config._local
+    tr = _state.trace
     while heap:
         f = heapq.heappop(heap)[2]
         gys = f.output_grads(store)
-        tr = _state.trace
         if tr is not None:
             tr.backward_of(f)
-        with using_config("enable_backprop", create_graph):
+        old_mode = local.enable_backprop
+        local.enable_backprop = create_graph
+        try:
             gxs = f.backward(*gys)
             if not isinstance(gxs, tuple):
                 gxs = (gxs,)
@@ -319,6 +342,8 @@ def backprop(outputs, retain_grad=False, create_graph=False, grads=None, within=
                 if c is not None and c not in seen and (within is None or c in within):
                     seen.add(c)
                     heapq.heappush(heap, (-c.generation, next(order), c))
+        finally:
+            local.enable_backprop = old_mode
         if not retain_grad:
             for y in f.outputs:
                 y = y()

@@ -148,6 +148,8 @@ class CompiledFunction(Function):
         for kind, i in v.bwd_sources:
             if kind == "saved":
                 arrays.append(self.saved[i])
+            elif kind == "input":
+                arrays.append(self.arrays[i])
             elif kind != "gy":
                 arrays.append(_read_capture(kind, i))
             else:
@@ -225,6 +227,7 @@ class Variant:
         self.state = ()
         self.checks_left = 3 if jitted.check else 1
         self.exe = jitted.backend_compile(self.forward_graph)
+        self.runner = build_runner(self, trace.leaf_kinds)
         self._bexe = None
         self.input_ids = None
 
@@ -266,6 +269,132 @@ def _read_capture(kind, obj):
     if kind == "grad":
         return obj._grad._data
     return obj
+
+
+def build_runner(v, leaf_kinds):
+    """Python source for one variant's call: read inputs, run the compiled graph, apply
+    the effects, build the outputs. Generated once per variant, so the hot path has no
+    loops over descriptors and no isinstance checks."""
+    env = {"np": np, "exe": v.exe, "v": v, "_Stale": _Stale, "GuardFailure": GuardFailure,
+           "CompiledFunction": CompiledFunction, "Config": Config, "wrap": core.wrap_array,
+           "ref": weakref.ref}
+    consts = []
+
+    def const(obj):
+        consts.append(obj)
+        name = f"k{len(consts) - 1}"
+        env[name] = obj
+        return name
+
+    body = []
+    names = []
+    for i, (kind, obj, spec) in enumerate(v.sources):
+        n = f"a{i}"
+        names.append(n)
+        if kind == "arg":
+            lk = leaf_kinds[obj]
+            if lk == _VAR:
+                body.append(f"{n} = leaves[{obj}]._data")
+            elif lk == _FLT:
+                body.append(f"{n} = np.asarray(leaves[{obj}])")
+            else:
+                body.append(f"{n} = leaves[{obj}]")
+                body.append(f"if type({n}) is not np.ndarray: {n} = np.asarray({n})")
+        elif kind in ("var", "grad"):
+            src = f"{const(obj)}._data" if kind == "var" else \
+                f"({const(obj)}._grad._data if {const(obj)}._grad is not None else None)"
+            body.append(f"{n} = {src}")
+            body.append(f"if {n} is None or {n}.shape != {spec[0]!r} or "
+                        f"{n}.dtype != {const(spec[1])}: "
+                        f"raise _Stale('a captured {kind} changed shape or dtype')")
+        else:
+            body.append(f"{n} = {const(obj)}")
+    body.append(f"arrays = [{', '.join(names)}]")
+    if v.has_random:
+        body += ["rng = np.random.get_state()",
+                 "try:",
+                 "    outs = exe(arrays)",
+                 "except GuardFailure:",
+                 "    np.random.set_state(rng)",
+                 "    raise"]
+    else:
+        body.append("outs = exe(arrays)")
+    for i in v.copy_outputs:
+        body.append(f"outs[{i}] = outs[{i}].copy()")
+
+    def target(where, obj):
+        return f"leaves[{obj}]" if where == "leaf" else const(obj)
+
+    for kind, (where, obj), slot in v.effects:
+        t = target(where, obj)
+        if kind == "inplace":
+            body.append(f"np.copyto({t}._data, outs[{slot}], casting='unsafe')")
+        elif kind == "inplace_array":
+            body.append(f"np.copyto({t}, outs[{slot}], casting='unsafe')")
+        else:
+            body.append(f"val = outs[{slot}]")
+            body.append(f"{t}._data = val.copy() if any(val is x for x in arrays) else val")
+    for (where, var), slot in v.grad_effects:
+        t = target(where, var)
+        body.append(f"{t}._grad = None" if slot is None else f"{t}._grad = wrap(outs[{slot}])")
+    # Outputs: each leaf's expression, then the user's structure around them.
+    exprs, made = [], []
+    k = 0
+    for kind, a, b in v.out_leaves:
+        if kind == "arg":
+            exprs.append(f"leaves[{a}]")
+        elif kind == "const":
+            exprs.append(const(a))
+        else:
+            if b == _VAR:
+                name = f"y{len(made)}"
+                made.append((name, k, v.out_specs[len(made)].dtype.kind in "fc"))
+                exprs.append(name)
+            elif b == _FLT:
+                exprs.append(f"float(outs[{k}])")
+            else:
+                exprs.append(f"outs[{k}]")
+            k += 1
+    structure = _structure_source(v.out_tree, iter(exprs), const)
+    plain = [f"{name} = wrap(outs[{slot}])" for name, slot, _ in made]
+    if v.bwd is not None:
+        n_saved_from = v.n_user_outs + v.n_effect_outs
+        diff = ", ".join(f"leaves[{o}]" if kind == "arg" else const(o)
+                         for kind, o in v.diff_sources)
+        body.append("if Config.enable_backprop:")
+        inner = [f"cf = CompiledFunction(v, outs[{n_saved_from}:], arrays)",
+                 f"cf.inputs = ins = [{diff}]",
+                 "cf.generation = max([x.generation for x in ins])" if v.diff_sources
+                 else "cf.generation = 0"]
+        inner += [f"{name} = wrap(outs[{slot}], cf)" if is_float else
+                  f"{name} = wrap(outs[{slot}])" for name, slot, is_float in made]
+        inner.append(f"cf.outputs = [{', '.join(f'ref({n})' for n, _, _ in made)}]")
+        body += ["    " + line for line in inner]
+        body.append("else:")
+        body += ["    " + line for line in plain] or ["    pass"]
+    else:
+        body += plain
+    body.append(f"return {structure}")
+    src = "def run(leaves):\n" + "\n".join("    " + line for line in body) + "\n"
+    exec(compile(src, f"<tracejit-runner {v.forward_graph.name}>", "exec"), env)
+    run = env["run"]
+    run.source = src
+    return run
+
+
+def _structure_source(tree, exprs, const):
+    if tree in (_VAR, _ARR, _FLT):
+        return next(exprs)
+    tag = tree[0]
+    if tag == "S":
+        return const(tree[1])
+    parts = [_structure_source(t, exprs, const) for t in tree[(2 if tag == "dict" else 1):]]
+    if tag == "tuple":
+        return "(" + "".join(p + ", " for p in parts) + ")"
+    if tag == "list":
+        return "[" + ", ".join(parts) + "]"
+    keys = tree[1]
+    return "{" + ", ".join(f"{const(k)}: {p}" for k, p in zip(keys, parts)) + "}"
 
 
 class _LiveState:
@@ -620,86 +749,7 @@ class Jitted:
             if changed is not None:
                 loc, old, new = changed
                 raise _Stale(f"{loc.describe()} changed from {old!r} to {new!r}")
-        arrays = []
-        for kind, obj, spec in v.sources:
-            if kind == "arg":
-                x = leaves[obj]
-                a = x._data if isinstance(x, Variable) else x
-                if type(a) is not np.ndarray:
-                    a = np.asarray(a)
-            elif kind == "var":
-                a = obj._data
-                if a is None or a.shape != spec[0] or a.dtype != spec[1]:
-                    raise _Stale(f"captured Variable {obj.name or ''} changed to "
-                                 f"{None if a is None else (a.shape, a.dtype)}")
-            elif kind == "grad":
-                g = obj._grad
-                if g is None or g._data.shape != spec[0] or g._data.dtype != spec[1]:
-                    raise _Stale("a captured gradient changed")
-                a = g._data
-            else:
-                a = obj
-            arrays.append(a)
-        if v.has_random:
-            rng_state = np.random.get_state()
-            try:
-                outs = v.exe(arrays)
-            except GuardFailure:
-                np.random.set_state(rng_state)
-                raise
-        else:
-            outs = v.exe(arrays)
-        n_user = v.n_user_outs
-        user = outs[:n_user]
-        for i in v.copy_outputs:
-            # Fresh results: an output that is an input array is copied.
-            user[i] = user[i].copy()
-        for kind, (where, target), slot in v.effects:
-            val = outs[slot]
-            if where == "leaf":
-                target = leaves[target]
-            if kind == "inplace":
-                np.copyto(target._data, val, casting="unsafe")
-            elif kind == "inplace_array":
-                np.copyto(target, val, casting="unsafe")
-            else:
-                target._data = val.copy() if any(val is x for x in arrays) else val
-        for (where, var), slot in v.grad_effects:
-            if where == "leaf":
-                var = leaves[var]
-            var._grad = None if slot is None else Variable(outs[slot])
-        results = []
-        creator = None
-        if v.bwd is not None and Config.enable_backprop:
-            saved = outs[n_user + v.n_effect_outs:]
-            creator = CompiledFunction(v, saved, arrays)
-            diff_inputs = []
-            for kind, obj in v.diff_sources:
-                diff_inputs.append(leaves[obj] if kind == "arg" else obj)
-            creator.generation = max([x.generation for x in diff_inputs]) if diff_inputs else 0
-            creator.inputs = diff_inputs
-        made = []
-        k = 0
-        for kind, a, b in v.out_leaves:
-            if kind != "out":
-                # A constant, or an argument / captured Variable returned as itself.
-                results.append(leaves[a] if kind == "arg" else a)
-                continue
-            arr = user[k]
-            k += 1
-            if b == _VAR:
-                var = Variable(arr)
-                if creator is not None and var.dtype.kind in "fc":
-                    var.set_creator(creator)
-                made.append(var)
-                results.append(var)
-            elif b == _FLT:
-                results.append(float(arr))
-            else:
-                results.append(arr)
-        if creator is not None:
-            creator.outputs = [weakref.ref(m) for m in made]
-        return _unflatten(v.out_tree, results)
+        return v.runner(leaves)
 
     # ---- tracing
 
@@ -708,6 +758,7 @@ class Jitted:
         tr = Trace(self.__name__)
         tr.arg_inputs = []
         tr.arg_leaf = {}
+        tr.leaf_kinds = []
         leaves = []
         targs, tkwargs = self._tracer_args(tr, args, kwargs, leaves)
         rng_before = np.random.get_state()
@@ -795,6 +846,7 @@ class Jitted:
         def convert(x, name):
             if isinstance(x, Variable):
                 leaves.append(x)
+                tr.leaf_kinds.append(_VAR)
                 tr.arg_leaf[id(x)] = len(leaves) - 1
                 v = tr.add_input(x.shape, x.dtype, x.name or name)
                 tr.arg_inputs.append((v, len(leaves) - 1))
@@ -803,6 +855,7 @@ class Jitted:
                 return x
             if isinstance(x, np.ndarray):
                 leaves.append(x)
+                tr.leaf_kinds.append(_ARR)
                 tr.arg_leaf[id(x)] = len(leaves) - 1
                 v = tr.add_input(x.shape, x.dtype, name)
                 tr.arg_inputs.append((v, len(leaves) - 1))
@@ -813,6 +866,7 @@ class Jitted:
                 return t
             if type(x) is float:
                 leaves.append(x)
+                tr.leaf_kinds.append(_FLT)
                 v = tr.add_input((), np.float64, name)
                 tr.arg_inputs.append((v, len(leaves) - 1))
                 f = TracedFloat(x)
@@ -891,10 +945,21 @@ class Jitted:
         new_caps = {id(v) for v in g.inputs[n_inputs:] if id(v) not in gy_values}
         cap_source = {id(v): src for v, src in tr.captures if id(v) in new_caps}
 
+        fwd_pos = {id(v): i for i, v in enumerate(fwd_inputs)}
+        recompute = _recompute_rule(g.nodes[:n_nodes])
+        recomputed = {}
+
         def need(v):
             if not isinstance(v, Value) or id(v) in defined or id(v) in seen:
                 return
             seen.add(id(v))
+            node = recompute.get(id(v))
+            if node is not None:
+                # Cheaper to recompute in the backward kernel than to store and reload.
+                recomputed[node[0]] = node[1]
+                for u in node[1].inputs:
+                    need(u)
+                return
             bwd_inputs.append(v)
             if id(v) in gy_values:
                 sources.append(("gy", gy_values[id(v)]))
@@ -902,6 +967,8 @@ class Jitted:
                 # Captured by the backward alone (a constant array a user Function's
                 # backward builds): read from where it lives, like a forward capture.
                 sources.append(cap_source[id(v)])
+            elif id(v) in fwd_pos:
+                sources.append(("input", fwd_pos[id(v)]))   # the call's own input array
             else:
                 sources.append(("saved", len(saved)))
                 saved.append(v)
@@ -912,6 +979,7 @@ class Jitted:
         for v in grad_values:
             if v is not None:
                 need(v)
+        bwd_nodes = [recomputed[i] for i in sorted(recomputed)] + bwd_nodes
         outs_b = [v for v in grad_values if v is not None]
         slot, grad_slots = 0, []
         for v in grad_values:
@@ -984,6 +1052,30 @@ def compile_graph(g, backend="auto", parallel=None, cache=True):
     if backend == "interpret":
         return interpret.compile(g)
     raise ValueError(f"jit: unknown backend {backend!r} (use 'numba', 'interpret' or 'auto')")
+
+
+# Elementwise ops whose recomputation costs more than a store and a load of the value.
+_COSTLY = {"Exp", "Log", "Tanh", "Sin", "Cos", "Sigmoid", "PowV"}
+
+
+def _recompute_rule(fwd_nodes):
+    """id(value) -> (index, node) for forward values the backward recomputes.
+
+    Cheap elementwise values (add, mul, compare, integer powers, ...) are recomputed
+    inside the fused backward kernel rather than written by the forward and read back;
+    on a graph of 0-d values everything elementwise is (the cost is the call, not the
+    math). Reductions, matmuls, random draws and opaque nodes are always saved.
+    """
+    scalar = all(v.ndim == 0 for n in fwd_nodes for v in n.outputs)
+    out = {}
+    for i, n in enumerate(fwd_nodes):
+        if n.kind != core.ELEMENTWISE or len(n.outputs) != 1:
+            continue
+        name = n.op.__name__
+        costly = name in _COSTLY or (name == "Pow" and not float(n.params[0]).is_integer())
+        if scalar or not costly:
+            out[id(n.outputs[0])] = (i, n)
+    return out
 
 
 def _is_grad_capture(tr, val):
