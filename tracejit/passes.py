@@ -230,6 +230,22 @@ def fuse(g, horizontal=True):
     deps = {}                 # id(value) -> bitset of group ids
     group_of = {}             # id(value) -> _Group producing it
     groups = []
+    # What each group depends on. A value that depends on group G also depends on
+    # everything G absorbs later, so cycle checks use the closure over these.
+    gdeps = []
+
+    def closure(bits):
+        seen = frontier = bits
+        while frontier:
+            new = 0
+            b = frontier
+            while b:
+                low = b & -b
+                new |= gdeps[low.bit_length() - 1]
+                b ^= low
+            frontier = new & ~seen
+            seen |= frontier
+        return seen
     by_shape = {}             # iteration shape -> open groups (horizontal candidates)
     effect_dep = 0            # deps of the last impure node (order edges)
     placement = []            # (node or group, first position)
@@ -257,7 +273,7 @@ def fuse(g, horizontal=True):
                 if role == "epi" and r not in ("red", "epi"):
                     return False
                 continue
-            if deps.get(id(v), 0) & bit:
+            if closure(deps.get(id(v), 0)) & bit:
                 return False
             if role == "load":
                 continue
@@ -266,6 +282,7 @@ def fuse(g, horizontal=True):
         return True
 
     def add(grp, n, role, d):
+        gdeps[grp.gid] |= d & ~(1 << grp.gid)
         grp.nodes.append(n)
         for v in n.outputs:
             grp.values[id(v)] = role
@@ -275,6 +292,7 @@ def fuse(g, horizontal=True):
     def new_group(shape, n, role, d, pos):
         grp = _Group(len(groups), shape, pos)
         groups.append(grp)
+        gdeps.append(0)
         placement.append((grp, pos))
         by_shape.setdefault(shape, []).append(grp)
         add(grp, n, role, d)
@@ -330,7 +348,7 @@ def fuse(g, horizontal=True):
         if not joined:
             new_group(shape, n, role, d, pos)
 
-    _absorb_loads(g, groups, group_of, deps)
+    _absorb_loads(g, groups, group_of, deps, closure, gdeps)
     fused_nodes = {grp.gid: _make_fused_node(g, grp) for grp in groups if grp.nodes}
     items = []
     for obj, pos in placement:
@@ -352,7 +370,7 @@ def _broadcasts_into(shape, target):
     return all(d == 1 or d == target[k + lead] for k, d in enumerate(shape))
 
 
-def _absorb_loads(g, groups, group_of, deps):
+def _absorb_loads(g, groups, group_of, deps, closure, gdeps):
     """Move a lone movement op into the one group that reads it (index arithmetic).
 
     A reshape to (n, 1) or a transpose feeding a broadcasting add of another shape
@@ -379,11 +397,15 @@ def _absorb_loads(g, groups, group_of, deps):
         if not all(target.values.get(id(r.outputs[0])) in ("main", "red") for r in readers):
             continue
         src = n.inputs[0]
-        if target.values.get(id(src)) or deps.get(id(src), 0) & (1 << target.gid):
+        if target.values.get(id(src)) or closure(deps.get(id(src), 0)) & (1 << target.gid):
             continue
         if not _broadcasts_into(v.shape, target.shape):
             continue
         grp.nodes = []
+        # What depended on the emptied group now depends on the target, and the
+        # target on what the moved node read.
+        gdeps[grp.gid] |= 1 << target.gid
+        gdeps[target.gid] |= deps.get(id(src), 0) & ~(1 << target.gid)
         target.nodes.insert(0, n)
         target.values[id(v)] = "load"
         group_of[id(v)] = target
