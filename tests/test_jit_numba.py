@@ -75,3 +75,29 @@ def test_goldstein_price_dezero_form_numba():
                                    rtol=1e-10)
     assert fj.trace(xj, yj).summary()["kernels"] == 1
     assert fj.cache_info()["fallbacks"] == 0
+
+
+def test_large_transcendental_groups_threaded_blocks_match_eager():
+    # 2**18 elements: NumPy-ufunc blocks split across threads. A per-row reduction
+    # writes disjoint slices, so it may be threaded; a group with a full sum (one
+    # shared accumulator) must stay on one thread.
+    def rows(x, w):
+        return F.sum(F.tanh(x * w) * F.exp(-x * x), axis=1)
+
+    def both(x, w):
+        h = F.tanh(x * w) * F.exp(-x * x)
+        return F.sum(h, axis=1), F.sum(F.sin(h))
+
+    rj, bj = tj.jit(rows, backend="numba"), tj.jit(both, backend="numba")
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal(1024)
+    for _ in range(5):
+        x = rng.standard_normal((256, 1024))
+        np.testing.assert_allclose(rj(x, w).data, rows(tj.Variable(x), tj.Variable(w)).data,
+                                   rtol=1e-12)
+        (r1, s1), (r2, s2) = bj(x, w), both(tj.Variable(x), tj.Variable(w))
+        np.testing.assert_allclose(r1.data, r2.data, rtol=1e-12)
+        np.testing.assert_allclose(s1.data, s2.data, rtol=1e-9)
+    assert "_rb" in rj.trace(x, w).source          # threaded
+    assert "_rb" not in bj.trace(x, w).source      # one shared accumulator: not threaded
+    assert rj.cache_info()["fallbacks"] == 0 and bj.cache_info()["fallbacks"] == 0

@@ -23,7 +23,10 @@ NUMPY_MATH_MIN elements run as NumPy ufuncs on cache-sized blocks (BLOCK element
 fused memory traffic, NumPy's SIMD math. Everything else is a fused numba loop.
 """
 import builtins
+import concurrent.futures
 import linecache
+import os
+import threading
 import time
 
 import numpy as np
@@ -41,6 +44,32 @@ PARALLEL_MIN = 1 << 14
 # NumPy ufuncs beat a libm loop once a call's ~1 us overhead is amortized.
 NUMPY_MATH_MIN = 256
 BLOCK = 16384
+# Blocked NumPy groups this large run their blocks on all cores (threads: NumPy's
+# ufuncs release the GIL). Measured: see the transcendental chain in README.
+THREADED_BLOCKS_MIN = 1 << 17
+_POOL = None
+_POOL_LOCK = threading.Lock()
+
+
+def run_blocks(fn, n, rows):
+    """Call fn(start, stop) over [0, n) in one chunk per core, chunks a multiple of rows."""
+    global _POOL
+    k = os.cpu_count() or 1
+    if k < 2 or n <= rows:
+        fn(0, n)
+        return
+    if _POOL is None:
+        with _POOL_LOCK:
+            if _POOL is None:
+                _POOL = concurrent.futures.ThreadPoolExecutor(k, thread_name_prefix="tracejit")
+    chunk = -(-n // k)
+    chunk = -(-chunk // rows) * rows
+    futures = [_POOL.submit(fn, lo, min(n, lo + chunk)) for lo in range(chunk, n, chunk)]
+    try:
+        fn(0, min(n, chunk))
+    finally:
+        for f in futures:
+            f.result()
 _NUMPY_MATH = {"Exp", "Log", "Tanh", "Sigmoid", "Cos"}
 _NUMPY_MATH_F32 = _NUMPY_MATH | {"Sin"}
 
@@ -263,7 +292,7 @@ def _numpy_math_group(fn):
 def _emit_group(w, node, parallel, use_disk):
     fn = node.fn
     if _numpy_math_group(fn):
-        _emit_blocked(w, node)
+        _emit_blocked(w, node, parallel)
         return
     size = int(np.prod(fn.shape, dtype=np.int64))
     par = (size >= PARALLEL_MIN) if parallel is None else bool(parallel)
@@ -315,7 +344,7 @@ def _emit_group(w, node, parallel, use_disk):
             w.emit(f"{r} = {a}.astype(np.{rn.out.dtype.name})")
 
 
-def _emit_blocked(w, node):
+def _emit_blocked(w, node, parallel=None):
     """A group as NumPy ufuncs on blocks of rows: each member's own forward."""
     fn = node.fn
     sub = fn.graph
@@ -349,12 +378,24 @@ def _emit_blocked(w, node):
                        f"{'maximum' if kind == 'Max' else 'minimum'} which has no identity')")
             w.emit(f"{a} = {init}")
             acc_of[id(n)] = (a, 0 in axes, kind)
-    w.emit(f"for lo in range(0, {shape[0]}, {rows}):")
+    # Blocks split across threads when the group is large and no accumulator is shared
+    # (NumPy's ufuncs release the GIL, so the two halves run on two cores).
+    threaded = (parallel is not False and shape[0] >= 2 * rows
+                and int(np.prod(shape, dtype=np.int64)) >= THREADED_BLOCKS_MIN
+                and not any(over0 for _, over0, _ in acc_of.values()))
+    if threaded:
+        blk = f"_blk{len(w.env)}"
+        w.emit(f"def {blk}(start, stop):")
+        w.emit(f"    for lo in range(start, stop, {rows}):")
+        pad = "        "
+    else:
+        w.emit(f"for lo in range(0, {shape[0]}, {rows}):")
+        pad = "    "
     for v in sub.inputs:
         x = w.val(v)
         if len(v.shape) == len(shape) and v.shape[0] == shape[0] and shape[0] != 1:
             local[id(v)] = f"b_{x}"
-            w.emit(f"    b_{x} = {x}[lo:lo + {rows}]")
+            w.emit(pad + f"b_{x} = {x}[lo:lo + {rows}]")
         else:
             local[id(v)] = x
     for i, n in enumerate(sub.nodes):
@@ -367,19 +408,21 @@ def _emit_blocked(w, node):
         if role == "red":
             a, over0, kind = acc_of[id(n)]
             if not over0:
-                w.emit(f"    {a}[lo:lo + {rows}] = {f}({ins})")
+                w.emit(pad + f"{a}[lo:lo + {rows}] = {f}({ins})")
             elif kind == "Max":
-                w.emit(f"    np.maximum({a}, {f}({ins}), out={a})")
+                w.emit(pad + f"np.maximum({a}, {f}({ins}), out={a})")
             elif kind == "Min":
-                w.emit(f"    np.minimum({a}, {f}({ins}), out={a})")
+                w.emit(pad + f"np.minimum({a}, {f}({ins}), out={a})")
             else:
-                w.emit(f"    {a} += {f}({ins})")
+                w.emit(pad + f"{a} += {f}({ins})")
             continue
         t = f"b{i}"
         local[id(n.out)] = t
-        w.emit(f"    {t} = {f}({ins})   # {n.name}")
+        w.emit(pad + f"{t} = {f}({ins})   # {n.name}")
         if id(n.out) in out_ids:
-            w.emit(f"    {w.names[id(n.out)]}[lo:lo + {rows}] = {t}")
+            w.emit(pad + f"{w.names[id(n.out)]}[lo:lo + {rows}] = {t}")
+    if threaded:
+        w.emit(f"{w.const(run_blocks, '_rb')}({blk}, {shape[0]}, {rows})")
     for n in sub.nodes:
         if roles[id(n)] == "red":
             a, _, _ = acc_of[id(n)]
