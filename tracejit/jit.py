@@ -217,6 +217,10 @@ class Variant:
                                    g.input_names[:n_fwd_inputs])
         # Specs of the output Variables, in the order of the creator's outputs.
         self.out_specs = [v.spec for kind, v, b in out_leaves if kind == "out" and b == _VAR]
+        if bwd_info:
+            # What a call keeps for its backward, and what recomputation spared it.
+            self.forward_graph.notes["saved_for_backward_bytes"] = bwd_info["saved_bytes"]
+            self.forward_graph.notes["recomputed_instead_bytes"] = bwd_info["recomputed_bytes"]
         self.bwd = bwd_info
         if bwd_info:
             self.bwd_sources = bwd_info["sources"]
@@ -683,9 +687,19 @@ class Jitted:
             self._fallback(key, f"more than max_variants={self.max_variants} variants "
                            f"(data-dependent control flow keeps changing)")
             return self.fn(*args, **kwargs)
+        if log.isEnabledFor(logging.INFO):
+            log.info("jit(%s): trace: %s", self.__name__, self._why_new(key))
         result = self._trace_and_compile(key, args, kwargs)
         self._version += 1
         return result
+
+    def _why_new(self, key):
+        """What differs from the nearest signature traced before, in the user's terms."""
+        known = [k for k in self._variants if k != key]
+        if not known:
+            return "first trace"
+        old = min(known, key=lambda k: _key_distance(k, key))
+        return _key_change(old, key)
 
     def _next_variant(self, variants, failed, gf):
         prefix = failed.guard_outcomes[:gf.index]
@@ -999,7 +1013,9 @@ class Jitted:
             val = tr.arg_vars[id(var)][1] if src[0] == "arg" else tr.captured_vars[id(var)][1]
             joint_diff.append(pos[id(val)])
         joint_gy = {pos[id(v)]: gy_values[id(v)] for v in g.inputs if id(v) in gy_values}
+        recomputed_bytes = sum(v.nbytes for n in recomputed.values() for v in n.outputs)
         info = dict(graph=bgraph, sources=sources, grad_slots=grad_slots, saved=saved,
+                    saved_bytes=sum(v.nbytes for v in saved), recomputed_bytes=recomputed_bytes,
                     joint=joint, joint_diff_inputs=joint_diff, joint_gy_inputs=joint_gy,
                     joint_grad_slots=grad_slots)
         info["joint_captures"] = {pos[id(v)]: cap_source[id(v)] for v in g.inputs
@@ -1081,6 +1097,32 @@ def _recompute_rule(fwd_nodes):
         if scalar or not costly:
             out[id(n.outputs[0])] = (i, n)
     return out
+
+
+def _key_distance(a, b):
+    if type(a) is not type(b) or not isinstance(a, tuple) or len(a) != len(b):
+        return 0 if a == b else 1
+    return sum(_key_distance(x, y) for x, y in zip(a, b))
+
+
+def _key_change(old, new):
+    parts_old, parts_new = old[0], new[0]
+    if old[-2] != new[-2]:
+        return f"grad mode changed (Config.enable_backprop {old[-2]} -> {new[-2]})"
+    if old[-1] != new[-1]:
+        return f"train mode changed (Config.train {old[-1]} -> {new[-1]})"
+    if len(old) == 3 and len(new) == 3 and len(parts_old) == len(parts_new):
+        for i, (a, b) in enumerate(zip(parts_old, parts_new)):
+            if a != b:
+                if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 3:
+                    what = "shape" if a[0] != b[0] else "dtype"
+                    va, vb = (a[0], b[0]) if what == "shape" else (a[1], b[1])
+                    return f"argument {i} {what} changed: {va} -> {vb}"
+                return f"argument {i} changed: {a} -> {b}"
+    for i, (a, b) in enumerate(zip(old[1], new[1])) if len(old) == 4 else ():
+        if a != b:
+            return f"array argument {i} changed: shape/dtype {a} -> {b}"
+    return "the arguments' structure or static values changed"
 
 
 def _is_grad_capture(tr, val):
