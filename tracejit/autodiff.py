@@ -1,4 +1,7 @@
-"""Functional transforms: grad, value_and_grad (usable eagerly and under jit), eval_shape.
+"""Autodiff beyond the eager backward: functional transforms (grad, value_and_grad,
+usable eagerly and under jit), eval_shape, and the backward of a traced region
+(trace_backward: the eager backward, traced, split from the forward, with cheap values
+recomputed instead of saved).
 
 grad collects gradients aside (DictGrads) instead of in `.grad`, so transforming a
 function never touches the `.grad` of captured Parameters. The backward is built with
@@ -8,6 +11,9 @@ import numpy as np
 
 from tracejit import core
 from tracejit.core import DictGrads, ShapeDtype, Variable, backprop
+from tracejit.ir import Graph, Value
+from tracejit.pytree import VAR
+from tracejit.trace_ops import GUARD
 
 
 def _as_diff_variable(x):
@@ -151,3 +157,153 @@ def _specs(out):
     if isinstance(out, dict):
         return {k: _specs(v) for k, v in out.items()}
     return out
+
+
+def trace_backward(tr, out_raw, out_leaves):
+    """Trace the eager backward over the traced forward: the backward graph."""
+    # Differentiable Variables at the region's boundary: arguments and captures.
+    boundary = []
+    leaf_of = {id(val): i for i, val in tr.arg_inputs}
+    for var, val in tr.arg_vars.values():
+        if var.dtype.kind in "fc":
+            boundary.append((("arg", leaf_of[id(val)]), var))
+    for var, val in tr.captured_vars.values():
+        if var.dtype.kind in "fc" and not is_grad_capture(tr, val):
+            boundary.append((("var", var), var))
+    outs = [x for x in out_raw if isinstance(x, Variable)]
+    roots = [y for y in outs if y.creator is not None and y.creator in tr.functions
+             and y.dtype.kind in "fc"]
+    if not boundary or not roots:
+        return None, []
+    g = tr.graph
+    n_nodes = len(g.nodes)
+    n_inputs = len(g.inputs)
+    grads = DictGrads()
+    gy_values = {}
+    out_index = {}
+    # gys are numbered like the compiled call's output Variables (its creator's outputs).
+    k = 0
+    for x, (kind, _, b) in zip(out_raw, out_leaves):
+        if kind == "out" and b == VAR:
+            out_index.setdefault(id(x), k)
+            k += 1
+    roots = [y for y in roots if id(y) in out_index]
+    for y in roots:
+        gy = Variable(np.ones_like(y._data))
+        gv = tr.add_input(y.shape, y.dtype, f"g{out_index[id(y)]}")
+        gy._tv = gv
+        gy_values[id(gv)] = out_index[id(y)]
+        grads.set(y, gy)
+    with core.no_grad():
+        backprop(roots, grads=grads, within=tr.functions)
+    tr.bwd_line = None
+    bwd_nodes = g.nodes[n_nodes:]
+    if any(n.kind == GUARD for n in bwd_nodes) or tr.escapes:
+        return "escape", []
+    grad_values = []
+    diff_sources = []
+    for src, var in boundary:
+        gvar = grads.get(var)
+        diff_sources.append(src)
+        grad_values.append(None if gvar is None else tr.value_of(gvar))
+    # Backward graph inputs: forward values it reads (saved), and the gys.
+    defined = {id(v) for n in bwd_nodes for v in n.outputs}
+    fwd_inputs = g.inputs[:n_inputs]
+    bwd_inputs, sources, saved = [], [], []
+    seen = set()
+    new_caps = {id(v) for v in g.inputs[n_inputs:] if id(v) not in gy_values}
+    cap_source = {id(v): src for v, src in tr.captures if id(v) in new_caps}
+
+    fwd_pos = {id(v): i for i, v in enumerate(fwd_inputs)}
+    recompute = recompute_rule(g.nodes[:n_nodes])
+    recomputed = {}
+
+    def need(v):
+        if not isinstance(v, Value) or id(v) in defined or id(v) in seen:
+            return
+        seen.add(id(v))
+        node = recompute.get(id(v))
+        if node is not None:
+            # Cheaper to recompute in the backward kernel than to store and reload.
+            recomputed[node[0]] = node[1]
+            for u in node[1].inputs:
+                need(u)
+            return
+        bwd_inputs.append(v)
+        if id(v) in gy_values:
+            sources.append(("gy", gy_values[id(v)]))
+        elif id(v) in new_caps:
+            # Captured by the backward alone (a constant array a user Function's
+            # backward builds): read from where it lives, like a forward capture.
+            sources.append(cap_source[id(v)])
+        elif id(v) in fwd_pos:
+            sources.append(("input", fwd_pos[id(v)]))   # the call's own input array
+        else:
+            sources.append(("saved", len(saved)))
+            saved.append(v)
+
+    for n in bwd_nodes:
+        for v in n.inputs:
+            need(v)
+    for v in grad_values:
+        if v is not None:
+            need(v)
+    bwd_nodes = [recomputed[i] for i in sorted(recomputed)] + bwd_nodes
+    outs_b = [v for v in grad_values if v is not None]
+    slot, grad_slots = 0, []
+    for v in grad_values:
+        if v is None:
+            grad_slots.append(None)
+        else:
+            grad_slots.append(slot)
+            slot += 1
+    bgraph = Graph(g.name + "_backward", bwd_inputs, bwd_nodes, outs_b,
+                   [v.name for v in bwd_inputs])
+    # The joint graph (for create_graph): all inputs, all nodes.
+    joint = Graph(g.name + "_joint", g.inputs, g.nodes,
+                  outs_b, g.input_names)
+    pos = {id(v): i for i, v in enumerate(g.inputs)}
+    joint_diff = []
+    for src, var in boundary:
+        val = tr.arg_vars[id(var)][1] if src[0] == "arg" else tr.captured_vars[id(var)][1]
+        joint_diff.append(pos[id(val)])
+    joint_gy = {pos[id(v)]: gy_values[id(v)] for v in g.inputs if id(v) in gy_values}
+    recomputed_bytes = sum(v.nbytes for n in recomputed.values() for v in n.outputs)
+    info = dict(graph=bgraph, sources=sources, grad_slots=grad_slots, saved=saved,
+                saved_bytes=sum(v.nbytes for v in saved), recomputed_bytes=recomputed_bytes,
+                joint=joint, joint_diff_inputs=joint_diff, joint_gy_inputs=joint_gy,
+                joint_grad_slots=grad_slots)
+    info["joint_captures"] = {pos[id(v)]: cap_source[id(v)] for v in g.inputs
+                              if id(v) in new_caps}
+    return info, diff_sources
+
+
+# Elementwise ops whose recomputation costs more than a store and a load of the value.
+_COSTLY = {"Exp", "Log", "Tanh", "Sin", "Cos", "Sigmoid", "PowV"}
+
+
+def recompute_rule(fwd_nodes):
+    """id(value) -> (index, node) for forward values the backward recomputes.
+
+    Cheap elementwise values (add, mul, compare, integer powers, ...) are recomputed
+    inside the fused backward kernel rather than written by the forward and read back;
+    on a graph of 0-d values everything elementwise is (the cost is the call, not the
+    math). Reductions, matmuls, random draws and opaque nodes are always saved.
+    """
+    scalar = all(v.ndim == 0 for n in fwd_nodes for v in n.outputs)
+    out = {}
+    for i, n in enumerate(fwd_nodes):
+        if n.kind != core.ELEMENTWISE or len(n.outputs) != 1:
+            continue
+        name = n.op.__name__
+        costly = name in _COSTLY or (name == "Pow" and not float(n.params[0]).is_integer())
+        if scalar or not costly:
+            out[id(n.outputs[0])] = (i, n)
+    return out
+
+
+def is_grad_capture(tr, val):
+    for v, (kind, obj) in tr.captures:
+        if v is val:
+            return kind == "grad"
+    return False

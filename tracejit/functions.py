@@ -15,8 +15,7 @@ import functools
 import numpy as np
 
 from tracejit.core import (ELEMENTWISE, MATMUL, MOVEMENT, RANDOM, REDUCTION, Config, Function,
-                           ShapeDtype, Variable, as_array, as_variable, scalar_variable,
-                           to_operand)
+                           ShapeDtype, Variable, as_array, as_variable, to_operand)
 
 PRIMITIVES = {}
 

@@ -10,7 +10,7 @@ traces of the same code print the same text.
 """
 import numpy as np
 
-from tracejit.core import ELEMENTWISE, OPAQUE, ShapeDtype, dtype_code
+from tracejit.core import ELEMENTWISE, OPAQUE, ShapeDtype
 
 
 class Value:

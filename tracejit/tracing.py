@@ -15,13 +15,12 @@ import linecache
 import threading
 import os
 import sys
-import warnings
 
 import numpy as np
 
 from tracejit import core
 from tracejit import functions as F
-from tracejit.core import Config, Variable, DictGrads
+from tracejit.core import Variable
 from tracejit.ir import Graph, Lit, Node, Value
 from tracejit.trace_ops import Guard, NumpyCall
 

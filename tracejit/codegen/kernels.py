@@ -220,7 +220,6 @@ def loop_kernel(fused, parallel):
         return load_index(producer[id(u)], idx)
 
     producer = {id(v): n for n in sub.nodes for v in n.outputs}
-    lines = []
     body = []            # innermost loop body (at depth r)
     hoisted = []         # before the loops
     used_inputs = set()

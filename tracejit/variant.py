@@ -1,0 +1,311 @@
+"""A variant at run time: one traced graph, compiled, and the code that calls it.
+
+A variant reads its inputs (arguments and live captures), runs the compiled forward
+graph, replays the effects the trace recorded (in-place updates, new .grad values),
+and wraps the outputs in Variables whose one creator, a CompiledFunction, runs the
+compiled backward graph. The per-variant Python that does this is generated source
+(build_runner), so the hot path is straight-line code.
+"""
+import os
+import warnings
+import weakref
+
+import numpy as np
+
+from tracejit import core, interpret
+from tracejit.core import Config, Function, Variable
+from tracejit.ir import Graph
+from tracejit.pytree import FLT, VAR, structure_source
+from tracejit.trace_ops import GUARD, GuardFailure
+
+
+class JitWarning(UserWarning):
+    """tracejit ran something eagerly, or saw a side effect that only runs while tracing."""
+
+
+class CompiledFunction(Function):
+    """The one creator of a compiled call's outputs: its backward is a compiled graph."""
+
+    def __init__(self, variant, saved, arrays):
+        self.variant = variant
+        self.saved = saved
+        self.arrays = arrays      # the call's inputs, for a create_graph replay
+
+    def backward(self, *gys):
+        v = self.variant
+        if Config.enable_backprop:
+            # create_graph: replay forward and backward on Variables, so the grads
+            # carry the history that higher-order derivatives need.
+            return v.backward_with_variables(self.inputs, gys, self.arrays)
+        bexe = v.backward_executable()
+        arrays = []
+        for kind, i in v.bwd_sources:
+            if kind == "saved":
+                arrays.append(self.saved[i])
+            elif kind == "input":
+                arrays.append(self.arrays[i])
+            elif kind != "gy":
+                arrays.append(read_capture(kind, i))
+            else:
+                g = gys[i]
+                arrays.append(g._data if g is not None else
+                              np.zeros(v.out_specs[i].shape, v.out_specs[i].dtype))
+        grads = bexe(arrays)
+        out = []
+        for slot in v.bwd_grad_slots:
+            out.append(None if slot is None else Variable(grads[slot]))
+        return tuple(out)
+
+
+class Variant:
+    """One traced graph for one signature and one sequence of guard outcomes."""
+
+    def __init__(self, jitted, trace, n_fwd_inputs, n_fwd_nodes, out_tree, out_leaves,
+                 diff_vars, bwd_info):
+        self.jitted = jitted
+        g = trace.graph
+        self.guard_outcomes = [n.fn.expected for n in g.nodes[:n_fwd_nodes] if n.kind == GUARD]
+        self.has_random = bool(trace.random_nodes)
+        self.calls = 0
+        self.demoted = None
+        # Where each forward input comes from at call time.
+        self.sources = []
+        arg_pos = {id(v): i for i, v in trace.arg_inputs}
+        cap_src = {id(v): src for v, src in trace.captures}
+        fwd_inputs = g.inputs[:n_fwd_inputs]
+        for v in fwd_inputs:
+            if id(v) in arg_pos:
+                self.sources.append(("arg", arg_pos[id(v)], None))
+            else:
+                kind, obj = cap_src[id(v)]
+                self.sources.append((kind, obj, (v.shape, v.dtype)))
+        self.out_tree = out_tree
+        self.out_leaves = out_leaves         # ('out', index, kind) or ('const', obj)
+        user_outs = [v for kind, v, _ in out_leaves if kind == "out"]
+        # Effects on live state, replayed after the graph ran and every guard held.
+        effect_values = []
+        def target(obj):
+            # An argument is the current call's argument, not the traced call's.
+            leaf = trace.arg_leaf.get(id(obj))
+            return ("leaf", leaf) if leaf is not None else ("obj", obj)
+
+        self.effects = []
+        for kind, obj, v in trace.effects:
+            self.effects.append((kind, target(obj), len(user_outs) + len(effect_values)))
+            effect_values.append(v)
+        self.grad_effects = []
+        for var, gv in trace.grad_effects:
+            if gv is None:
+                self.grad_effects.append((target(var), None))
+            else:
+                self.grad_effects.append((target(var), len(user_outs) + len(effect_values)))
+                effect_values.append(gv)
+        # Backward: what the forward saves, and where each backward input comes from.
+        self.diff_sources = diff_vars       # sources (as in self.sources) of the creator's inputs
+        saved_values = bwd_info["saved"] if bwd_info else []
+        self.n_user_outs = len(user_outs)
+        self.n_effect_outs = len(effect_values)
+        fwd_nodes = g.nodes[:n_fwd_nodes]
+        self.forward_graph = Graph(g.name, fwd_inputs, fwd_nodes,
+                                   user_outs + effect_values + saved_values,
+                                   g.input_names[:n_fwd_inputs])
+        # Specs of the output Variables, in the order of the creator's outputs.
+        self.out_specs = [v.spec for kind, v, b in out_leaves if kind == "out" and b == VAR]
+        if bwd_info:
+            # What a call keeps for its backward, and what recomputation spared it.
+            self.forward_graph.notes["saved_for_backward_bytes"] = bwd_info["saved_bytes"]
+            self.forward_graph.notes["recomputed_instead_bytes"] = bwd_info["recomputed_bytes"]
+        self.bwd = bwd_info
+        if bwd_info:
+            self.bwd_sources = bwd_info["sources"]
+            self.bwd_grad_slots = bwd_info["grad_slots"]
+            self.joint_graph = bwd_info["joint"]
+        in_ids = {id(x) for x in fwd_inputs}
+        self.copy_outputs = [i for i, x in enumerate(user_outs) if id(x) in in_ids]
+        self.state = ()
+        self.checks_left = 3 if jitted.check else 1
+        self.exe = jitted.backend_compile(self.forward_graph)
+        self.runner = build_runner(self, trace.leaf_kinds)
+        self._bexe = None
+        self.input_ids = None
+
+    def backward_executable(self):
+        if self._bexe is None:
+            with self.jitted.lock:
+                if self._bexe is None:
+                    self._bexe = self.jitted.backend_compile(self.bwd["graph"])
+        return self._bexe
+
+    def guard_line(self, index):
+        guards = [n for n in self.forward_graph.nodes if n.kind == GUARD]
+        return guards[index].line if index < len(guards) else "?"
+
+    def backward_with_variables(self, inputs, gys, arrays):
+        """Replay the joint forward+backward graph through the primitives on Variables."""
+        j = self.joint_graph
+        env_vars = []
+        diff_pos = {i: k for k, i in enumerate(self.bwd["joint_diff_inputs"])}
+        for idx, v in enumerate(j.inputs):
+            if idx in diff_pos:
+                env_vars.append(inputs[diff_pos[idx]])
+            elif idx in self.bwd["joint_gy_inputs"]:
+                k = self.bwd["joint_gy_inputs"][idx]
+                g = gys[k]
+                env_vars.append(g if g is not None else Variable(
+                    np.zeros(self.out_specs[k].shape, self.out_specs[k].dtype)))
+            elif idx in self.bwd["joint_captures"]:
+                env_vars.append(Variable(read_capture(*self.bwd["joint_captures"][idx])))
+            else:
+                env_vars.append(Variable(arrays[idx]))
+        outs = interpret.run_with_variables(j, env_vars)
+        return tuple(outs[s] if s is not None else None for s in self.bwd["joint_grad_slots"])
+
+
+def read_capture(kind, obj):
+    if kind == "var":
+        return obj._data
+    if kind == "grad":
+        return obj._grad._data
+    return obj
+
+
+def build_runner(v, leaf_kinds):
+    """Python source for one variant's call: read inputs, run the compiled graph, apply
+    the effects, build the outputs. Generated once per variant, so the hot path has no
+    loops over descriptors and no isinstance checks."""
+    env = {"np": np, "exe": v.exe, "v": v, "Stale": Stale, "GuardFailure": GuardFailure,
+           "CompiledFunction": CompiledFunction, "Config": Config, "wrap": core.wrap_array,
+           "ref": weakref.ref}
+    consts = []
+
+    def const(obj):
+        consts.append(obj)
+        name = f"k{len(consts) - 1}"
+        env[name] = obj
+        return name
+
+    body = []
+    names = []
+    for i, (kind, obj, spec) in enumerate(v.sources):
+        n = f"a{i}"
+        names.append(n)
+        if kind == "arg":
+            lk = leaf_kinds[obj]
+            if lk == VAR:
+                body.append(f"{n} = leaves[{obj}]._data")
+            elif lk == FLT:
+                body.append(f"{n} = np.asarray(leaves[{obj}])")
+            else:
+                body.append(f"{n} = leaves[{obj}]")
+                body.append(f"if type({n}) is not np.ndarray: {n} = np.asarray({n})")
+        elif kind in ("var", "grad"):
+            src = f"{const(obj)}._data" if kind == "var" else \
+                f"({const(obj)}._grad._data if {const(obj)}._grad is not None else None)"
+            body.append(f"{n} = {src}")
+            body.append(f"if {n} is None or {n}.shape != {spec[0]!r} or "
+                        f"{n}.dtype != {const(spec[1])}: "
+                        f"raise Stale('a captured {kind} changed shape or dtype')")
+        else:
+            body.append(f"{n} = {const(obj)}")
+    body.append(f"arrays = [{', '.join(names)}]")
+    if v.has_random:
+        body += ["rng = np.random.get_state()",
+                 "try:",
+                 "    outs = exe(arrays)",
+                 "except GuardFailure:",
+                 "    np.random.set_state(rng)",
+                 "    raise"]
+    else:
+        body.append("outs = exe(arrays)")
+    for i in v.copy_outputs:
+        body.append(f"outs[{i}] = outs[{i}].copy()")
+
+    def target(where, obj):
+        return f"leaves[{obj}]" if where == "leaf" else const(obj)
+
+    for kind, (where, obj), slot in v.effects:
+        t = target(where, obj)
+        if kind == "inplace":
+            body.append(f"np.copyto({t}._data, outs[{slot}], casting='unsafe')")
+        elif kind == "inplace_array":
+            body.append(f"np.copyto({t}, outs[{slot}], casting='unsafe')")
+        else:
+            body.append(f"val = outs[{slot}]")
+            body.append(f"{t}._data = val.copy() if any(val is x for x in arrays) else val")
+    for (where, var), slot in v.grad_effects:
+        t = target(where, var)
+        body.append(f"{t}._grad = None" if slot is None else f"{t}._grad = wrap(outs[{slot}])")
+    # Outputs: each leaf's expression, then the user's structure around them.
+    exprs, made = [], []
+    k = 0
+    for kind, a, b in v.out_leaves:
+        if kind == "arg":
+            exprs.append(f"leaves[{a}]")
+        elif kind == "const":
+            exprs.append(const(a))
+        else:
+            if b == VAR:
+                name = f"y{len(made)}"
+                made.append((name, k, v.out_specs[len(made)].dtype.kind in "fc"))
+                exprs.append(name)
+            elif b == FLT:
+                exprs.append(f"float(outs[{k}])")
+            else:
+                exprs.append(f"outs[{k}]")
+            k += 1
+    structure = structure_source(v.out_tree, iter(exprs), const)
+    plain = [f"{name} = wrap(outs[{slot}])" for name, slot, _ in made]
+    if v.bwd is not None:
+        n_saved_from = v.n_user_outs + v.n_effect_outs
+        diff = ", ".join(f"leaves[{o}]" if kind == "arg" else const(o)
+                         for kind, o in v.diff_sources)
+        body.append("if Config.enable_backprop:")
+        inner = [f"cf = CompiledFunction(v, outs[{n_saved_from}:], arrays)",
+                 f"cf.inputs = ins = [{diff}]",
+                 "cf.generation = max([x.generation for x in ins])" if v.diff_sources
+                 else "cf.generation = 0"]
+        inner += [f"{name} = wrap(outs[{slot}], cf)" if is_float else
+                  f"{name} = wrap(outs[{slot}])" for name, slot, is_float in made]
+        inner.append(f"cf.outputs = [{', '.join(f'ref({n})' for n, _, _ in made)}]")
+        body += ["    " + line for line in inner]
+        body.append("else:")
+        body += ["    " + line for line in plain] or ["    pass"]
+    else:
+        body += plain
+    body.append(f"return {structure}")
+    src = "def run(leaves):\n" + "\n".join("    " + line for line in body) + "\n"
+    exec(compile(src, f"<tracejit-runner {v.forward_graph.name}>", "exec"), env)
+    run = env["run"]
+    run.source = src
+    return run
+
+
+class Stale(Exception):
+    """A captured input changed shape or dtype, or died: this variant no longer applies."""
+
+
+def compile_graph(g, backend="auto", parallel=None, cache=True):
+    """backend: "numba" (fused kernels), "interpret" (the reference), or "auto"
+    (TRACEJIT_BACKEND, else numba; a graph numba fails on runs interpreted, warned)."""
+    if parallel is None and any(n.kind == core.MATMUL for n in g.nodes):
+        # Measured (MLP 784-256-10 step, 2 cores): prange kernels between BLAS calls
+        # run 8.4 ms a step, serial ones 0.99 ms. Numba's OpenMP threads and OpenBLAS's
+        # threads spin against each other; a graph with a matmul stays serial.
+        parallel = False
+    if backend == "auto":
+        backend = os.environ.get("TRACEJIT_BACKEND", "numba")
+        if backend == "numba":
+            from tracejit import codegen
+            try:
+                return codegen.compile(g, parallel=parallel, cache=cache)
+            except Exception as e:  # noqa: BLE001 - any codegen failure: still correct
+                warnings.warn(f"jit({g.name}): the numba backend failed ({type(e).__name__}: "
+                              f"{e}); this graph runs on the interpret backend", JitWarning,
+                              stacklevel=2)
+                return interpret.compile(g)
+    if backend == "numba":
+        from tracejit import codegen
+        return codegen.compile(g, parallel=parallel, cache=cache)
+    if backend == "interpret":
+        return interpret.compile(g)
+    raise ValueError(f"jit: unknown backend {backend!r} (use 'numba', 'interpret' or 'auto')")
