@@ -1,0 +1,365 @@
+"""Array primitives: reductions (sum, max, min, sum_to), movement (reshape, transpose,
+broadcast_to, indexing), matmul and random draws, with their shape rules.
+"""
+import builtins
+
+import numpy as np
+
+from tracejit import functions as F
+from tracejit.core import MATMUL, MOVEMENT, RANDOM, REDUCTION, Function, ShapeDtype, Variable
+from tracejit.primitive import primitive, probe_dtype, sum_to_shape
+
+# ---------------------------------------------------------------- reductions
+
+def _normalize_axis(axis, ndim, name):
+    if axis is None:
+        return None
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    out = []
+    for a in axes:
+        a = int(a)
+        if not -ndim <= a < builtins.max(ndim, 1):
+            raise ValueError(f"{name}: axis {a} is out of bounds for an array of "
+                             f"dimension {ndim}")
+        out.append(a % ndim if ndim else 0)
+    return tuple(sorted(set(out)))
+
+
+def _reduced_shape(shape, axis, keepdims):
+    if axis is None:
+        axis = tuple(range(len(shape)))
+    if keepdims:
+        return tuple(1 if i in axis else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axis)
+
+
+def _keepdims_grad(gy, x_shape, axis, keepdims):
+    """Reshape a reduction's gradient so that it broadcasts back to x's shape."""
+    if keepdims or len(x_shape) == 0:
+        return gy
+    axes = tuple(range(len(x_shape))) if axis is None else axis
+    shape = tuple(1 if i in axes else d for i, d in enumerate(x_shape))
+    return F.reshape(gy, shape)
+
+
+class Reduction(Function):
+    kind = REDUCTION
+    params = ("axis", "keepdims")
+
+    def __init__(self, axis=None, keepdims=False):
+        # axis is normalized (sorted, non-negative tuple) by the user-facing function.
+        self.axis = axis
+        self.keepdims = bool(keepdims)
+
+    def shape_rule(self, x):
+        shape = _reduced_shape(x.shape, self.axis, self.keepdims)
+        return ShapeDtype(shape, probe_dtype(type(self), (None, False), (x.dtype,)))
+
+
+@primitive
+class Sum(Reduction):
+    def forward(self, x):
+        return np.sum(x, axis=self.axis, keepdims=self.keepdims)
+
+    def backward(self, gy):
+        x, = self.inputs
+        gy = _keepdims_grad(gy, x.shape, self.axis, self.keepdims)
+        return F.broadcast_to(gy, x.shape)
+
+
+@primitive
+class Max(Reduction):
+    def forward(self, x):
+        return np.max(x, axis=self.axis, keepdims=self.keepdims)
+
+    def backward(self, gy):
+        x, = self.inputs
+        y = self.outputs[0]()
+        y = _keepdims_grad(y, x.shape, self.axis, self.keepdims)
+        gy = _keepdims_grad(gy, x.shape, self.axis, self.keepdims)
+        # Every element equal to the maximum gets the gradient (DeZero's rule).
+        return F.where(F.equal(x, y), gy, 0.0)
+
+
+@primitive
+class Min(Max):
+    def forward(self, x):
+        return np.min(x, axis=self.axis, keepdims=self.keepdims)
+
+
+@primitive
+class SumTo(Function):
+    """Sum a broadcast array back to `shape` (the gradient of broadcasting)."""
+
+    kind = REDUCTION
+    params = ("shape",)
+
+    def __init__(self, shape):
+        self.shape = tuple(shape)
+
+    def forward(self, x):
+        return _np_sum_to(x, self.shape)
+
+    def backward(self, gy):
+        x, = self.inputs
+        return F.broadcast_to(gy, x.shape)
+
+    def shape_rule(self, x):
+        try:
+            np.broadcast_shapes(self.shape, x.shape)
+        except ValueError:
+            raise ValueError(f"sum_to: cannot sum shape {x.shape} to {self.shape}") from None
+        return ShapeDtype(self.shape, x.dtype)
+
+
+def _np_sum_to(x, shape):
+    ndim = len(shape)
+    lead = x.ndim - ndim
+    lead_axis = tuple(range(lead))
+    axis = tuple(i + lead for i, sx in enumerate(shape) if sx == 1)
+    y = x.sum(lead_axis + axis, keepdims=True)
+    if lead > 0:
+        y = y.squeeze(lead_axis)
+    return y
+
+
+# ---------------------------------------------------------------- movement
+
+@primitive
+class Reshape(Function):
+    kind = MOVEMENT
+    params = ("shape",)
+
+    def __init__(self, shape):
+        self.shape = tuple(int(d) for d in shape)
+
+    def forward(self, x):
+        return x.reshape(self.shape)
+
+    def backward(self, gy):
+        x, = self.inputs
+        return F.reshape(gy, x.shape)
+
+    def shape_rule(self, x):
+        return ShapeDtype(_resolve_reshape(x.shape, self.shape), x.dtype)
+
+
+def _resolve_reshape(in_shape, shape):
+    size = int(np.prod(in_shape, dtype=np.int64))
+    if shape.count(-1) > 1:
+        raise ValueError(f"reshape: can only specify one unknown dimension, got {shape}")
+    known = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
+    if -1 in shape:
+        if known == 0 or size % known:
+            raise ValueError(f"reshape: cannot reshape array of shape {in_shape} "
+                             f"(size {size}) into shape {shape}")
+        shape = tuple(size // known if d == -1 else d for d in shape)
+    elif known != size:
+        raise ValueError(f"reshape: cannot reshape array of shape {in_shape} (size {size}) "
+                         f"into shape {shape} (size {known})")
+    return tuple(shape)
+
+
+@primitive
+class Transpose(Function):
+    kind = MOVEMENT
+    params = ("axes",)
+
+    def __init__(self, axes=None):
+        self.axes = None if axes is None else tuple(int(a) for a in axes)
+
+    def forward(self, x):
+        return np.transpose(x, self.axes)
+
+    def backward(self, gy):
+        if self.axes is None:
+            return F.transpose(gy)
+        inv_axes = tuple(np.argsort([ax % len(self.axes) for ax in self.axes]))
+        return F.transpose(gy, inv_axes)
+
+    def shape_rule(self, x):
+        axes = self.axes if self.axes is not None else tuple(reversed(range(x.ndim)))
+        if sorted(a % builtins.max(x.ndim, 1) for a in axes) != list(range(x.ndim)):
+            raise ValueError(f"transpose: axes {self.axes} do not match an array of "
+                             f"shape {x.shape}")
+        return ShapeDtype(tuple(x.shape[a] for a in axes), x.dtype)
+
+
+@primitive
+class BroadcastTo(Function):
+    kind = MOVEMENT
+    params = ("shape",)
+
+    def __init__(self, shape):
+        self.shape = tuple(int(d) for d in shape)
+
+    def forward(self, x):
+        # A fresh array, not a read-only view: results must be writable.
+        return np.array(np.broadcast_to(x, self.shape))
+
+    def backward(self, gy):
+        x, = self.inputs
+        return sum_to_shape(gy, x.shape)
+
+    def shape_rule(self, x):
+        try:
+            shape = np.broadcast_shapes(x.shape, self.shape)
+        except ValueError:
+            shape = None
+        if shape != self.shape:
+            raise ValueError(f"broadcast_to: cannot broadcast shape {x.shape} to {self.shape}")
+        return ShapeDtype(self.shape, x.dtype)
+
+
+class _Slice(tuple):
+    """A hashable stand-in for a slice object inside a static index key."""
+
+    def as_slice(self):
+        return slice(*self)
+
+
+class _ArrayIndex(int):
+    """Marks the position of an index array (an input of GetItem, not a parameter)."""
+
+
+def _split_index(key):
+    """Split an index into a hashable template and the index arrays it uses."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    template, arrays = [], []
+    for k in key:
+        if isinstance(k, slice):
+            template.append(_Slice((k.start, k.stop, k.step)))
+        elif isinstance(k, Variable) or isinstance(k, (np.ndarray, list)):
+            template.append(_ArrayIndex(len(arrays)))
+            arrays.append(k if isinstance(k, Variable) else np.asarray(k))
+        elif k is None or k is Ellipsis or isinstance(k, (int, np.integer)):
+            template.append(int(k) if isinstance(k, np.integer) else k)
+        else:
+            raise TypeError(f"get_item: unsupported index {k!r}")
+    return tuple(template), arrays
+
+
+def _join_index(template, arrays):
+    out = []
+    for k in template:
+        if isinstance(k, _Slice):
+            out.append(k.as_slice())
+        elif isinstance(k, _ArrayIndex):
+            out.append(arrays[int(k)])
+        else:
+            out.append(k)
+    return tuple(out)
+
+
+@primitive
+class GetItem(Function):
+    """x[key]: slices and ints are the static `key`; index arrays are inputs."""
+
+    kind = MOVEMENT
+    params = ("key",)
+
+    def __init__(self, key):
+        self.key = key
+
+    def forward(self, x, *indices):
+        y = x[_join_index(self.key, indices)]
+        return np.array(y) if not isinstance(y, np.ndarray) or y.base is not None else y
+
+    def backward(self, gy):
+        x, *indices = self.inputs
+        gx = GetItemGrad(self.key, x.shape)(gy, *indices)
+        return (gx,) + (None,) * len(indices)
+
+    def shape_rule(self, x, *indices):
+        probe = np.empty(x.shape, dtype=np.bool_)
+        idx = [np.zeros(s.shape, s.dtype) for s in indices]
+        try:
+            shape = probe[_join_index(self.key, idx)].shape
+        except IndexError as e:
+            raise IndexError(f"get_item: {e} (array of shape {x.shape})") from None
+        return ShapeDtype(shape, x.dtype)
+
+
+@primitive
+class GetItemGrad(Function):
+    """Scatter-add gy into zeros of x's shape (the gradient of GetItem)."""
+
+    kind = MOVEMENT
+    params = ("key", "in_shape")
+
+    def __init__(self, key, in_shape):
+        self.key = key
+        self.in_shape = tuple(in_shape)
+
+    def forward(self, gy, *indices):
+        gx = np.zeros(self.in_shape, dtype=gy.dtype)
+        np.add.at(gx, _join_index(self.key, indices), gy)
+        return gx
+
+    def backward(self, ggx):
+        _, *indices = self.inputs
+        return (GetItem(self.key)(ggx, *indices),) + (None,) * len(indices)
+
+    def shape_rule(self, gy, *indices):
+        return ShapeDtype(self.in_shape, gy.dtype)
+
+
+# ---------------------------------------------------------------- matmul
+
+@primitive
+class MatMul(Function):
+    """Matrix product over the last two axes (both operands at least 2-D)."""
+
+    kind = MATMUL
+    op_name = "matmul"
+
+    def forward(self, x, W):
+        return np.matmul(x, W)
+
+    def backward(self, gy):
+        x, W = self.inputs
+        gx = F.matmul(gy, _swap_last(W))
+        gW = F.matmul(_swap_last(x), gy)
+        return sum_to_shape(gx, x.shape), sum_to_shape(gW, W.shape)
+
+    def shape_rule(self, x, W):
+        if x.ndim < 1 or W.ndim < 1 or x.shape[-1] != W.shape[-2 if W.ndim > 1 else 0]:
+            raise ValueError(f"matmul: shapes {x.shape} and {W.shape} are not aligned: "
+                             f"x's last dimension must equal W's "
+                             f"{'second-to-last' if W.ndim > 1 else 'only'} dimension")
+        try:
+            batch = np.broadcast_shapes(x.shape[:-2], W.shape[:-2])
+        except ValueError:
+            raise ValueError(f"matmul: batch dimensions of {x.shape} and {W.shape} "
+                             f"do not broadcast") from None
+        dtype = np.result_type(x.dtype, W.dtype)
+        return ShapeDtype(batch + (x.shape[-2], W.shape[-1]), dtype)
+
+
+def _swap_last(x):
+    axes = list(range(x.ndim))
+    axes[-1], axes[-2] = axes[-2], axes[-1]
+    return F.transpose(x, axes)
+
+
+# ---------------------------------------------------------------- random
+
+@primitive
+class RandomUniform(Function):
+    """Uniform [0, 1) draws from NumPy's global stream: impure, never merged or folded."""
+
+    kind = RANDOM
+    params = ("shape",)
+
+    def __init__(self, shape):
+        self.shape = tuple(shape)
+
+    def forward(self):
+        return np.asarray(np.random.rand(*self.shape))
+
+    def backward(self, gy):
+        return ()
+
+    def shape_rule(self):
+        return ShapeDtype(self.shape, np.float64)

@@ -1,0 +1,389 @@
+"""Elementwise primitives: unary math, binary arithmetic, comparisons, where, cast.
+
+Each class is one primitive: forward on ndarrays, backward on Variables (through
+tracejit.functions, imported as F so the backward traces), and `expr`, the scalar
+expression a fused kernel evaluates ({0}, {1} the operands, {name} a parameter).
+"""
+import numpy as np
+
+from tracejit import functions as F
+from tracejit.primitive import Elementwise, differentiable, primitive, sum_to_shape
+
+# ---------------------------------------------------------------- unary elementwise
+
+@primitive
+class Neg(Elementwise):
+    expr = "-{0}"
+
+    def forward(self, x):
+        return -x
+
+    def backward(self, gy):
+        return -gy
+
+
+@primitive
+class Exp(Elementwise):
+    expr = "math.exp({0})"
+
+    def forward(self, x):
+        return np.exp(x)
+
+    def backward(self, gy):
+        return gy * self.outputs[0]()
+
+
+@primitive
+class Log(Elementwise):
+    expr = "math.log({0})"
+
+    def forward(self, x):
+        return np.log(x)
+
+    def backward(self, gy):
+        x, = self.inputs
+        return gy / x
+
+
+@primitive
+class Sin(Elementwise):
+    expr = "math.sin({0})"
+
+    def forward(self, x):
+        return np.sin(x)
+
+    def backward(self, gy):
+        x, = self.inputs
+        return gy * F.cos(x)
+
+
+@primitive
+class Cos(Elementwise):
+    expr = "math.cos({0})"
+
+    def forward(self, x):
+        return np.cos(x)
+
+    def backward(self, gy):
+        x, = self.inputs
+        return gy * -F.sin(x)
+
+
+@primitive
+class Tanh(Elementwise):
+    expr = "math.tanh({0})"
+
+    def forward(self, x):
+        return np.tanh(x)
+
+    def backward(self, gy):
+        y = self.outputs[0]()
+        return gy * (1 - y * y)
+
+
+@primitive
+class Sqrt(Elementwise):
+    expr = "math.sqrt({0})"
+
+    def forward(self, x):
+        return np.sqrt(x)
+
+    def backward(self, gy):
+        y = self.outputs[0]()
+        return gy / (2 * y)
+
+
+@primitive
+class Abs(Elementwise):
+    expr = "abs({0})"
+
+    def forward(self, x):
+        return np.abs(x)
+
+    def backward(self, gy):
+        x, = self.inputs
+        return gy * F.sign(x)
+
+
+@primitive
+class Sign(Elementwise):
+    expr = "(1.0 if {0} > 0 else (-1.0 if {0} < 0 else {0} * 0.0))"
+
+    def forward(self, x):
+        return np.sign(x)
+
+    def backward(self, gy):
+        return gy * 0
+
+
+@primitive
+class Sigmoid(Elementwise):
+    # tanh form: no overflow for large |x|, unlike 1 / (1 + F.exp(-x)).
+    expr = "math.tanh({0} * 0.5) * 0.5 + 0.5"
+
+    def forward(self, x):
+        return np.tanh(x * 0.5) * 0.5 + 0.5
+
+    def backward(self, gy):
+        y = self.outputs[0]()
+        return gy * y * (1 - y)
+
+
+@primitive
+class ReLU(Elementwise):
+    # NaN propagates, as in np.maximum(x, 0).
+    expr = "({0} if not {0} <= 0 else 0.0)"
+
+    def forward(self, x):
+        return np.maximum(x, x.dtype.type(0))
+
+    def backward(self, gy):
+        x, = self.inputs
+        return gy * (x > 0)
+
+
+@primitive
+class LeakyReLU(Elementwise):
+    params = ("slope",)
+    expr = "({0} if {0} > 0 else {0} * {slope})"
+
+    def __init__(self, slope=0.2):
+        self.slope = float(slope)
+
+    def forward(self, x):
+        return np.where(x > 0, x, x * x.dtype.type(self.slope)).astype(x.dtype, copy=False)
+
+    def backward(self, gy):
+        x, = self.inputs
+        return F.where(x > 0, gy, gy * self.slope)
+
+
+@primitive
+class Pow(Elementwise):
+    """x ** c for a constant Python exponent c (a static parameter)."""
+
+    params = ("c",)
+    expr = "{0} ** {c}"
+
+    def __init__(self, c):
+        self.c = c
+
+    def forward(self, x):
+        return x ** self.c
+
+    def backward(self, gy):
+        x, = self.inputs
+        c = self.c
+        if c == 0:
+            # Not c * x ** -1: that is 0 * inf = nan at x == 0 (and x ** 1 differentiated
+            # twice reaches here).
+            return gy * 0
+        if c == 2:
+            return gy * (2 * x)
+        return gy * (c * x ** (c - 1))
+
+
+@primitive
+class Clip(Elementwise):
+    params = ("x_min", "x_max")
+    expr = "min(max({0}, {x_min}), {x_max})"
+
+    def __init__(self, x_min, x_max):
+        self.x_min = x_min
+        self.x_max = x_max
+
+    def forward(self, x):
+        return np.clip(x, self.x_min, self.x_max)
+
+    def backward(self, gy):
+        x, = self.inputs
+        return gy * ((x >= self.x_min) * (x <= self.x_max))
+
+
+@primitive
+class Cast(Elementwise):
+    params = ("dtype",)
+    expr = "{0}"
+
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype).name
+
+    def forward(self, x):
+        return x.astype(self.dtype)
+
+    def backward(self, gy):
+        x, = self.inputs
+        # A cast to an int or bool dtype is piecewise constant: no gradient flows back.
+        if not (np.issubdtype(x.dtype, np.floating)
+                and np.issubdtype(np.dtype(self.dtype), np.floating)):
+            return None
+        return F.cast(gy, x.dtype)
+
+
+# ---------------------------------------------------------------- binary elementwise
+
+@primitive
+class Add(Elementwise):
+    expr = "{0} + {1}"
+
+    def forward(self, x0, x1):
+        return x0 + x1
+
+    def backward(self, gy):
+        x0, x1 = self.inputs
+        return sum_to_shape(gy, x0.shape), sum_to_shape(gy, x1.shape)
+
+
+@primitive
+class Sub(Elementwise):
+    expr = "{0} - {1}"
+
+    def forward(self, x0, x1):
+        return x0 - x1
+
+    def backward(self, gy):
+        x0, x1 = self.inputs
+        return sum_to_shape(gy, x0.shape), sum_to_shape(-gy, x1.shape)
+
+
+@primitive
+class Mul(Elementwise):
+    expr = "{0} * {1}"
+
+    def forward(self, x0, x1):
+        return x0 * x1
+
+    def backward(self, gy):
+        x0, x1 = self.inputs
+        gx0 = sum_to_shape(gy * x1, x0.shape) if differentiable(x0) else None
+        gx1 = sum_to_shape(gy * x0, x1.shape) if differentiable(x1) else None
+        return gx0, gx1
+
+
+@primitive
+class Div(Elementwise):
+    expr = "{0} / {1}"
+
+    def forward(self, x0, x1):
+        return x0 / x1
+
+    def backward(self, gy):
+        x0, x1 = self.inputs
+        gx0 = gy / x1
+        gx1 = gy * (-x0 / x1 ** 2)
+        return sum_to_shape(gx0, x0.shape), sum_to_shape(gx1, x1.shape)
+
+
+@primitive
+class PowV(Elementwise):
+    """x0 ** x1 with a Variable exponent."""
+
+    expr = "{0} ** {1}"
+
+    def forward(self, x0, x1):
+        return x0 ** x1
+
+    def backward(self, gy):
+        x0, x1 = self.inputs
+        y = self.outputs[0]()
+        gx0 = gy * x1 * x0 ** (x1 - 1)
+        gx1 = gy * y * F.log(x0) if differentiable(x1) else None
+        return (sum_to_shape(gx0, x0.shape),
+                None if gx1 is None else sum_to_shape(gx1, x1.shape))
+
+
+@primitive
+class Maximum(Elementwise):
+    expr = "({0} if ({0} >= {1} or {0} != {0}) else {1})"
+
+    def forward(self, x0, x1):
+        return np.maximum(x0, x1)
+
+    def backward(self, gy):
+        x0, x1 = self.inputs
+        mask = x0 >= x1
+        return (sum_to_shape(F.where(mask, gy, 0.0), x0.shape),
+                sum_to_shape(F.where(mask, 0.0, gy), x1.shape))
+
+
+@primitive
+class Minimum(Elementwise):
+    expr = "({0} if ({0} <= {1} or {0} != {0}) else {1})"
+
+    def forward(self, x0, x1):
+        return np.minimum(x0, x1)
+
+    def backward(self, gy):
+        x0, x1 = self.inputs
+        mask = x0 <= x1
+        return (sum_to_shape(F.where(mask, gy, 0.0), x0.shape),
+                sum_to_shape(F.where(mask, 0.0, gy), x1.shape))
+
+
+class _Compare(Elementwise):
+    """Comparisons give bool arrays and pass no gradient."""
+
+    def backward(self, gy):
+        return None, None
+
+
+@primitive
+class Greater(_Compare):
+    expr = "{0} > {1}"
+
+    def forward(self, x0, x1):
+        return x0 > x1
+
+
+@primitive
+class GreaterEqual(_Compare):
+    expr = "{0} >= {1}"
+
+    def forward(self, x0, x1):
+        return x0 >= x1
+
+
+@primitive
+class Less(_Compare):
+    expr = "{0} < {1}"
+
+    def forward(self, x0, x1):
+        return x0 < x1
+
+
+@primitive
+class LessEqual(_Compare):
+    expr = "{0} <= {1}"
+
+    def forward(self, x0, x1):
+        return x0 <= x1
+
+
+@primitive
+class Equal(_Compare):
+    expr = "{0} == {1}"
+
+    def forward(self, x0, x1):
+        return x0 == x1
+
+
+@primitive
+class NotEqual(_Compare):
+    expr = "{0} != {1}"
+
+    def forward(self, x0, x1):
+        return x0 != x1
+
+
+@primitive
+class Where(Elementwise):
+    expr = "({1} if {0} else {2})"
+
+    def forward(self, cond, x0, x1):
+        return np.where(cond, x0, x1)
+
+    def backward(self, gy):
+        cond, x0, x1 = self.inputs
+        return (None,
+                sum_to_shape(F.where(cond, gy, 0.0), x0.shape),
+                sum_to_shape(F.where(cond, 0.0, gy), x1.shape))
