@@ -307,6 +307,13 @@ def backprop(outputs, retain_grad=False, create_graph=False, grads=None, within=
     if given, is the set of functions to walk (a compiled region's own nodes).
     """
     store = _AttrGrads if grads is None else grads
+    if len(outputs) == 1 and _state.trace is None:
+        f = outputs[0].creator
+        if f is not None and within is None and all(x.creator is None for x in f.inputs):
+            # One function whose inputs are leaves (a compiled call's output, a single
+            # op): no ordering to do, so no heap.
+            _backward_step(f, store, create_graph, retain_grad)
+            return
     order = itertools.count()
     heap = []
     seen = set()
@@ -352,6 +359,32 @@ def backprop(outputs, retain_grad=False, create_graph=False, grads=None, within=
     tr = _state.trace
     if tr is not None:
         tr.backward_of(None)
+
+
+def _backward_step(f, store, create_graph, retain_grad):
+    gys = f.output_grads(store)
+    local = Config._local
+    old_mode = local.enable_backprop
+    local.enable_backprop = create_graph
+    try:
+        gxs = f.backward(*gys)
+        if not isinstance(gxs, tuple):
+            gxs = (gxs,)
+        if len(gxs) != len(f.inputs):
+            raise ValueError(f"{type(f).__name__}.backward returned {len(gxs)} gradients "
+                             f"for {len(f.inputs)} inputs")
+        for x, gx in zip(f.inputs, gxs):
+            if gx is not None:
+                gx = as_variable(gx)
+                old = store.get(x)
+                store.set(x, gx if old is None else old + gx)
+    finally:
+        local.enable_backprop = old_mode
+    if not retain_grad:
+        for y in f.outputs:
+            y = y()
+            if y is not None:
+                store.set(y, None)
 
 
 class Parameter(Variable):
