@@ -287,8 +287,18 @@ def test_bad_cotangents_are_rejected():
         gradcheck(F.sin, X, cotangents=[np.ones(3)])
 
 
-def test_assert_jit_matches_eager_stub():
-    if hasattr(tracejit, "jit"):
-        pytest.skip("tracejit.jit exists: assert_jit_matches_eager is the lead's to test")
-    with pytest.raises(NotImplementedError, match="requires tracejit.jit"):
-        assert_jit_matches_eager(F.sin, X)
+def test_assert_jit_matches_eager_passes_for_a_compiling_function():
+    W = tracejit.Parameter(np.random.default_rng(0).standard_normal((3, 2)))
+    info = assert_jit_matches_eager(lambda x, b: F.tanh(F.matmul(x, W) + b),
+                                    np.random.default_rng(1).standard_normal((4, 3)),
+                                    tracejit.Variable(np.zeros(2)))
+    assert info["fallbacks"] == 0 and info["hits"] >= 3
+
+
+def test_assert_jit_matches_eager_fails_on_a_fallback():
+    def f(x):
+        x.data.tolist()            # an escape: the variant runs eagerly, with a warning
+        return F.sin(x)
+
+    with pytest.raises((AssertionError, tracejit.JitWarning), match="eagerly|fell back"):
+        assert_jit_matches_eager(f, X)
