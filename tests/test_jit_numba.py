@@ -101,3 +101,38 @@ def test_large_transcendental_groups_threaded_blocks_match_eager():
     assert "_rb" in rj.trace(x, w).source          # threaded
     assert "_rb" not in bj.trace(x, w).source      # one shared accumulator: not threaded
     assert rj.cache_info()["fallbacks"] == 0 and bj.cache_info()["fallbacks"] == 0
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tracejit.testing import strategies as tjst  # noqa: E402
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck),
+          derandomize=True, database=None)
+@given(data=st.data(), dtype=st.sampled_from([np.float64, np.float32]))
+def test_random_programs_with_empty_and_size1_dims_numba(data, dtype):
+    # Shapes with 0 and 1 sides and 0-d inputs, through fused kernels: values and
+    # gradients equal eager on every call (NaN from a mean over nothing included).
+    prog, inputs = data.draw(tjst.programs(dtype=dtype, min_side=0, max_side=3))
+    jf = tj.jit(prog, backend="numba")
+    rtol, atol = (1e-9, 1e-11) if dtype == np.float64 else (2e-4, 1e-5)
+    r = np.random.default_rng(7)
+    with np.errstate(all="ignore"):
+        for call in range(5):
+            arrays = inputs if call == 0 else [r.uniform(-2, 2, a.shape).astype(dtype)
+                                               for a in inputs]
+            xj = [tj.Variable(a.copy()) for a in arrays]
+            xe = [tj.Variable(a.copy()) for a in arrays]
+            yj, ye = jf(*xj), prog(*xe)
+            np.testing.assert_allclose(yj.data, ye.data, rtol=rtol, atol=atol)
+            assert yj.dtype == ye.dtype and yj.shape == ye.shape
+            F.sum(yj * 1.5).backward()
+            F.sum(ye * 1.5).backward()
+            for a, b in zip(xj, xe):
+                if b.grad is None:
+                    assert a.grad is None
+                else:
+                    np.testing.assert_allclose(a.grad.data, b.grad.data, rtol=rtol, atol=atol)
+    assert jf.cache_info()["fallbacks"] == 0

@@ -206,17 +206,19 @@ _MAX_BOUND = 1e3
 
 
 @st.composite
-def programs(draw, min_inputs=1, max_inputs=3, max_steps=6, dtype=np.float64, max_side=4):
+def programs(draw, min_inputs=1, max_inputs=3, max_steps=6, dtype=np.float64, max_side=4,
+             min_side=1):
     """(f, [input arrays]): a random differentiable, well-conditioned program and its inputs.
 
     f is a Program (a plain callable of tracejit ops; its repr prints the code). Inputs
     have broadcastable shapes with values in [-2, 2]; binary ops only pair values whose
     shapes broadcast; reductions, reshape, transpose and matmul appear where shapes allow.
-    A bound on every value's magnitude is tracked and ops that would push it past 1e3
+    min_side=0 allows empty dimensions. A bound on every value's magnitude is tracked and ops that would push it past 1e3
     are not drawn, so central differences stay accurate.
     """
     n = draw(st.integers(min_inputs, max_inputs))
-    in_shapes = draw(broadcastable_shapes(n, max_dims=3, max_side=max_side))
+    in_shapes = draw(broadcastable_shapes(n, max_dims=3, min_side=min_side,
+                                          max_side=max_side))
     shapes_ = list(in_shapes)
     bounds = [2.0] * n
     steps = []
