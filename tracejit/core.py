@@ -427,6 +427,8 @@ def to_operand(other, like):
         return other
     if isinstance(other, np.ndarray):
         return Variable(other)
+    if hasattr(other, "_tv") and hasattr(other, "_trace"):
+        return scalar_variable(other, like.dtype)       # a traced float argument
     if isinstance(other, (bool, int, float, np.generic)) and not isinstance(other, np.ndarray):
         if isinstance(other, np.generic):
             return Variable(np.asarray(other))

@@ -322,7 +322,8 @@ class Jitted:
             changed = pystate.changed(v.state)
             if changed is not None:
                 loc, old, new = changed
-                raise Stale(f"{loc.describe()} changed from {old!r} to {new!r}")
+                raise Stale(f"{loc.describe()} changed from {pystate.describe_value(old)} "
+                            f"to {pystate.describe_value(new)}")
         return v.runner(leaves)
 
     # ---- tracing
@@ -385,8 +386,9 @@ class Jitted:
             reason, line = tr.escapes[0]
         elif mutated is not None:
             loc, old, new = mutated
-            reason = (f"the function changes the Python value {loc.describe()} ({old!r} -> "
-                      f"{new!r}); compiled calls would not")
+            reason = (f"the function changes the Python value {loc.describe()} "
+                      f"({pystate.describe_value(old)} -> {pystate.describe_value(new)}); "
+                      f"compiled calls would not")
             line = None
         elif bwd_info == "escape":
             reason, line = "the backward pass inspects values", None
@@ -438,10 +440,7 @@ class Jitted:
                 tr.leaf_kinds.append(FLT)
                 v = tr.add_input((), np.float64, name)
                 tr.arg_inputs.append((v, len(leaves) - 1))
-                f = TracedFloat(x)
-                f._tv = v
-                f._trace = tr
-                return f
+                return TracedFloat(x, v, tr)
             if isinstance(x, np.generic) and x.dtype.kind == "f":
                 return convert(np.asarray(x), name)
             if type(x) in (tuple, list):

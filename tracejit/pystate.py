@@ -1,27 +1,36 @@
 """What a jitted function reads from Python outside its arguments, and how it is kept live.
 
-A location is a closure cell, a module global the function names, an attribute of an
-object found there, or an item of a dict found there (one level deep). At trace time:
+A location is a closure cell, a module global the function names, a default argument,
+or (up to two levels below those) an attribute (instance or class), a dict item or a
+list/tuple item. Module-level helper functions the function calls are followed too.
+At trace time:
   - ndarrays at those locations are swapped for traced views, so NumPy on them
     (`x * c + c ** 2` with a closure array c) is recorded, not frozen;
-  - Python scalars there become constants of the variant, guarded by value: every
-    call compares them (a changed learning rate or global `k` retraces);
+  - Python and NumPy scalars there are constants of the variant, guarded by value,
+    and every other object by identity: each call compares them, so a changed
+    learning rate, a rebound global array or a new `model.l1` retraces;
   - a scalar the function itself changes (`self.t += 1`) cannot be replayed, and a
     container that grows (`log.append`) is a side effect that runs only while tracing.
 """
 import types
+import weakref
 
 import numpy as np
 
+from tracejit.core import Variable
+
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
 _MISSING = object()
+_MAX_DEPTH = 2            # levels below a root (obj.cfg.scale is two)
+_MAX_LOCATIONS = 400      # bounds the per-call check on very large object graphs
+_MAX_ITEMS = 64           # items of one list, tuple or dict
 
 
 class Location:
     __slots__ = ("kind", "container", "key", "label")
 
     def __init__(self, kind, container, key, label):
-        self.kind = kind            # "cell", "global", "attr", "item"
+        self.kind = kind            # "cell", "global", "default", "attr", "item"
         self.container = container
         self.key = key
         self.label = label          # how the user names it: "k", "opt.lr", "cfg['k']"
@@ -37,18 +46,27 @@ class Location:
                 return self.container.cell_contents
             if self.kind == "attr":
                 return getattr(self.container, self.key, _MISSING)
+            if self.kind == "default":
+                return self.container.__defaults__[self.key]
+            if self.kind == "item" and isinstance(self.container, (list, tuple)):
+                c = self.container
+                return c[self.key] if self.key < len(c) else _MISSING
             return self.container.get(self.key, _MISSING)
-        except ValueError:          # an empty closure cell
+        except (ValueError, TypeError, IndexError):   # an empty cell, changed defaults
             return _MISSING
 
     def write(self, value):
         if self.kind == "cell":
             self.container.cell_contents = value
         elif self.kind == "attr":
+            if self.key not in getattr(self.container, "__dict__", {}):
+                raise AttributeError(self.key)        # a class attribute: leave it be
             if _custom_setattr(self.container):
                 object.__setattr__(self.container, self.key, value)
             else:
                 setattr(self.container, self.key, value)
+        elif self.kind == "default" or isinstance(self.container, tuple):
+            raise TypeError("immutable location")
         else:
             self.container[self.key] = value
 
@@ -60,64 +78,134 @@ def _custom_setattr(obj):
 
 def _is_namespace_object(o):
     if isinstance(o, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
-                      types.MethodType, np.ndarray)):
+                      types.MethodType, np.ndarray, np.generic)):
         return False
     return isinstance(getattr(o, "__dict__", None), dict)
 
 
-def locations(fn):
-    """The locations fn can read: closure cells, named globals, one level below them."""
+def _is_user_function(f):
+    mod = getattr(f, "__module__", "") or ""
+    return isinstance(f, types.FunctionType) and not mod.startswith(("tracejit", "numpy",
+                                                                      "numba"))
+
+
+def _roots(fn, seen_functions):
+    """(Location, value) of the names a function reads directly."""
     target = getattr(fn, "__func__", fn)
-    code = getattr(target, "__code__", None)
-    top = []
+    if id(target) in seen_functions:
+        return []
+    seen_functions.add(id(target))
+    out = []
     if hasattr(fn, "__self__") and _is_namespace_object(fn.__self__):
-        top.append((None, fn.__self__, "self"))
-    if code is not None:
-        for name, cell in zip(code.co_freevars, getattr(target, "__closure__", None) or ()):
-            top.append((Location("cell", cell, None, name), None, name))
-        glb = getattr(target, "__globals__", {})
-        for name in code.co_names:
-            if name in glb:
-                top.append((Location("global", glb, name, name), None, name))
+        out.append((None, fn.__self__, "self"))
+    code = getattr(target, "__code__", None)
+    if code is None:
+        return out
+    for name, cell in zip(code.co_freevars, getattr(target, "__closure__", None) or ()):
+        out.append((Location("cell", cell, None, name), None, name))
+    glb = getattr(target, "__globals__", {})
+    for name in _names(code):
+        if name in glb:
+            out.append((Location("global", glb, name, name), None, name))
+    for i, _ in enumerate(getattr(target, "__defaults__", None) or ()):
+        out.append((Location("default", target, i, f"default argument {i}"), None, None))
+    return out
+
+
+def _names(code):
+    # Globals named in the function and in the lambdas / comprehensions it defines.
+    names = list(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names += _names(c)
+    return names
+
+
+def locations(fn):
+    """The locations fn can read (breadth first, bounded)."""
+    seen_functions = set()
+    frontier = [(loc, obj, name, 0) for loc, obj, name in _roots(fn, seen_functions)]
     out = []
     seen = set()
-    for loc, obj, name in top:
+    while frontier and len(out) < _MAX_LOCATIONS:
+        loc, obj, name, depth = frontier.pop(0)
         if loc is not None:
             out.append(loc)
             obj = loc.read()
+        if obj is _MISSING or type(obj) in _SCALARS or isinstance(obj, np.generic):
+            continue
         if id(obj) in seen:
             continue
         seen.add(id(obj))
+        if _is_user_function(obj) and depth == 0:
+            # A module-level helper the function calls: what it reads counts too.
+            frontier += [(l, o, n, 0) for l, o, n in _roots(obj, seen_functions)]
+            continue
+        if depth >= _MAX_DEPTH + (loc is None):
+            continue
+        label = name or (loc.label if loc is not None else "?")
         if type(obj) is dict:
-            out += [Location("item", obj, k, f"{name}[{k!r}]") for k in list(obj)
-                    if isinstance(k, (str, int))]
+            frontier += [(Location("item", obj, k, f"{label}[{k!r}]"), None, None, depth + 1)
+                         for k in list(obj)[:_MAX_ITEMS] if isinstance(k, (str, int))]
+        elif type(obj) in (list, tuple):
+            frontier += [(Location("item", obj, i, f"{label}[{i}]"), None, None, depth + 1)
+                         for i in range(min(len(obj), _MAX_ITEMS))]
         elif _is_namespace_object(obj):
-            for k, v in list(vars(obj).items()):
-                out.append(Location("attr", obj, k, f"{name}.{k}"))
-                if type(v) is dict and id(v) not in seen:
-                    seen.add(id(v))
-                    out += [Location("item", v, kk, f"{name}.{k}[{kk!r}]") for kk in list(v)
-                            if isinstance(kk, (str, int))]
+            names = list(vars(obj))
+            for klass in type(obj).__mro__[:-1]:
+                names += [k for k, v in vars(klass).items() if not k.startswith("__")
+                          and type(v) in _SCALARS and k not in names]
+            frontier += [(Location("attr", obj, k, f"{label}.{k}"), None, None, depth + 1)
+                         for k in names]
     return out
 
 
 def snapshot(locs):
-    """(location, value) for the Python scalars among the locations."""
+    """(location, value, by_identity): scalars by value; arrays, Variables, objects and
+    functions and containers by identity, except lists of weak references (a Layer's
+    `self.inputs = [...]`, rebuilt on every call, must not retrace every call)."""
     snap = []
     for loc in locs:
         v = loc.read()
-        if type(v) in _SCALARS:
-            snap.append((loc, v))
+        if type(v) in _SCALARS or isinstance(v, np.generic):
+            snap.append((loc, v, False))
+        elif isinstance(v, (np.ndarray, Variable, types.FunctionType, type)) \
+                or _is_namespace_object(v) \
+                or (type(v) in (list, tuple, dict) and not _bookkeeping(v)):
+            snap.append((loc, v, True))
     return snap
 
 
+def _bookkeeping(container):
+    # DeZero's Layer keeps `inputs` / `outputs` as fresh lists of weak references on
+    # every call; guarding their identity would retrace after every eager call.
+    items = container.values() if isinstance(container, dict) else container
+    items = list(items)
+    return bool(items) and all(isinstance(x, weakref.ref) for x in items)
+
+
 def changed(snap):
-    """The first location whose scalar differs from the snapshot, as (loc, old, new)."""
-    for loc, v in snap:
+    """The first location whose value differs from the snapshot, as (loc, old, new)."""
+    for loc, v, by_identity in snap:
         cur = loc.read()
-        if cur is not v and not (type(cur) is type(v) and cur == v):
+        if cur is v:
+            continue
+        if by_identity or type(cur) is not type(v) or not _same_scalar(cur, v):
             return loc, v, cur
     return None
+
+
+def _same_scalar(a, b):
+    try:
+        return bool(a == b) or (a != a and b != b)
+    except (TypeError, ValueError):
+        return False
+
+
+def describe_value(v):
+    if type(v) in _SCALARS or isinstance(v, np.generic):
+        return repr(v)
+    return f"a {type(v).__name__} object"
 
 
 def sizes(locs):

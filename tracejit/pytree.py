@@ -92,7 +92,7 @@ def strip_tracers(obj):
     if isinstance(obj, TracedArray):
         return np.array(obj.view(np.ndarray))
     if isinstance(obj, TracedFloat):
-        return float.__float__(obj)
+        return obj._value
     if type(obj) in (tuple, list):
         return type(obj)(strip_tracers(x) for x in obj)
     if type(obj) is dict:

@@ -6,6 +6,8 @@ that reports NumPy ufuncs and functions applied to it, and Python's looks at it
 arithmetic is recorded, so a new value does not retrace. Both carry real values, so
 the traced call computes its real result.
 """
+import math
+
 import numpy as np
 
 from tracejit import functions as F
@@ -121,23 +123,34 @@ class TracedArray(np.ndarray):
         return self.view(np.ndarray).__reduce__()
 
 
-class TracedFloat(float):
-    """A float argument: a runtime input, so a new value does not retrace."""
+class TracedFloat:
+    """A float argument: a runtime input, so a new value does not retrace.
 
-    __slots__ = ("_tv", "_trace")
+    Not a float subclass on purpose: math.sqrt, round, //, % and str() then go
+    through __float__ (or the methods below), which record a guard on the value, so
+    a use the tracer cannot record retraces on a new value instead of freezing it.
+    """
+
+    __slots__ = ("_value", "_tv", "_trace")
+
+    def __init__(self, value, tv=None, trace=None):
+        self._value = float(value)
+        self._tv = tv
+        self._trace = trace
+
+    # ---- recorded arithmetic
 
     def _op(self, other, fn, reverse=False):
         tr = self._trace
-        if isinstance(other, TracedArray) or isinstance(other, Variable):
-            return NotImplemented
-        if not isinstance(other, (int, float)) or isinstance(other, bool):
-            return NotImplemented
+        if isinstance(other, TracedFloat):
+            b = tr.scalar_var(other)
+        elif isinstance(other, (int, float)) and not isinstance(other, bool):
+            b = other
+        else:
+            return NotImplemented     # Variables and arrays take it from here
         a = tr.scalar_var(self)
-        b = tr.scalar_var(other) if isinstance(other, TracedFloat) else other
         out = fn(b, a) if reverse else fn(a, b)
-        if not isinstance(out, Variable):
-            return out
-        return tr.make_float(out)
+        return tr.make_float(out) if isinstance(out, Variable) else out
 
     def __add__(self, o): return self._op(o, F.add)
     def __radd__(self, o): return self._op(o, F.add, True)
@@ -147,15 +160,16 @@ class TracedFloat(float):
     def __rmul__(self, o): return self._op(o, F.mul, True)
     def __truediv__(self, o): return self._op(o, F.div)
     def __rtruediv__(self, o): return self._op(o, F.div, True)
-    def __pow__(self, o): return self._op(o, lambda a, b: F.PowV()(*F._as_operands(a, b)))
-    def __rpow__(self, o): return self._op(o, lambda a, b: F.PowV()(*F._as_operands(a, b)),
-                                           True)
+    def __pow__(self, o): return self._op(o, _powv)
+    def __rpow__(self, o): return self._op(o, _powv, True)
     def __neg__(self): return self._trace.make_float(F.neg(self._trace.scalar_var(self)))
     def __pos__(self): return self
     def __abs__(self): return self._trace.make_float(F.abs(self._trace.scalar_var(self)))
 
     def _cmp(self, o, fn):
-        if not isinstance(o, (int, float)):
+        if isinstance(o, TracedFloat):
+            o = self._trace.scalar_var(o)
+        elif not isinstance(o, (int, float)):
             return NotImplemented
         return bool(fn(self._trace.scalar_var(self), o).data)
 
@@ -165,23 +179,61 @@ class TracedFloat(float):
     def __le__(self, o): return self._cmp(o, F.less_equal)
     def __eq__(self, o): return self._cmp(o, F.equal)
     def __ne__(self, o): return self._cmp(o, F.not_equal)
-    __hash__ = float.__hash__
 
-    def __bool__(self):
-        return bool(self._trace.scalar_var(self).data)
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        # np.sqrt(lr), array * lr: the float as a traced 0-d value of the other
+        # operands' float dtype (a Python float is weak in NumPy 2).
+        arrays = [x for x in inputs if isinstance(x, np.ndarray) and x.dtype.kind == "f"]
+        like = np.result_type(*arrays) if arrays else np.float64
+        tr = self._trace
+        ins = tuple(tr.scalar_input(x, like).data if isinstance(x, TracedFloat) else x
+                    for x in inputs)
+        return tr.ufunc(ufunc, method, ins, kwargs)
 
-    def __float__(self):
-        return float(self._trace.scalar_var(self).data)
+    # ---- everything else sees the value, behind a guard on it
 
-    def __int__(self):
-        return int(self._trace.scalar_var(self).data)
+    def _seen(self):
+        return float(self._trace.scalar_var(self).data)   # a float guard, then the value
+
+    def __float__(self): return self._seen()
+    def __bool__(self): return bool(self._trace.scalar_var(self).data)
+    def __int__(self): return int(self._seen())
+    def __trunc__(self): return int(self._seen())
+    def __round__(self, n=None): return round(self._seen(), n)
+    def __floor__(self): return math.floor(self._seen())
+    def __ceil__(self): return math.ceil(self._seen())
+    def __floordiv__(self, o): return self._seen() // _value_of(o)
+    def __rfloordiv__(self, o): return _value_of(o) // self._seen()
+    def __mod__(self, o): return self._seen() % _value_of(o)
+    def __rmod__(self, o): return _value_of(o) % self._seen()
+    def __divmod__(self, o): return divmod(self._seen(), _value_of(o))
+    def __rdivmod__(self, o): return divmod(_value_of(o), self._seen())
+    def __hash__(self): return hash(self._seen())
+    def __repr__(self): return repr(self._seen())
+    def __str__(self): return str(self._seen())
+    def __format__(self, spec): return format(self._seen(), spec)
 
     def __array__(self, dtype=None, copy=None):
-        return np.asarray(self._trace.scalar_var(self).data, dtype=dtype)
+        return np.asarray(self._seen(), dtype=dtype)
+
+    def is_integer(self):
+        return self._seen().is_integer()
 
     @property
-    def __array_interface__(self):
-        raise AttributeError
+    def real(self):
+        return self
+
+    @property
+    def imag(self):
+        return 0.0
+
+
+def _value_of(o):
+    return o._seen() if isinstance(o, TracedFloat) else o
+
+
+def _powv(a, b):
+    return F.PowV()(*F._as_operands(a, b))
 
 
 # -------------------------------------------------------------------- the trace

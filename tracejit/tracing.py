@@ -182,7 +182,7 @@ class Trace:
         var._tv = Lit(value, var.dtype)
 
     def scalar_input(self, value, like_dtype):
-        raw = float.__float__(value)   # float(value) would record a guard
+        raw = value._value   # float(value) would record a guard
         dtype = np.result_type(like_dtype, raw)
         var = Variable(np.asarray(raw, dtype=dtype))
         if dtype == np.float64:
@@ -196,7 +196,7 @@ class Trace:
     def scalar_var(self, value):
         """A Variable for a float (traced or not), as a 0-d float64."""
         if isinstance(value, TracedFloat):
-            var = Variable(np.asarray(float.__float__(value)))
+            var = Variable(np.asarray(value._value))
             var._tv = value._tv
             return var
         var = Variable(np.asarray(float(value)))
@@ -204,10 +204,7 @@ class Trace:
         return var
 
     def make_float(self, var):
-        tf = TracedFloat(float(var._data))
-        tf._tv = self.value_of(var)
-        tf._trace = self
-        return tf
+        return TracedFloat(float(var._data), self.value_of(var), self)
 
     def capture_view(self, arr):
         """A traced view of a closure/global array, captured when first used."""
@@ -295,7 +292,7 @@ class Trace:
     def ufunc(self, ufunc, method, inputs, kwargs):
         out = kwargs.pop("out", None)
         plain = [np.asarray(x).view(np.ndarray) if isinstance(x, np.ndarray) else
-                 (float.__float__(x) if isinstance(x, TracedFloat) else x) for x in inputs]
+                 (x._value if isinstance(x, TracedFloat) else x) for x in inputs]
         arrays = [x for x in inputs if isinstance(x, np.ndarray)]
         like = np.result_type(*arrays) if arrays else None
         if kwargs.get("where", True) is not True:
@@ -498,7 +495,7 @@ def _plain(a):
     if isinstance(a, Variable):
         return a._data
     if isinstance(a, TracedFloat):
-        return float.__float__(a)
+        return a._value
     if isinstance(a, np.ndarray):
         return a.view(np.ndarray)
     return a
