@@ -89,9 +89,23 @@ def no_fallbacks(jf):
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
-def check(fn, make_args, n=N, post=None, mutate=None, compare_args=True, **jit_kw):
+def check(fn, make_args, n=N, post=None, mutate=None, compare_args=True, fallback_ok=False,
+          **jit_kw):
     """Call jit(fn) and eager fn n times on twin arguments; compare results, argument
-    state, gradients (after post(result)) and the global NumPy RNG stream."""
+    state, gradients (after post(result)) and the global NumPy RNG stream.
+
+    fallback_ok: the function escapes the tracer, so running eagerly with a JitWarning
+    naming the cause is a correct outcome too; every call must still match eager.
+    """
+    if fallback_ok:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", tj.JitWarning)
+            jf = check(fn, make_args, n, post, mutate, compare_args, _allow=True, **jit_kw)
+        if jf.cache_info()["fallbacks"]:
+            msgs = [str(w.message) for w in caught if issubclass(w.category, tj.JitWarning)]
+            assert msgs and "runs eagerly" in msgs[0], msgs
+        return jf
+    allow = jit_kw.pop("_allow", False)
     jf = tj.jit(fn, **jit_kw)
     for i in range(n):
         if mutate is not None:
@@ -114,7 +128,8 @@ def check(fn, make_args, n=N, post=None, mutate=None, compare_args=True, **jit_k
             post(yj, aj)
             post(ye, ae)
             assert_grads(aj, ae, f"call {i}")
-    no_fallbacks(jf)
+    if not allow:
+        no_fallbacks(jf)
     return jf
 
 
@@ -460,10 +475,6 @@ def _update_param(x):
     return F.sum(F.exp(x * _LIVE_P))
 
 
-@pytest.mark.xfail(strict=True, reason="in-place update of a live input (argument array, "
-                   "captured array, Parameter) before it is used: the compiled backward "
-                   "recomputes from the updated input and applies the update again "
-                   "(x.grad uses a+2, not a+1); values and p.grad are right")
 @pytest.mark.parametrize("where", ["argument_array", "closure_array", "parameter"])
 def test_inplace_update_of_live_input_then_backward(where):
     if where == "argument_array":
@@ -533,9 +544,6 @@ def test_inplace_on_grad_data_falls_back_with_warning():
 
 # ================================================================== 5. traced data leaving NumPy
 
-@pytest.mark.xfail(strict=True, reason="np.asarray/np.array/.view/.dot/ascontiguousarray/"
-                   "complex()/memoryview on an argument's .data is frozen at trace time "
-                   "(no escape is recorded; only the safety net's first call is checked)")
 @pytest.mark.parametrize("op", [
     pytest.param(lambda d: np.asarray(d), id="np.asarray"),
     pytest.param(lambda d: np.array(d), id="np.array"),
@@ -546,16 +554,15 @@ def test_inplace_on_grad_data_falls_back_with_warning():
     pytest.param(lambda d: memoryview(d).tolist()[0], id="memoryview"),
 ])
 def test_traced_data_leaving_numpy_is_not_frozen(op):
-    check(lambda x: x * op(x.data), lambda i: (V(i, hold=True),))
+    # Data copied out of the tracer's sight: compiled-and-right or eager-with-a-warning.
+    check(lambda x: x * op(x.data), lambda i: (V(i, hold=True),), fallback_ok=True)
 
 
-@pytest.mark.xfail(strict=True, reason="Variable(np.array(x.data)) (the DeZero detach idiom) "
-                   "is frozen at trace time")
 def test_detach_by_copying_data_is_not_frozen():
     def fn(x):
         c = Variable(np.array(x.data))
         return F.sum(c * x)
-    check(fn, lambda i: (V(i, hold=True),), post=bw)
+    check(fn, lambda i: (V(i, hold=True),), post=bw, fallback_ok=True)
 
 
 def test_detach_by_new_variable_of_data():
@@ -610,8 +617,6 @@ def test_retain_grad_on_compiled_output():
           post=lambda y, a: y.backward(retain_grad=True))
 
 
-@pytest.mark.xfail(strict=True, reason="y.unchain_backward() on a compiled output does not "
-                   "cut the graph: the inputs still get gradients (eager: x.grad is None)")
 def test_unchain_backward_on_compiled_output():
     def post(y, a):
         y.unchain_backward()
@@ -751,8 +756,6 @@ def test_np_random_inside_falls_back_and_matches_stream():
             assert_same(yj, ye, f"call {i}")
 
 
-@pytest.mark.xfail(strict=True, reason="draws from Python's random module (or an "
-                   "np.random.Generator) inside a jitted function are frozen at trace time")
 @pytest.mark.parametrize("source", ["python_random", "np_generator"])
 def test_non_global_random_source_is_not_frozen(source):
     gen = np.random.default_rng(0)
@@ -764,13 +767,18 @@ def test_non_global_random_source_is_not_frozen(source):
             gen.bit_generator.state = np.random.default_rng(s).bit_generator.state
         fn = lambda x: x * gen.random()                        # noqa: E731
     jf = tj.jit(fn)
-    for i in range(N):
-        s = 0 if i < SWITCH else i        # same draws while the safety net looks
-        seed(s)
-        yj = jf(V(i))
-        seed(s)
-        ye = fn(V(i))
-        assert_same(yj, ye, f"call {i}")
+    # A private random source: fresh draws compiled, or eager with a warning.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", tj.JitWarning)
+        for i in range(N):
+            s = 0 if i < SWITCH else i        # same draws while the safety net looks
+            seed(s)
+            yj = jf(V(i))
+            seed(s)
+            ye = fn(V(i))
+            assert_same(yj, ye, f"call {i}")
+    if jf.cache_info()["fallbacks"]:
+        assert any("runs eagerly" in str(w.message) for w in caught), caught
 
 
 # ================================================================== 9. outputs and arguments

@@ -214,8 +214,12 @@ def trace_backward(tr, out_raw, out_leaves):
     new_caps = {id(v) for v in g.inputs[n_inputs:] if id(v) not in gy_values}
     cap_source = {id(v): src for v, src in tr.captures if id(v) in new_caps}
 
-    fwd_pos = {id(v): i for i, v in enumerate(fwd_inputs)}
-    recompute = recompute_rule(g.nodes[:n_nodes])
+    # Inputs the call updates in place (param.data -= ...) hold new values by the time
+    # the backward runs: what the backward needs of them is saved, never re-read, and
+    # nothing computed from them is recomputed.
+    mutated = mutated_inputs(tr)
+    fwd_pos = {id(v): i for i, v in enumerate(fwd_inputs) if id(v) not in mutated}
+    recompute = recompute_rule(g.nodes[:n_nodes], mutated)
     recomputed = {}
 
     def need(v):
@@ -282,7 +286,17 @@ def trace_backward(tr, out_raw, out_leaves):
 _COSTLY = {"Exp", "Log", "Tanh", "Sin", "Cos", "Sigmoid", "PowV"}
 
 
-def recompute_rule(fwd_nodes):
+def mutated_inputs(tr):
+    """ids of the graph inputs whose objects the trace updates in place."""
+    targets = {id(obj) for _, obj, _ in tr.effects}
+    out = {id(v) for v, (_, obj) in tr.captures if id(obj) in targets}
+    by_leaf = dict(tr.arg_inputs)
+    out |= {id(by_leaf[leaf]) for obj_id, leaf in tr.arg_leaf.items()
+            if obj_id in targets and leaf in by_leaf}
+    return out
+
+
+def recompute_rule(fwd_nodes, mutated=frozenset()):
     """id(value) -> (index, node) for forward values the backward recomputes.
 
     Cheap elementwise values (add, mul, compare, integer powers, ...) are recomputed
@@ -292,7 +306,11 @@ def recompute_rule(fwd_nodes):
     """
     scalar = all(v.ndim == 0 for n in fwd_nodes for v in n.outputs)
     out = {}
+    tainted = set(mutated)
     for i, n in enumerate(fwd_nodes):
+        if any(isinstance(v, Value) and id(v) in tainted for v in n.inputs):
+            tainted.update(id(v) for v in n.outputs)
+            continue
         if n.kind != core.ELEMENTWISE or len(n.outputs) != 1:
             continue
         name = n.op.__name__

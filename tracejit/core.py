@@ -193,6 +193,8 @@ class Variable:
     def unchain_backward(self):
         if self.creator is None:
             return
+        if hasattr(self.creator, "expand"):
+            self.creator.expand()      # a compiled call: cut inside it, as eager would
         funcs = [self.creator]
         seen = {self.creator}
         while funcs:

@@ -9,6 +9,7 @@ CompiledFunction, runs the compiled backward graph.
 """
 import logging
 import os
+import random
 import threading
 import time
 import warnings
@@ -282,6 +283,53 @@ class Jitted:
 
     # ---- verifying a variant against eager
 
+    def _perturbation_check(self, v, args, kwargs):
+        """Run eager and the new variant on slightly perturbed inputs and state.
+
+        A value the tracer froze (data copied out of its sight, a draw from a private
+        generator) matches at the traced values but not at perturbed ones. Both runs
+        start from the same perturbed state, which is then put back. Returns the first
+        difference, or None (also when the perturbation changes the control flow).
+        """
+        rng = np.random.default_rng(0)
+        leaves = []       # in the order _key flattens them (the runner's leaf indices)
+        for i, a in enumerate(args):
+            if i not in self.static_argnums:
+                flatten_args(a, leaves)
+        for k in sorted(kwargs):
+            if k not in self.static_argnames:
+                flatten_args(kwargs[k], leaves)
+        p_leaves = [_perturbed(x, rng) for x in leaves]
+        p_args, p_kwargs = _rebuild(args, kwargs, iter(p_leaves), self)
+        state = LiveState(v, p_leaves)
+        for var in state.vars:
+            if var._data is not None and var._data.dtype.kind == "f":
+                np.copyto(var._data, _perturbed(var._data, rng))
+        for arr in state.arrays:
+            # Only arrays that live somewhere (a closure, a global, an attribute): a
+            # constant the function builds on every call (np.ones_like) must stay as is.
+            if id(arr) in v.located_arrays and arr.dtype.kind == "f" and arr.flags.writeable:
+                np.copyto(arr, _perturbed(arr, rng))
+        perturbed = state.capture()
+        np_state, py_state = np.random.get_state(), random.getstate()
+        try:
+            with disable_jit(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with np.errstate(all="ignore"):
+                    expected = self.fn(*p_args, **p_kwargs)
+            eager_state = state.capture()
+            state.restore(perturbed)
+            np.random.set_state(np_state)
+            with np.errstate(all="ignore"):
+                got = self._run(v, p_leaves)
+            return first_difference(expected, got) or state.difference(eager_state)
+        except (GuardFailure, Stale, ArithmeticError, ValueError, TypeError, IndexError):
+            return None
+        finally:
+            state.restore_initial()
+            np.random.set_state(np_state)
+            random.setstate(py_state)
+
     def _run_checked(self, key, v, args, kwargs, leaves):
         """Run eager and compiled side by side from the same state; keep eager's on a
         mismatch. Every variant's first call does this (check=True: its first three),
@@ -337,6 +385,7 @@ class Jitted:
         leaves = []
         targs, tkwargs = self._tracer_args(tr, args, kwargs, leaves)
         rng_before = np.random.get_state()
+        py_rng_before = random.getstate()
         locs = pystate.locations(self.fn)
         snap_before = pystate.snapshot(locs)
         sizes_before = pystate.sizes(locs)
@@ -379,6 +428,9 @@ class Jitted:
                     x._tv = None
         result = strip_tracers(result)
         self._check_rng(tr, rng_before)
+        if random.getstate() != py_rng_before:
+            tr.escape("a draw from Python's random module: compiled calls would replay it; "
+                      "draw with tracejit functions (F.dropout) or NumPy's global stream")
         self.stats["trace_seconds"] += time.perf_counter() - t0
         reason = None
         mutated = pystate.changed(snap_before)
@@ -409,6 +461,14 @@ class Jitted:
                           diff_vars, bwd_info)
         self.stats["compile_seconds"] += time.perf_counter() - t1
         variant.state = pystate.snapshot(locs)
+        variant.located_arrays = {id(original) for _, original, _ in swaps}
+        if not tr.side_effects:
+            frozen = self._perturbation_check(variant, args, kwargs)
+            if frozen is not None:
+                self._fallback(key, f"the traced graph froze a value: with slightly changed "
+                                    f"inputs it differs from eager ({frozen}); something "
+                                    f"the function reads escaped the tracer")
+                return result
         self._variants.setdefault(key, []).append(variant)
         self.stats["variants"] += 1
         return result
@@ -417,6 +477,7 @@ class Jitted:
         def convert(x, name):
             if isinstance(x, Variable):
                 leaves.append(x)
+                tr.own(x._data)
                 tr.leaf_kinds.append(VAR)
                 tr.arg_leaf[id(x)] = len(leaves) - 1
                 v = tr.add_input(x.shape, x.dtype, x.name or name)
@@ -426,6 +487,7 @@ class Jitted:
                 return x
             if isinstance(x, np.ndarray):
                 leaves.append(x)
+                tr.own(x)
                 tr.leaf_kinds.append(ARR)
                 tr.arg_leaf[id(x)] = len(leaves) - 1
                 v = tr.add_input(x.shape, x.dtype, name)
@@ -478,6 +540,43 @@ class Jitted:
 
     def backend_compile(self, g):
         return compile_graph(g, self.backend, self.parallel, self.cache)
+
+
+_PERTURB = 1e-3   # relative: far above the checks' tolerance, small for control flow
+
+
+def _perturbed(x, rng):
+    if isinstance(x, Variable):
+        d = x._data
+        return Variable(_perturbed(d, rng), x.name) if d is not None and d.dtype.kind == "f" \
+            else Variable(d.copy() if d is not None else None, x.name)
+    if isinstance(x, np.ndarray):
+        if x.dtype.kind != "f":
+            return x.copy()
+        scale = 1 + _PERTURB * rng.uniform(0.5, 1.0, x.shape) * rng.choice([-1, 1], x.shape)
+        return np.asarray(x * scale, dtype=x.dtype)   # 0-d arithmetic gives a scalar
+    if type(x) is float:
+        return x * (1 + _PERTURB * 0.75)
+    return x
+
+
+def _rebuild(args, kwargs, it, jitted):
+    """args and kwargs with their leaves replaced, in flatten_args order."""
+    def sub(obj):
+        t = type(obj)
+        if isinstance(obj, (Variable, np.ndarray)) or t is float:
+            return next(it)
+        if isinstance(obj, np.generic) and obj.dtype.kind == "f":
+            return next(it)
+        if t in (tuple, list):
+            return t(sub(x) for x in obj)
+        if t is dict:
+            return {k: sub(v) for k, v in obj.items()}
+        return obj
+    new_args = tuple(a if i in jitted.static_argnums else sub(a) for i, a in enumerate(args))
+    new_kwargs = {k: (kwargs[k] if k in jitted.static_argnames else sub(kwargs[k]))
+                  for k in sorted(kwargs)}
+    return new_args, new_kwargs
 
 
 def _key_distance(a, b):

@@ -105,6 +105,7 @@ class Trace:
             self.escape(f"a Variable with data None ({var.name or 'unnamed'}) was used")
             return Lit(0.0, np.float64)
         v = self.add_input(var.shape, var.dtype, var.name)
+        self.own(var._data)
         self.captured_vars[id(var)] = (var, v)
         self.captures.append((v, ("var", var)))
         var._tv = v
@@ -129,12 +130,15 @@ class Trace:
         if entry is not None:
             return entry[1]
         if self._is_owned(arr):
+            # A view of an argument's, a capture's or a computed value's buffer that
+            # NumPy handed out without the tracer (np.asarray, .view, the buffer protocol).
             self.escape("traced data reached NumPy without the tracer (np.asarray, the "
                         "buffer protocol or a C extension); its values would be frozen")
         v = self.add_input(arr.shape, arr.dtype)
         # Held strongly: an array built inside the function (np.arange) would die.
         self.captured_arrays[id(arr)] = (arr, v)
         self.captures.append((v, ("array", arr)))
+        self.own(arr)      # a plain view of it later is its data leaving the tracer
         return v
 
     def operand(self, x):

@@ -56,6 +56,32 @@ class CompiledFunction(Function):
             out.append(None if slot is None else Variable(grads[slot]))
         return tuple(out)
 
+    def expand(self):
+        """Turn this call back into the eager graph it stands for (unchain_backward cuts
+        inside a region, which one CompiledFunction cannot express)."""
+        v = self.variant
+        g = v.forward_graph
+        if v.has_random:
+            raise NotImplementedError(
+                f"unchain_backward() on the output of jit({g.name}), which draws random "
+                f"numbers: the region cannot be replayed with the same draws. Unchain an "
+                f"eager Variable instead, or run the function eagerly (tj.disable_jit()).")
+        diff_pos = {i: k for k, i in enumerate(v.bwd["joint_diff_inputs"])}
+        env = [self.inputs[diff_pos[i]] if i in diff_pos else Variable(self.arrays[i])
+               for i in range(len(g.inputs))]
+        user = Graph(g.name, g.inputs, g.nodes, g.outputs[:v.n_user_outs], g.input_names)
+        with core.using_config("enable_backprop", True):
+            eager = interpret.run_with_variables(user, env)
+        var_slots = [slot for slot, (kind, _, b) in enumerate(
+            [leaf for leaf in v.out_leaves if leaf[0] == "out"]) if b == VAR]
+        for ref, slot in zip(self.outputs, var_slots):
+            mine, twin = ref(), eager[slot]
+            if mine is None or twin.creator is None:
+                continue
+            f = twin.creator
+            f.outputs = [weakref.ref(mine) if r() is twin else r for r in f.outputs]
+            mine.creator, mine.generation = f, twin.generation
+
 
 class Variant:
     """One traced graph for one signature and one sequence of guard outcomes."""
@@ -121,7 +147,16 @@ class Variant:
             self.bwd_grad_slots = bwd_info["grad_slots"]
             self.joint_graph = bwd_info["joint"]
         in_ids = {id(x) for x in fwd_inputs}
-        self.copy_outputs = [i for i, x in enumerate(user_outs) if id(x) in in_ids]
+        # Fresh results, and saved values that would alias an input an effect updates.
+        self.copy_outputs = [i for i, x in enumerate(self.forward_graph.outputs)
+                             if id(x) in in_ids]
+        leaf_pos = {id(x): i for i, x in enumerate(fwd_inputs)}
+        mutated = set()
+        if bwd_info:
+            from tracejit.autodiff import mutated_inputs
+            mutated = mutated_inputs(trace)
+        # Inputs the call changes in place: a create_graph replay needs their old values.
+        self.mutated_positions = [leaf_pos[i] for i in mutated if i in leaf_pos]
         self.state = ()
         self.checks_left = 3 if jitted.check else 1
         self.exe = jitted.backend_compile(self.forward_graph)
@@ -208,6 +243,12 @@ def build_runner(v, leaf_kinds):
         else:
             body.append(f"{n} = {const(obj)}")
     body.append(f"arrays = [{', '.join(names)}]")
+    if v.bwd is not None and v.mutated_positions:
+        # The call updates these inputs in place; a create_graph replay reads old values.
+        body.append("bwd_arrays = list(arrays)")
+        body += [f"bwd_arrays[{i}] = arrays[{i}].copy()" for i in v.mutated_positions]
+    else:
+        body.append("bwd_arrays = arrays")
     if v.has_random:
         body += ["rng = np.random.get_state()",
                  "try:",
@@ -260,7 +301,7 @@ def build_runner(v, leaf_kinds):
         diff = ", ".join(f"leaves[{o}]" if kind == "arg" else const(o)
                          for kind, o in v.diff_sources)
         body.append("if Config.enable_backprop:")
-        inner = [f"cf = CompiledFunction(v, outs[{n_saved_from}:], arrays)",
+        inner = [f"cf = CompiledFunction(v, outs[{n_saved_from}:], bwd_arrays)",
                  f"cf.inputs = ins = [{diff}]",
                  "cf.generation = max([x.generation for x in ins])" if v.diff_sources
                  else "cf.generation = 0"]
