@@ -215,10 +215,11 @@ def trace_backward(tr, out_raw, out_leaves):
     cap_source = {id(v): src for v, src in tr.captures if id(v) in new_caps}
 
     # Inputs the call updates in place (param.data -= ...) hold new values by the time
-    # the backward runs: what the backward needs of them is saved, never re-read, and
-    # nothing computed from them is recomputed.
+    # the backward runs. The backward reads such an input's buffer as it is then, as
+    # eager's backward reads the Variable's data; but nothing computed from the input is
+    # recomputed from that buffer (those values are saved).
     mutated = mutated_inputs(tr)
-    fwd_pos = {id(v): i for i, v in enumerate(fwd_inputs) if id(v) not in mutated}
+    fwd_pos = {id(v): i for i, v in enumerate(fwd_inputs)}
     recompute = recompute_rule(g.nodes[:n_nodes], mutated)
     recomputed = {}
 

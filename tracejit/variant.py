@@ -36,6 +36,11 @@ class CompiledFunction(Function):
         if Config.enable_backprop:
             # create_graph: replay forward and backward on Variables, so the grads
             # carry the history that higher-order derivatives need.
+            if v.mutated_positions:
+                raise NotImplementedError(
+                    f"backward(create_graph=True) through jit({v.forward_graph.name}), "
+                    f"which updates its inputs in place: the forward cannot be replayed "
+                    f"from the updated values. Run it eagerly (tj.disable_jit()).")
             return v.backward_with_variables(self.inputs, gys, self.arrays)
         bexe = v.backward_executable()
         arrays = []
@@ -147,15 +152,14 @@ class Variant:
             self.bwd_grad_slots = bwd_info["grad_slots"]
             self.joint_graph = bwd_info["joint"]
         in_ids = {id(x) for x in fwd_inputs}
-        # Fresh results, and saved values that would alias an input an effect updates.
-        self.copy_outputs = [i for i, x in enumerate(self.forward_graph.outputs)
-                             if id(x) in in_ids]
+        # Fresh results: a user output that is an input array is copied.
+        self.copy_outputs = [i for i, x in enumerate(user_outs) if id(x) in in_ids]
         leaf_pos = {id(x): i for i, x in enumerate(fwd_inputs)}
         mutated = set()
         if bwd_info:
             from tracejit.autodiff import mutated_inputs
             mutated = mutated_inputs(trace)
-        # Inputs the call changes in place: a create_graph replay needs their old values.
+        # Inputs the call changes in place: a create_graph replay cannot start from them.
         self.mutated_positions = [leaf_pos[i] for i in mutated if i in leaf_pos]
         self.state = ()
         self.checks_left = 3 if jitted.check else 1
@@ -243,12 +247,7 @@ def build_runner(v, leaf_kinds):
         else:
             body.append(f"{n} = {const(obj)}")
     body.append(f"arrays = [{', '.join(names)}]")
-    if v.bwd is not None and v.mutated_positions:
-        # The call updates these inputs in place; a create_graph replay reads old values.
-        body.append("bwd_arrays = list(arrays)")
-        body += [f"bwd_arrays[{i}] = arrays[{i}].copy()" for i in v.mutated_positions]
-    else:
-        body.append("bwd_arrays = arrays")
+    body.append("bwd_arrays = arrays")
     if v.has_random:
         body += ["rng = np.random.get_state()",
                  "try:",
