@@ -136,3 +136,36 @@ def test_random_programs_with_empty_and_size1_dims_numba(data, dtype):
                 else:
                     np.testing.assert_allclose(a.grad.data, b.grad.data, rtol=rtol, atol=atol)
     assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_backward_after_in_place_update_reads_current_weights_like_eager():
+    # The step updates W in place; a later loss.backward() in eager DeZero reads W's
+    # current (updated) data. The compiled backward must do the same, with no copies.
+    rng = np.random.default_rng(5)
+
+    def make():
+        W = tj.Parameter(rng.standard_normal((4, 3)))
+        return W, optimizers.SGD(0.1)
+
+    Wj, _ = make()
+    We = tj.Parameter(Wj.data.copy())
+
+    def step(W, x):
+        loss = F.sum(F.tanh(F.matmul(x, W)) ** 2)
+        W.cleargrad()
+        loss.backward()
+        W.data -= 0.1 * W.grad.data
+        return loss
+
+    jstep = tj.jit(lambda x: step(Wj, x))
+    for i in range(6):
+        x = rng.standard_normal((5, 4))
+        lj, le = jstep(x), step(We, x)
+        np.testing.assert_allclose(lj.data, le.data, rtol=1e-10)
+        np.testing.assert_allclose(Wj.data, We.data, rtol=1e-10)
+        Wj.cleargrad()
+        We.cleargrad()
+        lj.backward()
+        le.backward()
+        np.testing.assert_allclose(Wj.grad.data, We.grad.data, rtol=1e-10)
+    assert jstep.cache_info()["fallbacks"] == 0
