@@ -309,7 +309,8 @@ def backprop(outputs, retain_grad=False, create_graph=False, grads=None, within=
     if given, is the set of functions to walk (a compiled region's own nodes).
     """
     store = _AttrGrads if grads is None else grads
-    if len(outputs) == 1 and _state.trace is None:
+    tr = _state.trace
+    if len(outputs) == 1 and tr is None:
         f = outputs[0].creator
         if f is not None and within is None and all(x.creator is None for x in f.inputs):
             # One function whose inputs are leaves (a compiled call's output, a single
@@ -319,55 +320,32 @@ def backprop(outputs, retain_grad=False, create_graph=False, grads=None, within=
     order = itertools.count()
     heap = []
     seen = set()
-    for y in outputs:
-        c = y.creator
+
+    def push(c):
         if c is not None and c not in seen and (within is None or c in within):
             seen.add(c)
-            heap.append((-c.generation, next(order), c))
-    heapq.heapify(heap)
-    local = Config._local
-    tr = _state.trace
+            heapq.heappush(heap, (-c.generation, next(order), c))
+
+    for y in outputs:
+        push(y.creator)
     while heap:
         f = heapq.heappop(heap)[2]
-        gys = f.output_grads(store)
         if tr is not None:
             tr.backward_of(f)
-        old_mode = local.enable_backprop
-        local.enable_backprop = create_graph
-        try:
-            gxs = f.backward(*gys)
-            if not isinstance(gxs, tuple):
-                gxs = (gxs,)
-            if len(gxs) != len(f.inputs):
-                raise ValueError(f"{type(f).__name__}.backward returned {len(gxs)} gradients "
-                                 f"for {len(f.inputs)} inputs")
-            for x, gx in zip(f.inputs, gxs):
-                if gx is None:
-                    continue
-                gx = as_variable(gx)
-                old = store.get(x)
-                store.set(x, gx if old is None else old + gx)
-                c = x.creator
-                if c is not None and c not in seen and (within is None or c in within):
-                    seen.add(c)
-                    heapq.heappush(heap, (-c.generation, next(order), c))
-        finally:
-            local.enable_backprop = old_mode
-        if not retain_grad:
-            for y in f.outputs:
-                y = y()
-                if y is not None:
-                    store.set(y, None)
-    tr = _state.trace
+        for x in _backward_step(f, store, create_graph, retain_grad):
+            push(x.creator)
     if tr is not None:
         tr.backward_of(None)
 
 
 def _backward_step(f, store, create_graph, retain_grad):
+    """Call f.backward on its outputs' gradients, accumulate into its inputs' gradients;
+    return the inputs that received one."""
     gys = f.output_grads(store)
     local = Config._local
     old_mode = local.enable_backprop
     local.enable_backprop = create_graph
+    reached = []
     try:
         gxs = f.backward(*gys)
         if not isinstance(gxs, tuple):
@@ -380,6 +358,7 @@ def _backward_step(f, store, create_graph, retain_grad):
                 gx = as_variable(gx)
                 old = store.get(x)
                 store.set(x, gx if old is None else old + gx)
+                reached.append(x)
     finally:
         local.enable_backprop = old_mode
     if not retain_grad:
@@ -387,6 +366,7 @@ def _backward_step(f, store, create_graph, retain_grad):
             y = y()
             if y is not None:
                 store.set(y, None)
+    return reached
 
 
 class Parameter(Variable):
