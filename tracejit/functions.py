@@ -13,16 +13,17 @@ import builtins
 
 import numpy as np
 
-from tracejit.core import (Config, Variable, as_array, as_variable, to_operand)
-from tracejit.primitive import PRIMITIVES, Elementwise, primitive  # noqa: F401 (re-exported)
-from tracejit.elementwise import (  # noqa: F401 (re-exported: DeZero's F.Tanh etc.)
+from tracejit.core import Config, Variable, as_array, as_variable, to_operand
+# The primitives, re-exported: DeZero programs use F.Tanh, F.Sum and subclass them.
+from tracejit.primitive import PRIMITIVES, Elementwise, primitive  # noqa: F401
+from tracejit.elementwise import (  # noqa: F401
     Neg, Exp, Log, Sin, Cos, Tanh, Sqrt, Abs, Sign, Sigmoid, ReLU, LeakyReLU, Pow, Clip, Cast,
-    Add, Sub, Mul, Div, PowV, Maximum, Minimum, _Compare, Greater, GreaterEqual, Less,
-    LessEqual, Equal, NotEqual, Where)
+    Add, Sub, Mul, Div, PowV, Maximum, Minimum, Greater, GreaterEqual, Less, LessEqual,
+    Equal, NotEqual, Where)
 from tracejit.arrayops import (  # noqa: F401
-    Reduction, Sum, Max, Min, SumTo, Reshape, Transpose, BroadcastTo, _Slice, _ArrayIndex,
-    GetItem, GetItemGrad, MatMul, RandomUniform, _normalize_axis, _reduced_shape,
-    _keepdims_grad, _np_sum_to, _resolve_reshape, _split_index, _join_index, _swap_last)
+    Reduction, Sum, Max, Min, SumTo, Reshape, Transpose, BroadcastTo, GetItem, GetItemGrad,
+    MatMul, RandomUniform)
+from tracejit.arrayops import _normalize_axis, _resolve_reshape, _split_index
 
 # ================================================================ user-facing functions
 

@@ -13,7 +13,7 @@ from tracejit.tracing import TracedArray, TracedFloat
 VAR, ARR, FLT = "V", "A", "F"
 
 
-def flatten_args(obj, leaves, static_ok=True):
+def flatten_args(obj, leaves):
     """Append array-like leaves to `leaves`; return a hashable structure with statics."""
     t = type(obj)
     if t is Variable or isinstance(obj, Variable):

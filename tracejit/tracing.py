@@ -174,9 +174,6 @@ class Trace:
         self.functions.add(fn)
         if fn.kind == core.RANDOM:
             self.random_nodes.append(node)
-        elif fn.kind == core.OPAQUE and not isinstance(fn, NumpyCall) and fn.params == () \
-                and type(fn).__module__.startswith("tracejit") is False:
-            pass  # a user Function: an opaque node, replayed with its own forward
 
     def backward_of(self, fn):
         line = self.line_of.get(fn)
@@ -398,8 +395,6 @@ class Trace:
         fn = NumpyCall(func, method, static)
         y = fn.forward(*[(i.value if isinstance(i, Lit) else p) for i, p in zip(ins, plain)])
         return self._emit(fn, ins, y, None)
-
-    _FUNCTION_RULES = None
 
     def array_function(self, func, args, kwargs):
         name = getattr(func, "__name__", "")
