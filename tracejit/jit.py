@@ -284,12 +284,13 @@ class Jitted:
     # ---- verifying a variant against eager
 
     def _perturbation_check(self, v, args, kwargs):
-        """Run eager and the new variant on slightly perturbed inputs and state.
+        """Run eager and the new variant on slightly perturbed copies of the arguments.
 
         A value the tracer froze (data copied out of its sight, a draw from a private
         generator) matches at the traced values but not at perturbed ones. Both runs
-        start from the same perturbed state, which is then put back. Returns the first
-        difference, or None (also when the perturbation changes the control flow).
+        start from the same live state, which is then put back (effects included).
+        Returns the first difference, or None (also when the perturbation changes the
+        control flow).
         """
         rng = np.random.default_rng(0)
         leaves = []       # in the order _key flattens them (the runner's leaf indices)
@@ -301,15 +302,9 @@ class Jitted:
                 flatten_args(kwargs[k], leaves)
         p_leaves = [_perturbed(x, rng) for x in leaves]
         p_args, p_kwargs = _rebuild(args, kwargs, iter(p_leaves), self)
+        # Only the arguments are perturbed (fresh copies): perturbing captured Parameters
+        # in place would show other threads using the same model wrong weights.
         state = LiveState(v, p_leaves)
-        for var in state.vars:
-            if var._data is not None and var._data.dtype.kind == "f":
-                np.copyto(var._data, _perturbed(var._data, rng))
-        for arr in state.arrays:
-            # Only arrays that live somewhere (a closure, a global, an attribute): a
-            # constant the function builds on every call (np.ones_like) must stay as is.
-            if id(arr) in v.located_arrays and arr.dtype.kind == "f" and arr.flags.writeable:
-                np.copyto(arr, _perturbed(arr, rng))
         perturbed = state.capture()
         np_state, py_state = np.random.get_state(), random.getstate()
         try:
@@ -461,7 +456,6 @@ class Jitted:
                           diff_vars, bwd_info)
         self.stats["compile_seconds"] += time.perf_counter() - t1
         variant.state = pystate.snapshot(locs)
-        variant.located_arrays = {id(original) for _, original, _ in swaps}
         if not tr.side_effects:
             frozen = self._perturbation_check(variant, args, kwargs)
             if frozen is not None:
