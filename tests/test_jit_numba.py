@@ -169,3 +169,25 @@ def test_backward_after_in_place_update_reads_current_weights_like_eager():
         le.backward()
         np.testing.assert_allclose(Wj.grad.data, We.grad.data, rtol=1e-10)
     assert jstep.cache_info()["fallbacks"] == 0
+
+
+def test_a_failing_compiled_call_falls_back_with_a_warning_not_a_traceback(monkeypatch):
+    # Simulate a backend failure at run time: the call must still return eager's
+    # result, warn, and keep running eagerly for that signature.
+    f = lambda x: F.sum(F.tanh(x) * 2)                          # noqa: E731
+    jf = tj.jit(f)
+    x = np.linspace(-1, 1, 5)
+    for _ in range(3):
+        jf(x)
+    v = next(iter(jf._variants.values()))[0]
+
+    def broken(arrays):
+        raise RuntimeError("simulated backend failure")
+
+    monkeypatch.setattr(v, "runner", broken)
+    with pytest.warns(tj.JitWarning, match="simulated backend failure"):
+        y = jf(x)
+    np.testing.assert_allclose(y.data, f(tj.Variable(x)).data)
+    y2 = jf(x * 0.5)
+    np.testing.assert_allclose(y2.data, f(tj.Variable(x * 0.5)).data)
+    assert jf.cache_info()["fallbacks"] >= 1

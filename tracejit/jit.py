@@ -231,6 +231,15 @@ class Jitted:
                         variants.remove(v)
                         self._version += 1
                 return _RETRACE
+            except Exception as e:  # noqa: BLE001 - never a backend traceback for the user
+                # Compiled code failed before any effect was applied: this signature runs
+                # eagerly from now on, and this call too (raising what eager raises).
+                with self.lock:
+                    if v in variants:
+                        variants.remove(v)
+                        self._version += 1
+                self._fallback(key, f"the compiled variant raised {type(e).__name__}: {e}")
+                return self.fn(*args, **kwargs)
 
     def _cold_call(self, key, args, kwargs):
         """Warm-up, fallback or a new trace (under the lock: a cold cache traces once)."""
@@ -318,7 +327,7 @@ class Jitted:
             with np.errstate(all="ignore"):
                 got = self._run(v, p_leaves)
             return first_difference(expected, got) or state.difference(eager_state)
-        except (GuardFailure, Stale, ArithmeticError, ValueError, TypeError, IndexError):
+        except Exception:  # noqa: BLE001 - inconclusive: the perturbed call itself failed
             return None
         finally:
             state.restore_initial()
@@ -344,6 +353,14 @@ class Jitted:
         except (GuardFailure, Stale):
             state.restore(eager_state)
             np.random.set_state(rng_after)
+            return expected
+        except Exception as e:  # noqa: BLE001 - never a backend traceback for the user
+            state.restore(eager_state)
+            np.random.set_state(rng_after)
+            variants = self._variants.get(key, [])
+            if v in variants:
+                variants.remove(v)
+            self._fallback(key, f"the compiled variant raised {type(e).__name__}: {e}")
             return expected
         diff = first_difference(expected, got) or state.difference(eager_state)
         if diff is None:
