@@ -210,7 +210,12 @@ class Jitted:
             try:
                 if v.checks_left > 0:
                     return self._run_checked(key, v, args, kwargs, leaves)
-                out = self._run(v, leaves)
+                try:
+                    out = self._run(v, leaves)
+                except (GuardFailure, Stale):
+                    raise
+                except Exception as e:  # noqa: BLE001 - never a backend traceback
+                    return self._demote(key, v, variants, e, args, kwargs)
                 self.stats["hits"] += 1
                 return out
             except GuardFailure as gf:
@@ -231,15 +236,16 @@ class Jitted:
                         variants.remove(v)
                         self._version += 1
                 return _RETRACE
-            except Exception as e:  # noqa: BLE001 - never a backend traceback for the user
-                # Compiled code failed before any effect was applied: this signature runs
-                # eagerly from now on, and this call too (raising what eager raises).
-                with self.lock:
-                    if v in variants:
-                        variants.remove(v)
-                        self._version += 1
-                self._fallback(key, f"the compiled variant raised {type(e).__name__}: {e}")
-                return self.fn(*args, **kwargs)
+
+    def _demote(self, key, v, variants, error, args, kwargs):
+        """Compiled code failed before any effect was applied: this signature runs
+        eagerly from now on, and so does this call (raising what eager raises)."""
+        with self.lock:
+            if v in variants:
+                variants.remove(v)
+                self._version += 1
+        self._fallback(key, f"the compiled variant raised {type(error).__name__}: {error}")
+        return self.fn(*args, **kwargs)
 
     def _cold_call(self, key, args, kwargs):
         """Warm-up, fallback or a new trace (under the lock: a cold cache traces once)."""
