@@ -337,3 +337,11 @@ def test_broadcast_mismatch_names_shapes():
         Variable(np.ones((2, 3))) + Variable(np.ones(2))
     with pytest.raises(ValueError, match=r"broadcast_to.*\(2, 3\).*\(4, 3\)"):
         F.broadcast_to(Variable(np.ones((2, 3))), (4, 3))
+
+
+def test_data_set_to_a_numpy_scalar_stays_an_array():
+    # DeZero programs write `x.data = x.data - gx / gx2` on 0-d data: NumPy returns a
+    # scalar there; the Variable keeps a 0-d array (jit and views rely on it).
+    x = tj.Variable(np.array(2.0))
+    x.data = x.data - 0.5
+    assert isinstance(x.data, np.ndarray) and x.data.shape == () and float(x.data) == 1.5

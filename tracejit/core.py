@@ -137,6 +137,9 @@ class Variable:
 
     @data.setter
     def data(self, value):
+        if isinstance(value, np.generic):
+            # `x.data = x.data - g` on a 0-d array gives a NumPy scalar: keep an array.
+            value = np.asarray(value)
         tr = _state.trace
         if tr is not None:
             value = tr.write_data(self, value)
