@@ -21,7 +21,7 @@ from tracejit.autodiff import trace_backward
 from tracejit.checking import LiveState, first_difference
 from tracejit.core import Config, Parameter, Variable
 from tracejit.pytree import (ARR, FLT, VAR, arg_names, flatten_args, flatten_result, leaf_key,
-                             strip_tracers)
+                             strip_tracers, unflatten)
 from tracejit.tracing import TracedArray, TracedFloat, Trace
 from tracejit.trace_ops import GuardFailure
 from tracejit.variant import JitWarning, Stale, Variant, compile_graph
@@ -309,14 +309,16 @@ class Jitted:
         """
         rng = np.random.default_rng(0)
         leaves = []       # in the order _key flattens them (the runner's leaf indices)
-        for i, a in enumerate(args):
-            if i not in self.static_argnums:
-                flatten_args(a, leaves)
-        for k in sorted(kwargs):
-            if k not in self.static_argnames:
-                flatten_args(kwargs[k], leaves)
+        arg_trees = [None if i in self.static_argnums else flatten_args(a, leaves)
+                     for i, a in enumerate(args)]
+        kw_trees = {k: None if k in self.static_argnames else flatten_args(kwargs[k], leaves)
+                    for k in sorted(kwargs)}
         p_leaves = [_perturbed(x, rng) for x in leaves]
-        p_args, p_kwargs = _rebuild(args, kwargs, iter(p_leaves), self)
+        it = iter(p_leaves)
+        p_args = tuple(a if t is None else unflatten(t, None, it)
+                       for a, t in zip(args, arg_trees))
+        p_kwargs = {k: kwargs[k] if t is None else unflatten(t, None, it)
+                    for k, t in kw_trees.items()}
         # Only the arguments are perturbed (fresh copies): perturbing captured Parameters
         # in place would show other threads using the same model wrong weights.
         state = LiveState(v, p_leaves)
@@ -575,25 +577,6 @@ def _perturbed(x, rng):
     if type(x) is float:
         return x * (1 + _PERTURB * 0.75)
     return x
-
-
-def _rebuild(args, kwargs, it, jitted):
-    """args and kwargs with their leaves replaced, in flatten_args order."""
-    def sub(obj):
-        t = type(obj)
-        if isinstance(obj, (Variable, np.ndarray)) or t is float:
-            return next(it)
-        if isinstance(obj, np.generic) and obj.dtype.kind == "f":
-            return next(it)
-        if t in (tuple, list):
-            return t(sub(x) for x in obj)
-        if t is dict:
-            return {k: sub(v) for k, v in obj.items()}
-        return obj
-    new_args = tuple(a if i in jitted.static_argnums else sub(a) for i, a in enumerate(args))
-    new_kwargs = {k: (kwargs[k] if k in jitted.static_argnames else sub(kwargs[k]))
-                  for k in sorted(kwargs)}
-    return new_args, new_kwargs
 
 
 def _key_distance(a, b):
