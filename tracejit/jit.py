@@ -43,6 +43,45 @@ _ENV_KEY = os.environ.encodekey("TRACEJIT_DISABLE") if hasattr(os.environ, "enco
     else "TRACEJIT_DISABLE"
 
 
+_MATCHERS = {}
+
+
+def _signature_matcher(key):
+    """A function args -> bool that holds exactly when _fast_key(args) == key, written
+    out for that key: type, shape and dtype tests in line, nothing built or hashed."""
+    m = _MATCHERS.get(key)
+    if m is not None:
+        return m
+    parts, backprop, train = key
+    env = {"ndarray": np.ndarray, "Variable": Variable, "Parameter": Parameter,
+           "local": Config._local}
+    lines = [f"if len(args) != {len(parts)}: return False"]
+    for i, p in enumerate(parts):
+        lines.append(f"a = args[{i}]")
+        if p == FLT:
+            lines.append("if type(a) is not float: return False")
+            continue
+        shape, dtype, kind = p
+        env[f"d{i}"] = dtype
+        if kind == VAR:
+            lines += ["t = type(a)",
+                      "if t is not Variable and t is not Parameter: return False",
+                      "a = a._data",
+                      "if a is None: return False"]
+        else:
+            lines.append("if type(a) is not ndarray: return False")
+        lines.append(f"if a.shape != {shape!r} or (a.dtype is not d{i} and a.dtype != d{i}): "
+                     f"return False")
+    env["backprop"], env["train"] = backprop, train
+    lines.append("return local.enable_backprop == backprop and local.train == train")
+    src = "def match(args):\n" + "".join(f"    {line}\n" for line in lines)
+    exec(compile(src, "<tracejit-signature>", "exec"), env)
+    if len(_MATCHERS) > 4096:
+        _MATCHERS.clear()
+    m = _MATCHERS[key] = env["match"]
+    return m
+
+
 def _env_disabled():
     # Read at every call, cheaply: os.environ's backing dict, not os.environ.get.
     if _ENVIRON is not None:
@@ -94,6 +133,7 @@ class Jitted:
         self.check = check if check is not None else os.environ.get("TRACEJIT_CHECK") == "1"
         self.lock = threading.RLock()
         self._version = 0            # bumped whenever the variants change
+        self._hot = None             # (matcher, key, variants, version) of the last hit
 
         self._variants = {}          # key -> list of Variant
         self._warm = set()
@@ -189,7 +229,28 @@ class Jitted:
         if _disabled.on or core._state.trace is not None or _env_disabled():
             # Nested in another trace: the outer trace records our ops directly.
             return self.fn(*args, **kwargs)
-        key, leaves = self._call_key(args, kwargs)
+        hot = self._hot
+        if hot is not None and not kwargs and hot[3] == self._version and hot[0](args):
+            # The signature and variant of the last compiled call again: no key to build
+            # and hash, no walk of the guard tree unless a guard fails.
+            v = hot[4]
+            failure = None
+            if v.checks_left <= 0 and not v.state:
+                try:
+                    out = v.runner(args)
+                except GuardFailure as gf:
+                    failure = gf
+                except Exception:  # noqa: BLE001 - the general path reruns and reports it
+                    pass
+                else:
+                    self.stats["hits"] += 1
+                    return out
+            out = self._dispatch(hot[1], hot[2], args, kwargs, args, v, failure)
+            if out is not _RETRACE:
+                return out
+            key, leaves = hot[1], args
+        else:
+            key, leaves = self._call_key(args, kwargs)
         for attempt in (0, 1):
             version = self._version
             variants = self._variants.get(key)
@@ -202,12 +263,17 @@ class Jitted:
                     continue    # another thread traced meanwhile: try its variant first
                 return self._cold_call(key, args, kwargs)
 
-    def _dispatch(self, key, variants, args, kwargs, leaves):
-        """Run the variant whose guards hold; _RETRACE if none does."""
-        v = variants[0]
+    def _dispatch(self, key, variants, args, kwargs, leaves, v=None, failure=None):
+        """Run the variant whose guards hold; _RETRACE if none does. Starts at v (the
+        last variant run), or at its guard failure, else at the first variant."""
+        if v is None or v not in variants:
+            v, failure = variants[0], None
         tried = 0
         while True:
             try:
+                if failure is not None:
+                    failure, gf = None, failure
+                    raise gf
                 if v.checks_left > 0:
                     return self._run_checked(key, v, args, kwargs, leaves)
                 try:
@@ -217,6 +283,8 @@ class Jitted:
                 except Exception as e:  # noqa: BLE001 - never a backend traceback
                     return self._demote(key, v, variants, e, args, kwargs)
                 self.stats["hits"] += 1
+                if not kwargs and len(key) == 3 and leaves is args:
+                    self._hot = (_signature_matcher(key), key, variants, self._version, v)
                 return out
             except GuardFailure as gf:
                 self.stats["guard_failures"] += 1

@@ -89,6 +89,16 @@ def _is_user_function(f):
                                                                       "numba"))
 
 
+def _is_library_wrapper(f):
+    mod = getattr(f, "__module__", "") or ""
+    return isinstance(f, types.FunctionType) and mod.startswith("tracejit.") \
+        and "<locals>" in f.__qualname__
+
+
+def _is_scalar_config(v):
+    return type(v) in _SCALARS or (type(v) is tuple and all(type(x) in _SCALARS for x in v))
+
+
 def _roots(fn, seen_functions):
     """(Location, value) of the names a function reads directly."""
     target = getattr(fn, "__func__", fn)
@@ -101,7 +111,21 @@ def _roots(fn, seen_functions):
     code = getattr(target, "__code__", None)
     if code is None:
         return out
-    for name, cell in zip(code.co_freevars, getattr(target, "__closure__", None) or ()):
+    cells = zip(code.co_freevars, getattr(target, "__closure__", None) or ())
+    if _is_library_wrapper(target):
+        # grad / value_and_grad wrappers: their globals are library internals and their
+        # scalar cells (argnums) are fixed at creation; only the wrapped function counts.
+        for name, cell in cells:
+            try:
+                v = cell.cell_contents
+            except ValueError:
+                continue
+            if isinstance(v, types.FunctionType):
+                out += _roots(v, seen_functions)
+            elif not _is_scalar_config(v):
+                out.append((Location("cell", cell, None, name), None, name))
+        return out
+    for name, cell in cells:
         out.append((Location("cell", cell, None, name), None, name))
     glb = getattr(target, "__globals__", {})
     for name in _names(code):

@@ -33,6 +33,9 @@ class CompiledFunction(Function):
 
     def backward(self, *gys):
         v = self.variant
+        if not Config.enable_backprop and core._state.trace is None:
+            run = v.backward_runner or v.build_backward_runner()
+            return run(self, gys)
         if Config.enable_backprop:
             # create_graph: replay forward and backward on Variables, so the grads
             # carry the history that higher-order derivatives need.
@@ -166,7 +169,43 @@ class Variant:
         self.exe = jitted.backend_compile(self.forward_graph)
         self.runner = build_runner(self, trace.leaf_kinds)
         self._bexe = None
+        self.backward_runner = None
         self.input_ids = None
+
+    def build_backward_runner(self):
+        """The plain (not create_graph) backward of one call, generated: read the
+        backward's inputs, run its compiled graph, wrap the gradients."""
+        bexe = self.backward_executable()
+        plan = getattr(bexe, "plan", None)
+        env = {"np": np, "bexe": bexe, "plan": plan, "wrap": core.wrap_array,
+               "read_capture": read_capture}
+        body, names = [], []
+        for j, (kind, i) in enumerate(self.bwd_sources):
+            n = f"b{j}"
+            names.append(n)
+            if kind == "saved":
+                body.append(f"{n} = cf.saved[{i}]")
+            elif kind == "input":
+                body.append(f"{n} = cf.arrays[{i}]")
+            elif kind == "gy":
+                spec = self.out_specs[i]
+                env[f"d{j}"] = spec.dtype
+                body.append(f"{n} = gys[{i}]")
+                body.append(f"{n} = {n}._data if {n} is not None else "
+                            f"np.zeros({spec.shape!r}, d{j})")
+            else:
+                env[f"c{j}"] = i
+                body.append(f"{n} = read_capture({kind!r}, c{j})")
+        call = f"plan({', '.join(names)})" if plan is not None else f"bexe([{', '.join(names)}])"
+        body.append(f"grads = {call}")
+        outs = ["None" if slot is None else f"wrap(grads[{slot}])"
+                for slot in self.bwd_grad_slots]
+        body.append(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        src = "def backward(cf, gys):\n" + "".join(f"    {line}\n" for line in body)
+        exec(compile(src, f"<tracejit-backward {self.forward_graph.name}>", "exec"), env)
+        self.backward_runner = env["backward"]
+        self.backward_runner.source = src
+        return self.backward_runner
 
     def backward_executable(self):
         if self._bexe is None:
@@ -246,17 +285,25 @@ def build_runner(v, leaf_kinds):
                         f"raise Stale('a captured {kind} changed shape or dtype')")
         else:
             body.append(f"{n} = {const(obj)}")
-    body.append(f"arrays = [{', '.join(names)}]")
-    body.append("bwd_arrays = arrays")
+    plan = getattr(v.exe, "plan", None)
+    if plan is not None:
+        # The numba backend's plan takes the arrays positionally: no list, no extra call.
+        env["plan"] = plan
+        call = f"plan({', '.join(names)})"
+    else:
+        call = "exe(arrays)"
+    if plan is None or v.bwd is not None or v.effects:
+        body.append(f"arrays = [{', '.join(names)}]")
+        body.append("bwd_arrays = arrays")
     if v.has_random:
         body += ["rng = np.random.get_state()",
                  "try:",
-                 "    outs = exe(arrays)",
+                 f"    outs = {call}",
                  "except GuardFailure:",
                  "    np.random.set_state(rng)",
                  "    raise"]
     else:
-        body.append("outs = exe(arrays)")
+        body.append(f"outs = {call}")
     for i in v.copy_outputs:
         body.append(f"outs[{i}] = outs[{i}].copy()")
 
