@@ -188,3 +188,45 @@ def test_retain_grad_keeps_the_output_gradient():
         z2 = f(x, y)
         z2.backward()
         assert z2.grad is None
+
+
+class _Cfg:
+    shift = 0.5                  # a class attribute, read through the instance
+
+
+CFG = _Cfg()
+TABLE = {"k": 2.0}
+ITEMS = [1.0, 3.0]
+
+
+def test_every_kind_of_python_location_is_rechecked_on_the_hot_path():
+    scale = 1.5
+
+    def f(x, bias=0.25):
+        return x * scale + TABLE["k"] * ITEMS[1] + CFG.shift + bias
+
+    jf = tj.jit(f)
+    x = np.arange(3.0)
+
+    def check():
+        for _ in range(3):
+            _close(jf(x), f(x))
+
+    check()
+    scale = 4.0                                   # closure cell
+    check()
+    TABLE["k"] = -1.0                             # dict item
+    check()
+    ITEMS[1] = 7.0                                # list item
+    check()
+    _Cfg.shift = 0.125                            # class attribute
+    check()
+    CFG.shift = 9.0                               # instance attribute shadows it
+    check()
+    f.__defaults__ = (1.0,)                       # default argument
+    check()
+    del CFG.shift
+    _Cfg.shift = 0.5
+    TABLE["k"], ITEMS[1] = 2.0, 3.0
+    check()
+    assert jf.cache_info()["fallbacks"] == 0 and jf.cache_info()["retraces"] >= 7

@@ -235,7 +235,7 @@ class Jitted:
             # and hash, no walk of the guard tree unless a guard fails.
             v = hot[4]
             failure = None
-            if v.checks_left <= 0 and not v.state:
+            if v.checks_left <= 0 and not v.state_changed():
                 try:
                     out = v.runner(args)
                 except GuardFailure as gf:
@@ -454,7 +454,7 @@ class Jitted:
     # ---- running a variant
 
     def _run(self, v, leaves):
-        if v.state:
+        if v.state and v.state_changed():
             changed = pystate.changed(v.state)
             if changed is not None:
                 loc, old, new = changed
@@ -549,6 +549,7 @@ class Jitted:
                           diff_vars, bwd_info)
         self.stats["compile_seconds"] += time.perf_counter() - t1
         variant.state = pystate.snapshot(locs)
+        variant.state_changed = pystate.compile_check(variant.state)
         if not tr.side_effects:
             frozen = self._perturbation_check(variant, args, kwargs)
             if frozen is not None:

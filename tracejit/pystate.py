@@ -219,6 +219,41 @@ def changed(snap):
     return None
 
 
+def compile_check(snap):
+    """A function () -> bool, True when some location differs from the snapshot: the
+    reads and comparisons of `changed` written out in line (one per location, no loop,
+    no dispatch on the location's kind). `changed` then says which one, for the log."""
+    if not snap:
+        return lambda: False
+    env = {"M": _MISSING, "same": _same_scalar}
+    lines = []
+    for i, (loc, v, by_identity) in enumerate(snap):
+        env[f"c{i}"], env[f"k{i}"], env[f"v{i}"], env[f"t{i}"] = \
+            loc.container, loc.key, v, type(v)
+        if loc.kind == "cell":
+            read = f"c{i}.cell_contents"
+        elif loc.kind == "attr":
+            read = f"getattr(c{i}, k{i}, M)"
+        elif loc.kind == "default":
+            read = f"c{i}.__defaults__[k{i}]"
+        elif loc.kind == "item" and isinstance(loc.container, (list, tuple)):
+            read = f"(c{i}[k{i}] if k{i} < len(c{i}) else M)"
+        else:
+            read = f"c{i}.get(k{i}, M)"
+        if by_identity:
+            lines.append(f"if {read} is not v{i}: return True")
+        else:
+            lines += [f"x = {read}",
+                      f"if x is not v{i} and (type(x) is not t{i} or not same(x, v{i})): "
+                      f"return True"]
+    src = ("def check():\n    try:\n"
+           + "".join(f"        {line}\n" for line in lines)
+           + "    except (ValueError, TypeError, IndexError, AttributeError):\n"
+           + "        return True\n    return False\n")
+    exec(compile(src, "<tracejit-state-check>", "exec"), env)
+    return env["check"]
+
+
 def _same_scalar(a, b):
     try:
         return bool(a == b) or (a != a and b != b)

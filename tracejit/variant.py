@@ -165,6 +165,7 @@ class Variant:
         # Inputs the call changes in place: a create_graph replay cannot start from them.
         self.mutated_positions = [leaf_pos[i] for i in mutated if i in leaf_pos]
         self.state = ()
+        self.state_changed = _unchanged
         self.checks_left = 3 if jitted.check else 1
         self.exe = jitted.backend_compile(self.forward_graph)
         self.runner = build_runner(self, trace.leaf_kinds)
@@ -237,6 +238,10 @@ class Variant:
                 env_vars.append(Variable(arrays[idx]))
         outs = interpret.run_with_variables(j, env_vars)
         return tuple(outs[s] if s is not None else None for s in self.bwd["joint_grad_slots"])
+
+
+def _unchanged():
+    return False
 
 
 def read_capture(kind, obj):
