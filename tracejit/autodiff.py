@@ -1,7 +1,7 @@
 """Autodiff beyond the eager backward: functional transforms (grad, value_and_grad,
 usable eagerly and under jit), eval_shape, and the backward of a traced region
-(trace_backward: the eager backward, traced, split from the forward, with cheap values
-recomputed instead of saved).
+(trace_backward: the eager backward, traced, split from the forward; tracejit.remat
+chooses which forward values it recomputes rather than saves).
 
 grad collects gradients aside (DictGrads) instead of in `.grad`, so transforming a
 function never touches the `.grad` of captured Parameters. The backward is built with
@@ -9,7 +9,7 @@ create_graph, so grad(grad(f)) works, and under jit the whole thing is one trace
 """
 import numpy as np
 
-from tracejit import core
+from tracejit import core, passes, remat
 from tracejit.core import DictGrads, ShapeDtype, Variable, backprop
 from tracejit.ir import Graph, Value
 from tracejit.pytree import VAR
@@ -220,7 +220,12 @@ def trace_backward(tr, out_raw, out_leaves):
     # recomputed from that buffer (those values are saved).
     mutated = mutated_inputs(tr)
     fwd_pos = {id(v): i for i, v in enumerate(fwd_inputs)}
-    recompute = recompute_rule(g.nodes[:n_nodes], mutated)
+    # What the backward reads, counted over live nodes only: a dead one (the gradient
+    # of a literal operand, x * 0.5) would make the forward save what it reads.
+    outs_b = [v for v in grad_values if v is not None]
+    bwd_nodes = passes.eliminate_dead_code(Graph("", (), bwd_nodes, outs_b)).nodes
+    needed = [v for n in bwd_nodes for v in n.inputs] + outs_b
+    recompute = recompute_rule(g.nodes[:n_nodes], needed, mutated)
     recomputed = {}
 
     def need(v):
@@ -254,7 +259,6 @@ def trace_backward(tr, out_raw, out_leaves):
         if v is not None:
             need(v)
     bwd_nodes = [recomputed[i] for i in sorted(recomputed)] + bwd_nodes
-    outs_b = [v for v in grad_values if v is not None]
     slot, grad_slots = 0, []
     for v in grad_values:
         if v is None:
@@ -283,10 +287,6 @@ def trace_backward(tr, out_raw, out_leaves):
     return info, diff_sources
 
 
-# Elementwise ops whose recomputation costs more than a store and a load of the value.
-_COSTLY = {"Exp", "Log", "Tanh", "Sin", "Cos", "Sigmoid", "PowV"}
-
-
 def mutated_inputs(tr):
     """ids of the graph inputs whose objects the trace updates in place."""
     targets = {id(obj) for _, obj, _ in tr.effects}
@@ -297,28 +297,17 @@ def mutated_inputs(tr):
     return out
 
 
-def recompute_rule(fwd_nodes, mutated=frozenset()):
+def recompute_rule(fwd_nodes, needed, mutated=frozenset()):
     """id(value) -> (index, node) for forward values the backward recomputes.
 
-    Cheap elementwise values (add, mul, compare, integer powers, ...) are recomputed
-    inside the fused backward kernel rather than written by the forward and read back;
-    on a graph of 0-d values everything elementwise is (the cost is the call, not the
-    math). Reductions, matmuls, random draws and opaque nodes are always saved.
+    The minimum cut of tracejit.remat: of the values the backward reads (`needed`),
+    the forward saves the fewest bytes it can, and the backward recomputes the rest
+    from those and from the call's inputs. Reductions, matmuls, random draws, opaque
+    nodes, costly elementwise math and values computed from inputs the call mutates
+    are never recomputed; on a graph of 0-d values everything else is (the cost is the
+    call, not the memory).
     """
-    scalar = all(v.ndim == 0 for n in fwd_nodes for v in n.outputs)
-    out = {}
-    tainted = set(mutated)
-    for i, n in enumerate(fwd_nodes):
-        if any(isinstance(v, Value) and id(v) in tainted for v in n.inputs):
-            tainted.update(id(v) for v in n.outputs)
-            continue
-        if n.kind != core.ELEMENTWISE or len(n.outputs) != 1:
-            continue
-        name = n.op.__name__
-        costly = name in _COSTLY or (name == "Pow" and not float(n.params[0]).is_integer())
-        if scalar or not costly:
-            out[id(n.outputs[0])] = (i, n)
-    return out
+    return remat.partition(fwd_nodes, needed, mutated).recompute_map()
 
 
 def is_grad_capture(tr, val):
