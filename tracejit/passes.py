@@ -11,7 +11,8 @@ merged, folded or reordered against each other.
 elementwise DAGs over one iteration shape (operands may broadcast), the reductions
 that consume them (sum((a - b) ** 2) in one pass), 0-d epilogues after a full
 reduction (mean = sum / n), and movement ops that read a group input (broadcast_to,
-transpose, reshape that only adds or drops size-1 axes) folded into index arithmetic.
+transpose, reshape that only adds or drops size-1 axes, basic indexing x[1:, 0, None,
+..., ::-2] and its gradient, a masked read) folded into index arithmetic.
 """
 import os
 import sys
@@ -205,7 +206,38 @@ def _index_movement(n):
         a = [d for d in n.inputs[0].shape if d != 1]
         b = [d for d in n.out.shape if d != 1]
         return a == b
+    if name in ("GetItem", "GetItemGrad"):
+        return basic_index_of(n) is not None
     return False
+
+
+def basic_index_of(n):
+    """The resolved basic index of a GetItem / GetItemGrad node (None: not foldable).
+
+    GetItem reads x[key]; GetItemGrad writes its input into zeros of `in_shape` at
+    [key] (a basic index never selects an element twice, so the scatter-add is a
+    masked read). The resolution is checked against the node's shapes.
+    """
+    from tracejit.arrayops import GetItem
+    name = n.op.__name__
+    full = n.inputs[0].shape if name == "GetItem" else n.fn.in_shape
+    part = n.out.shape if name == "GetItem" else n.inputs[0].shape
+    if name == "GetItemGrad" and n.out.shape != full:
+        return None
+    plan = GetItem.basic_index(n.fn.key, full)
+    if plan is None:
+        return None
+    shape = [None] * len(part)
+    for e in plan:
+        if e[0] == "slice":
+            if e[2] >= len(part):
+                return None
+            shape[e[2]] = e[5]
+        elif e[0] == "new":
+            if e[1] >= len(part):
+                return None
+            shape[e[1]] = 1
+    return plan if tuple(shape) == tuple(part) else None
 
 
 class _Group:
@@ -374,7 +406,9 @@ def _absorb_loads(g, groups, group_of, deps, closure, gdeps):
     """Move a lone movement op into the one group that reads it (index arithmetic).
 
     A reshape to (n, 1) or a transpose feeding a broadcasting add of another shape
-    is not in that group's iteration shape, so the greedy walk left it alone.
+    is not in that group's iteration shape, so the greedy walk left it alone. A
+    movement op read only by movement ops of the group (x.T[1:]) joins as a link of
+    their index chain.
     """
     users = {}
     for n in g.nodes:
@@ -382,7 +416,9 @@ def _absorb_loads(g, groups, group_of, deps, closure, gdeps):
             if isinstance(v, Value):
                 users.setdefault(id(v), []).append(n)
     out_ids = {id(v) for v in g.outputs if isinstance(v, Value)}
-    for grp in groups:
+    # Consumers first: in x.T[1:] * y the slice joins the multiply's group, then the
+    # transpose joins it as a link (the other way round both would stay a copy).
+    for grp in reversed(groups):
         if len(grp.nodes) != 1 or grp.nodes[0].kind != MOVEMENT:
             continue
         n = grp.nodes[0]
@@ -394,12 +430,17 @@ def _absorb_loads(g, groups, group_of, deps, closure, gdeps):
         target = group_of.get(id(readers[0].outputs[0])) if readers[0].outputs else None
         if target is None or target is grp or len(targets) != 1:
             continue
-        if not all(target.values.get(id(r.outputs[0])) in ("main", "red") for r in readers):
+        if len(target.nodes) == 1 and target.nodes[0].kind == MOVEMENT:
+            continue              # a lone movement op stays a NumPy call (a view)
+        rroles = [target.values.get(id(r.outputs[0])) for r in readers]
+        if not all(rr in ("main", "red", "load") for rr in rroles):
             continue
         src = n.inputs[0]
         if target.values.get(id(src)) or closure(deps.get(id(src), 0)) & (1 << target.gid):
             continue
-        if not _broadcasts_into(v.shape, target.shape):
+        # Read by loads only (x.T[1:], x[:, 1:].T): a link of a chain of index
+        # arithmetic, never read at the loop index itself, so any shape will do.
+        if any(rr != "load" for rr in rroles) and not _broadcasts_into(v.shape, target.shape):
             continue
         grp.nodes = []
         # What depended on the emptied group now depends on the target, and the

@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from tracejit import passes
+from tracejit.arrayops import _join_index
 from tracejit.codegen import cache as _cache
 from tracejit.codegen import kernels as K
 from tracejit.ir import Lit, Value
@@ -158,9 +159,13 @@ def _compile_scalar(g, flat, use_disk):
         elif id(v) in in_pos:
             rets.append(f"np.array(x{in_pos[id(v)]}, np.{v.dtype.name})")
         else:
-            rets.append(f"np.array(r[{2 + out_vals.index(v)}], np.{v.dtype.name})")
+            # numba returns a float64 as a Python float, which np.array keeps exactly.
+            dt = "" if v.dtype == np.float64 else f", np.{v.dtype.name}"
+            rets.append(f"np.array(r[{2 + out_vals.index(v)}]{dt})")
     args = ", ".join(f"x{j}" for j in range(len(g.inputs)))
-    call = ", ".join(f"x{j}[()]" for j in range(len(g.inputs)))
+    # Python floats dispatch into numba faster than NumPy scalars (same float64 type).
+    call = ", ".join(f"x{j}.item()" if v.dtype == np.float64 else f"x{j}[()]"
+                     for j, v in enumerate(g.inputs))
     plan = (f"def plan({args}):\n"
             f"    r = _k({call})     # {name}: the whole graph, guards inside\n"
             f"    if r[0] >= 0:\n"
@@ -280,13 +285,21 @@ def _numpy_math_group(fn):
     size = int(np.prod(fn.shape, dtype=np.int64))
     if not fn.shape or size < NUMPY_MATH_MIN:
         return False
-    if any(n.kind == "movement" for n in fn.graph.nodes):
+    if any(n.kind == "movement" and not _view_load(fn, n) for n in fn.graph.nodes):
         return False
     for n in fn.graph.nodes:
         ops = _NUMPY_MATH_F32 if n.out.dtype == np.float32 else _NUMPY_MATH
         if n.op.__name__ in ops:
             return True
     return False
+
+
+def _view_load(fn, n):
+    """A basic-index read of a group input that the blocked path takes as a NumPy view."""
+    sub = fn.graph
+    return (n.op.__name__ == "GetItem" and passes.basic_index_of(n) is not None
+            and any(n.inputs[0] is v for v in sub.inputs)
+            and not any(n.out is v for v in sub.outputs))
 
 
 def _emit_group(w, node, parallel, use_disk):
@@ -327,6 +340,7 @@ def _emit_group(w, node, parallel, use_disk):
         w.emit(f"{e} = np.empty((), np.{v.dtype.name})")
         args.append(e)
     args += [str(d) for d in fn.shape]
+    args += [str(c) for c in spec.consts]    # index constants for this call's shapes
     call = f"{kname}({', '.join(args)})   # {fn.label}{_where(node, short=True)}"
     if spec.name.find("_par_") >= 0 and not _cache.THREADSAFE_PARALLEL:
         w.env["_plock"] = _cache.PARALLEL_LOCK
@@ -351,9 +365,9 @@ def _emit_blocked(w, node, parallel=None):
     shape = fn.shape
     rows = max(1, BLOCK // max(1, int(np.prod(shape[1:], dtype=np.int64))))
     w.notes["blocked_groups"] += 1
-    w.notes["numpy_calls"] += len(sub.nodes)
     out_ids = {id(v) for v in node.outputs}
     roles = K._roles(fn)
+    w.notes["numpy_calls"] += sum(roles[id(n)] != "load" for n in sub.nodes)
     local = {}
     w.emit(f"# {fn.label}: NumPy ufuncs on blocks of {rows} rows (SIMD math, "
            f"cache-resident temporaries){_where(node)}")
@@ -383,6 +397,14 @@ def _emit_blocked(w, node, parallel=None):
     threaded = (parallel is not False and shape[0] >= 2 * rows
                 and int(np.prod(shape, dtype=np.int64)) >= THREADED_BLOCKS_MIN
                 and not any(over0 for _, over0, _ in acc_of.values()))
+    # x[1:] and friends: basic indexing is a view (no copy), blocked like an input.
+    views = []
+    for n in sub.nodes:
+        if roles[id(n)] == "load":
+            key = w.const(_join_index(n.fn.key, ()), "_ix")
+            name = f"view{len(w.env)}"
+            w.emit(f"{name} = {w.val(n.inputs[0])}[{key}]   # {n.name}, a view")
+            views.append((n.out, name))
     if threaded:
         blk = f"_blk{len(w.env)}"
         w.emit(f"def {blk}(start, stop):")
@@ -391,8 +413,7 @@ def _emit_blocked(w, node, parallel=None):
     else:
         w.emit(f"for lo in range(0, {shape[0]}, {rows}):")
         pad = "    "
-    for v in sub.inputs:
-        x = w.val(v)
+    for v, x in [(v, w.val(v)) for v in sub.inputs] + views:
         if len(v.shape) == len(shape) and v.shape[0] == shape[0] and shape[0] != 1:
             local[id(v)] = f"b_{x}"
             w.emit(pad + f"b_{x} = {x}[lo:lo + {rows}]")
@@ -400,7 +421,7 @@ def _emit_blocked(w, node, parallel=None):
             local[id(v)] = x
     for i, n in enumerate(sub.nodes):
         role = roles[id(n)]
-        if role == "epi":
+        if role in ("epi", "load"):
             continue
         f = w.const(n.fn.forward, "_f")
         ins = ", ".join(local[id(v)] if isinstance(v, Value) else w.const(v.value)

@@ -18,6 +18,7 @@ import re
 import numpy as np
 
 from tracejit.ir import Lit, Value
+from tracejit.passes import basic_index_of
 
 _FLOAT_LIT = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][-+]?\d+)?)")
 _NP_NAME = {np.dtype("f4"): "np.float32", np.dtype("f8"): "np.float64"}
@@ -105,6 +106,8 @@ def operand_text(v, names):
 
 class KernelSpec:
     """What the plan needs to call a loop kernel: source, name and argument roles."""
+
+    consts = ()                               # index constants (kernel args c0, c1, ...)
 
     def __init__(self, name, source, inputs, outputs, reductions, epilogue_outputs, shape):
         self.name = name
@@ -209,17 +212,91 @@ def loop_kernel(fused, parallel):
             idx = ["0"] * q
             for k, a in enumerate(axes):
                 idx[a] = out_idx[k]
+        elif name == "GetItem":                     # x[key]: an affine read
+            src = leaf_name(u)
+            idx = []
+            for e in basic_index_of(n):
+                if e[0] == "slice":
+                    _, ia, oa, start, step, _, static = e
+                    c = str(static) if static is not None else \
+                        const(start, f"start of the slice of {src} axis {ia} (step {step})")
+                    idx.append(_affine(c, step, out_idx[oa]))
+                elif e[0] == "int":
+                    idx.append(str(e[3]) if e[3] is not None else
+                               const(e[2], f"index into {src} axis {e[1]}"))
+        elif name == "GetItemGrad":                 # zeros with gy at [key]: a masked read
+            src = leaf_name(u)
+            idx, conds = [], []
+            for e in basic_index_of(n):
+                if e[0] == "slice":
+                    _, ia, oa, start, step, _, static = e
+                    c = str(static) if static is not None else \
+                        const(start, f"start of the slice {src} fills, axis {ia} (step {step})")
+                    m = const(e[5], f"length of the slice {src} fills, axis {ia}")
+                    j = out_idx[ia]
+                    d = _affine(j, -1, c) if step > 0 else _affine(c, -1, j)
+                    if abs(step) == 1:
+                        conds.append(f"0 <= {d} < {m}")
+                        idx.append(d)
+                    else:
+                        a = abs(step)
+                        conds.append(f"({d}) % {a} == 0 and 0 <= {d} < {a} * {m}")
+                        idx.append(f"({d}) // {a}")
+                elif e[0] == "int":
+                    c = str(e[3]) if e[3] is not None else \
+                        const(e[2], f"index {src} fills on axis {e[1]} (zeros elsewhere)")
+                    conds.append(f"{out_idx[e[1]]} == {c}")
+                else:
+                    idx.append("0")
+            inner = read(u, idx)
+            if not conds:
+                return inner
+            return f"({inner} if {' and '.join(conds)} else {lit_text(0, n.out.dtype)})"
         else:                                       # reshape adding / dropping size-1 axes
             P = [k for k, d in enumerate(n.out.shape) if d != 1]
             Q = [k for k, d in enumerate(u.shape) if d != 1]
             idx = ["0"] * q
             for pk, qk in zip(P, Q):
                 idx[qk] = out_idx[pk]
-        if id(u) in in_names:
-            return in_names[id(u)] + _index(idx)
-        return load_index(producer[id(u)], idx)
+        return read(u, idx)
+
+    def read(u, idx):
+        """u at index idx: a group input or the chain of loads below u. A 0-d input
+        is the scalar read before the loops (a 0-d array in a prange body fails to
+        type)."""
+        if id(u) not in in_names:
+            return load_index(producer[id(u)], idx)
+        if u.shape == ():
+            return names[id(u)]
+        return in_names[id(u)] + _index(idx)
+
+    def leaf_name(u):
+        """The kernel argument a chain of loads starting at value u reads."""
+        while id(u) not in in_names:
+            u = producer[id(u)].inputs[0]
+        return in_names[id(u)]
+
+    # Index constants (slice starts and lengths, int indices) depend on the shapes, so
+    # they are kernel arguments c0, c1, ... resolved against the group's shapes (a new
+    # shape reuses the kernel; the plan passes that shape's values). Steps are the
+    # user's constants: part of the source, so unit strides stay unit strides.
+    consts = []          # (value, meaning)
+
+    def const(value, what):
+        consts.append((int(value), what))
+        return f"c{len(consts) - 1}"
 
     producer = {id(v): n for n in sub.nodes for v in n.outputs}
+    # Loads that only other loads read (x.T[1:]: the transpose) are links of an index
+    # chain: never read at the loop index, so no line of their own.
+    readers = {}
+    for n in sub.nodes:
+        for v in n.inputs:
+            if isinstance(v, Value):
+                readers.setdefault(id(v), []).append(n)
+    links = {id(n) for n in sub.nodes if roles[id(n)] == "load" and id(n.out) not in out_ids
+             and readers.get(id(n.out)) and all(roles[id(m)] == "load"
+                                                for m in readers[id(n.out)])}
     body = []            # innermost loop body (at depth r)
     hoisted = []         # before the loops
     used_inputs = set()
@@ -249,6 +326,8 @@ def loop_kernel(fused, parallel):
             ops = [operand_text(v, names) for v in n.inputs]
             body.append(f"v{i} = {node_expr(n, ops)}")
         elif role == "load":
+            if id(n) in links:
+                continue
             names[id(n.out)] = f"v{i}"
             body.append(f"v{i} = {load_index(n, ext_index(n.out))}")
     for j, v in enumerate(main_outs):
@@ -308,6 +387,7 @@ def loop_kernel(fused, parallel):
     args = [f"a{j}" for j in range(len(sub.inputs))] + [f"o{j}" for j in range(len(main_outs))]
     args += [acc for _, _, _, acc in red_info] + [f"e{j}" for j in range(len(epi_outs))]
     args += [f"n{k}" for k in range(r)]
+    args += [f"c{k}" for k in range(len(consts))]
     fm = "{'reassoc', 'contract'}" if red_info else "False"
     label = fused.label[:40]
     head = (f"@numba.njit(cache=True, nogil=True, error_model='numpy', "
@@ -319,10 +399,24 @@ def loop_kernel(fused, parallel):
     doc = (f"    # {len(sub.nodes)} ops; writes {len(main_outs)} arrays, "
            f"{len(red_info)} reductions; {len(sub.nodes) - len(mat) - len(red_info)} "
            f"values stay in registers")
+    if consts:
+        doc += "\n" + "\n".join(f"    # c{k}: {what}" for k, (_, what) in enumerate(consts))
     source = (f"import math\nimport numpy as np\nimport numba\n\n\n{head}\n"
               f"def {name}({', '.join(args)}):\n{doc}\n{text}\n")
     reductions = [(n, n.op.__name__, axes, acc) for n, axes, _, acc in red_info]
-    return KernelSpec(name, source, list(sub.inputs), main_outs, reductions, epi_outs, shape)
+    spec = KernelSpec(name, source, list(sub.inputs), main_outs, reductions, epi_outs, shape)
+    spec.consts = [v for v, _ in consts]
+    return spec
+
+
+def _affine(c, step, i):
+    """Source of c + step * i (c, i: index names or integer literals)."""
+    if i == "0":
+        return c
+    term = i if abs(step) == 1 else f"{abs(step)} * {i}"
+    if c == "0":
+        return term if step > 0 else f"-{term}"
+    return f"{c} {'+' if step > 0 else '-'} {term}"
 
 
 def _k(axes, order):
