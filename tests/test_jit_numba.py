@@ -191,3 +191,25 @@ def test_a_failing_compiled_call_falls_back_with_a_warning_not_a_traceback(monke
     y2 = jf(x * 0.5)
     np.testing.assert_allclose(y2.data, f(tj.Variable(x * 0.5)).data)
     assert jf.cache_info()["fallbacks"] >= 1
+
+
+def test_plain_numpy_square_fuses_like_pow():
+    """`d ** 2` on traced arrays is NumPy's np.square: recorded as pow 2, so a
+    pure-NumPy function fuses into one kernel (it used to stay an opaque NumPy call)."""
+    def f(x):
+        d = x[1:] - x[:-1]
+        return np.sum(d ** 2) + np.sum(np.square(x))
+
+    j = tj.jit(f)
+    rng = np.random.default_rng(3)
+    for n in (50, 50, 50, 50, 80, 80):
+        x = rng.standard_normal(n)
+        np.testing.assert_allclose(j(x), f(x), rtol=1e-12)
+    s = j.trace(x).summary()
+    # Two reductions over two iteration shapes: two kernels, no NumPy call between.
+    assert s["numpy_calls"] == 0 and s["ops"]["pow"] == 2 and s["kernels"] == 2, s
+    xi = np.arange(7)
+    for k in range(4):
+        got = tj.jit(lambda a: a ** 2 + 1)(xi + k)
+        assert got.dtype == xi.dtype and (got == (xi + k) ** 2 + 1).all()
+    assert j.cache_info()["fallbacks"] == 0

@@ -300,7 +300,11 @@ class Trace:
             return self._escaped_ufunc(f"np.{ufunc.__name__} with where=", ufunc, method,
                                        plain, kwargs, out)
         kw = {k: v for k, v in kwargs.items() if k not in ("casting", "subok")}
-        if method == "__call__" and ufunc in UFUNC_PRIMS and not kw:
+        if method == "__call__" and ufunc is np.square and not kw \
+                and isinstance(inputs[0], np.ndarray) and inputs[0].dtype.kind in "iuf":
+            # x ** 2 on an array is np.square (NumPy's own fast path): the same x * x.
+            fn, ins = F.Pow(2), [self._np_operand(inputs[0], like)]
+        elif method == "__call__" and ufunc in UFUNC_PRIMS and not kw:
             prim = UFUNC_PRIMS[ufunc]
             ins = [self._np_operand(x, like) for x in inputs]
             fn = prim()
