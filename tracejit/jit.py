@@ -43,6 +43,10 @@ _ENV_KEY = os.environ.encodekey("TRACEJIT_DISABLE") if hasattr(os.environ, "enco
     else "TRACEJIT_DISABLE"
 
 
+# The per-call test of TRACEJIT_DISABLE: os.environ's backing dict, one lookup.
+_env_get = _ENVIRON.get if _ENVIRON is not None else (lambda key: "?")
+_trace_state = core._state
+
 _MATCHERS = {}
 
 
@@ -226,7 +230,8 @@ class Jitted:
         return self._key(args, kwargs)
 
     def __call__(self, *args, **kwargs):
-        if _disabled.on or core._state.trace is not None or _env_disabled():
+        if _disabled.on or _trace_state.trace is not None or (
+                _env_get(_ENV_KEY) is not None and _env_disabled()):
             # Nested in another trace: the outer trace records our ops directly.
             return self.fn(*args, **kwargs)
         hot = self._hot

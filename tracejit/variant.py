@@ -258,7 +258,7 @@ def build_runner(v, leaf_kinds):
     loops over descriptors and no isinstance checks."""
     env = {"np": np, "exe": v.exe, "v": v, "Stale": Stale, "GuardFailure": GuardFailure,
            "CompiledFunction": CompiledFunction, "Config": Config, "wrap": core.wrap_array,
-           "ref": weakref.ref}
+           "ref": weakref.ref, "new": object.__new__, "Variable": Variable}
     consts = []
 
     def const(obj):
@@ -346,7 +346,10 @@ def build_runner(v, leaf_kinds):
                 exprs.append(f"outs[{k}]")
             k += 1
     structure = structure_source(v.out_tree, iter(exprs), const)
-    plain = [f"{name} = wrap(outs[{slot}])" for name, slot, _ in made]
+    # core.wrap_array written out: three calls of it were a tenth of a 0-d call.
+    plain = [f"{name} = new(Variable); {name}._data = outs[{slot}]; {name}._tv = None; "
+             f"{name}._grad = None; {name}.name = None; {name}.creator = None; "
+             f"{name}.generation = 0" for name, slot, _ in made]
     if v.bwd is not None:
         n_saved_from = v.n_user_outs + v.n_effect_outs
         diff = ", ".join(f"leaves[{o}]" if kind == "arg" else const(o)
