@@ -236,8 +236,7 @@ class Jitted:
             return self.fn(*args, **kwargs)
         hot = self._hot
         if hot is not None and not kwargs and hot[3] == self._version and hot[0](args):
-            # The signature and variant of the last compiled call again: no key to build
-            # and hash, no walk of the guard tree unless a guard fails.
+            # The signature of the last compiled call again: no key to build and hash.
             v = hot[4]
             failure = None
             if v.checks_left <= 0 and not v.state_changed():
@@ -289,7 +288,11 @@ class Jitted:
                     return self._demote(key, v, variants, e, args, kwargs)
                 self.stats["hits"] += 1
                 if not kwargs and len(key) == 3 and leaves is args:
-                    self._hot = (_signature_matcher(key), key, variants, self._version, v)
+                    # The next call starts at the guard tree's root, not at the variant
+                    # that ran last: with a loop whose trip count varies from call to
+                    # call, the last variant is the wrong guess more often than not.
+                    self._hot = (_signature_matcher(key), key, variants, self._version,
+                                 variants[0])
                 return out
             except GuardFailure as gf:
                 self.stats["guard_failures"] += 1
