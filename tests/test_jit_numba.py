@@ -77,10 +77,12 @@ def test_goldstein_price_dezero_form_numba():
     assert fj.cache_info()["fallbacks"] == 0
 
 
-def test_large_transcendental_groups_threaded_blocks_match_eager():
-    # 2**18 elements: NumPy-ufunc blocks split across threads. A per-row reduction
-    # writes disjoint slices, so it may be threaded; a group with a full sum (one
-    # shared accumulator) must stay on one thread.
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_large_transcendental_groups_threaded_blocks_match_eager(dtype):
+    # 2**18 elements. float32: NumPy-ufunc blocks split across threads; a per-row
+    # reduction writes disjoint slices, so it may be threaded; a group with a full sum
+    # (one shared accumulator) must stay on one thread. float64: one vectorized numba
+    # kernel calling tracejit.codegen.vecmath (faster than the blocks there).
     def rows(x, w):
         return F.sum(F.tanh(x * w) * F.exp(-x * x), axis=1)
 
@@ -90,16 +92,21 @@ def test_large_transcendental_groups_threaded_blocks_match_eager():
 
     rj, bj = tj.jit(rows, backend="numba"), tj.jit(both, backend="numba")
     rng = np.random.default_rng(3)
-    w = rng.standard_normal(1024)
+    w = rng.standard_normal(1024).astype(dtype)
+    tol = 1e-12 if dtype == np.float64 else 1e-4
     for _ in range(5):
-        x = rng.standard_normal((256, 1024))
+        x = rng.standard_normal((256, 1024)).astype(dtype)
         np.testing.assert_allclose(rj(x, w).data, rows(tj.Variable(x), tj.Variable(w)).data,
-                                   rtol=1e-12)
+                                   rtol=tol, atol=tol)
         (r1, s1), (r2, s2) = bj(x, w), both(tj.Variable(x), tj.Variable(w))
-        np.testing.assert_allclose(r1.data, r2.data, rtol=1e-12)
-        np.testing.assert_allclose(s1.data, s2.data, rtol=1e-9)
-    assert "_rb" in rj.trace(x, w).source          # threaded
-    assert "_rb" not in bj.trace(x, w).source      # one shared accumulator: not threaded
+        np.testing.assert_allclose(r1.data, r2.data, rtol=tol, atol=tol)
+        np.testing.assert_allclose(s1.data, s2.data, rtol=1e-9 if dtype == np.float64 else 1e-3)
+    if dtype == np.float32:
+        assert "_rb" in rj.trace(x, w).source          # threaded
+        assert "_rb" not in bj.trace(x, w).source      # one shared accumulator: not threaded
+    else:
+        src = rj.trace(x, w).source + bj.trace(x, w).source
+        assert "vm.tanh64(" in src and "vm.exp64(" in src and "_rb" not in src
     assert rj.cache_info()["fallbacks"] == 0 and bj.cache_info()["fallbacks"] == 0
 
 

@@ -12,15 +12,16 @@ njit function that checks the guards inside and returns the first failing index.
 `graph.source` holds the plan and every kernel; graph.notes counts kernels, NumPy
 calls and materialized intermediates, so `graph.summary()` reports them.
 
-Static rules, fixed by measurement (benchmarks/bench_kernels.py; 2-core Xeon, AVX-512,
-numba 0.68, NumPy 2.4; per element, 4e6 float64):
-  exp: NumPy 1.6 ns, libm loop in numba 8 ns; tanh: 3 vs 42 ns; log: 4 vs 15 ns;
-  sin: 17 vs 13 ns; cos: 14 vs 21 ns; float32 sin/cos: NumPy 4x faster.
-  A fused 5-op tanh/sin/exp chain: numba libm loop 677 ms, whole-array NumPy 358 ms,
-  NumPy ufuncs on 16384-element blocks 156 ms.
-So groups that contain exp/log/tanh/sigmoid/cos (and float32 sin) and have at least
-NUMPY_MATH_MIN elements run as NumPy ufuncs on cache-sized blocks (BLOCK elements):
-fused memory traffic, NumPy's SIMD math. Everything else is a fused numba loop.
+Static rules, fixed by measurement (benchmarks/bench_kernels.py, bench_vecmath.py;
+2-core Xeon, AVX-512, numba 0.68, NumPy 2.4; 4e6 elements):
+  numba lowers math.exp/tanh/... to scalar libm calls, 4-10x slower per element than
+  NumPy's SIMD ufuncs. float64 kernels call tracejit.codegen.vecmath instead (branch-free,
+  inlined, vectorized; <= 1.5 ulp): the 10-op tanh/sin/exp chain runs in ~50 ms against
+  187-199 ms with libm and ~100 ms as NumPy ufuncs on threaded blocks.
+  float32: NumPy's float32 SIMD math is as fast as vecmath's, so float32 groups that
+  contain exp/log/tanh/sigmoid/sin/cos and have at least NUMPY_MATH_MIN elements run as
+  NumPy ufuncs on cache-sized blocks (BLOCK elements): fused memory traffic, NumPy's math.
+Everything else is a fused numba loop.
 """
 import builtins
 import concurrent.futures
@@ -71,8 +72,10 @@ def run_blocks(fn, n, rows):
     finally:
         for f in futures:
             f.result()
-_NUMPY_MATH = {"Exp", "Log", "Tanh", "Sigmoid", "Cos"}
-_NUMPY_MATH_F32 = _NUMPY_MATH | {"Sin"}
+# float64 kernels call tracejit.codegen.vecmath (vectorized, fused): no NumPy blocks.
+# float32 ones keep NumPy's ufuncs, whose float32 SIMD math is as fast (bench_vecmath).
+_NUMPY_MATH = set()
+_NUMPY_MATH_F32 = {"Exp", "Log", "Tanh", "Sigmoid", "Cos", "Sin"}
 
 __all__ = ["compile", "optimize", "PARALLEL_MIN", "NUMPY_MATH_MIN", "stats"]
 

@@ -64,8 +64,13 @@ def _fingerprint():
             .get_host_cpu_name()
     except Exception:  # noqa: BLE001
         cpu = "unknown"
+    # Kernels call tracejit.codegen.vecmath: numba's cache does not track that
+    # dependency, so its source is part of every key.
+    vm = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vecmath.py")
+    with open(vm, "rb") as f:
+        vm_hash = hashlib.sha256(f.read()).hexdigest()[:16]
     return f"numba {numba.__version__} llvmlite {llvmlite.__version__} cpu {cpu} " \
-           f"numpy {np.__version__}"
+           f"numpy {np.__version__} vecmath {vm_hash}"
 
 
 FINGERPRINT = _fingerprint()

@@ -74,8 +74,18 @@ def _template(n, dtype):
     return expr, params
 
 
-def node_expr(n, operands):
-    """Source of node n's value from operand source strings, cast to its dtype."""
+# libm calls in an expression -> tracejit.codegen.vecmath (branch-free, inlined: a loop
+# of them vectorizes). sin/cos take the fast path, exact for |x| <= vm.TRIG_MAX; the
+# kernel counts arguments beyond it and reruns its loops with libm if there are any.
+_VECTOR_MATH = {"math.exp(": "vm.exp{b}(", "math.log(": "vm.log{b}(",
+                "math.tanh(": "vm.tanh{b}(", "math.sin(": "vm.sin{b}_fast(",
+                "math.cos(": "vm.cos{b}_fast("}
+_TRIG = ("Sin", "Cos")
+
+
+def node_expr(n, operands, vector_math=False):
+    """Source of node n's value from operand source strings, cast to its dtype.
+    vector_math: float libm calls become tracejit.codegen.vecmath calls."""
     dtype = n.out.dtype
     calc_dtype = dtype if dtype.kind == "f" else _operand_float(n)
     t = _template(n, calc_dtype)
@@ -84,6 +94,10 @@ def node_expr(n, operands):
         body = expr.format(*operands, **params)
     else:
         body = t.format(*operands)
+    if vector_math and calc_dtype in _NP_NAME:
+        bits = "32" if calc_dtype == np.float32 else "64"
+        for libm, vm in _VECTOR_MATH.items():
+            body = body.replace(libm, vm.format(b=bits))
     if dtype.kind == "f":
         return f"{_NP_NAME[dtype]}({body})"
     return f"({body})"
@@ -319,12 +333,16 @@ def loop_kernel(fused, parallel):
             j = sub.inputs.index(v)
             hoisted.append(f"x{j} = a{j}[()]")
             names[id(v)] = f"x{j}"
+    checked = set()
     for i, n in enumerate(sub.nodes):
         role = roles[id(n)]
         if role == "main":
             names[id(n.out)] = f"v{i}"
             ops = [operand_text(v, names) for v in n.inputs]
-            body.append(f"v{i} = {node_expr(n, ops)}")
+            body.append(f"v{i} = {node_expr(n, ops, vector_math=True)}")
+            if n.op.__name__ in _TRIG and n.out.dtype in _NP_NAME and ops[0] not in checked:
+                checked.add(ops[0])       # sin(x) and cos(x) (a gradient): one check
+                body.append(f"nbad += 1 if vm.trig_out_of_range({ops[0]}) else 0" + _TRIG_TAG)
         elif role == "load":
             if id(n) in links:
                 continue
@@ -363,6 +381,8 @@ def loop_kernel(fused, parallel):
     for depth in reversed(range(r + 1)):
         if depth < r or r == 0:
             out += [ind * (depth + 1) + x for x in closes[depth]]
+    if checked:
+        out = _with_libm_rerun(out, red_info)
     # Epilogue: 0-d ops on full reductions (mean = sum / n), after the loops.
     red_scalar = {}
     for n, axes, out_index, acc in red_info:
@@ -401,12 +421,42 @@ def loop_kernel(fused, parallel):
            f"values stay in registers")
     if consts:
         doc += "\n" + "\n".join(f"    # c{k}: {what}" for k, (_, what) in enumerate(consts))
-    source = (f"import math\nimport numpy as np\nimport numba\n\n\n{head}\n"
-              f"def {name}({', '.join(args)}):\n{doc}\n{text}\n")
+    imports = "import math\nimport numpy as np\nimport numba\n"
+    if "vm." in text:
+        imports += "from tracejit.codegen import vecmath as vm\n"
+    source = f"{imports}\n\n{head}\ndef {name}({', '.join(args)}):\n{doc}\n{text}\n"
     reductions = [(n, n.op.__name__, axes, acc) for n, axes, _, acc in red_info]
     spec = KernelSpec(name, source, list(sub.inputs), main_outs, reductions, epi_outs, shape)
     spec.consts = [v for v, _ in consts]
     return spec
+
+
+_TRIG_TAG = "    # |x| > vm.TRIG_MAX: counted"
+
+
+def _with_libm_rerun(lines, red_info):
+    """The loops twice: with vecmath's fast sin/cos, then, only if some argument was
+    beyond the range they reduce exactly (|x| > 1.6e6: they return NaN there), again
+    with libm after resetting the reductions. Never a wrong value, rarely a second pass."""
+    exact = []
+    for line in lines:
+        if line.endswith(_TRIG_TAG):
+            continue
+        for b in ("32", "64"):
+            line = line.replace(f"vm.sin{b}_fast(", "math.sin(")
+            line = line.replace(f"vm.cos{b}_fast(", "math.cos(")
+        exact.append("    " + line)
+    resets = []
+    for n, _, _, acc in red_info:
+        kind = n.op.__name__
+        init = "0.0" if kind in ("Sum", "SumTo") else ("-np.inf" if kind == "Max" else "np.inf")
+        q = len(n.out.shape)       # ndarray.fill does not type for 0-d arrays in numba
+        pad = "        "
+        for k in range(q):
+            resets.append(f"{pad}for j{k} in range({acc}.shape[{k}]):")
+            pad += "    "
+        resets.append(f"{pad}{acc}{_index([f'j{k}' for k in range(q)])} = {init}")
+    return (["    nbad = 0"] + lines + ["    if nbad > 0:"] + resets + exact)
 
 
 def _affine(c, step, i):
