@@ -230,3 +230,158 @@ def test_every_kind_of_python_location_is_rechecked_on_the_hot_path():
     TABLE["k"], ITEMS[1] = 2.0, 3.0
     check()
     assert jf.cache_info()["fallbacks"] == 0 and jf.cache_info()["retraces"] >= 7
+
+
+# ---- regressions found by review
+
+
+def test_a_guard_miss_on_the_hot_path_is_one_retrace():
+    def f(x):
+        if x.data.sum() > 0:
+            return F.sum(x * 2.0)
+        return F.sum(x * 3.0)
+
+    jf = tj.jit(f)
+    pos, neg = Variable(np.ones(3)), Variable(-np.ones(3))
+    for _ in range(4):
+        _close(jf(pos), f(pos))
+    before = jf.cache_info()
+    _close(jf(neg), f(neg))
+    after = jf.cache_info()
+    assert after["retraces"] - before["retraces"] == 1
+    assert after["guard_failures"] - before["guard_failures"] == 1
+    for _ in range(3):
+        _close(jf(neg), f(neg))
+        _close(jf(pos), f(pos))
+    assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_a_failing_effect_applies_no_effect_twice():
+    W = tj.Parameter(np.ones(3))
+
+    def f(x, a):
+        W.data -= 0.1
+        a += 1.0
+        return F.sum(x * W)
+
+    jf = tj.jit(f)
+    for _ in range(4):
+        jf(Variable(np.ones(3)), np.zeros(3))
+    W.data[...] = 1.0
+    ro = np.zeros(3)
+    ro.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tj.JitWarning)   # the variant is demoted
+        with pytest.raises(ValueError, match="read-only"):
+            jf(Variable(np.ones(3)), ro)
+    np.testing.assert_array_equal(W.data, 0.9)           # as eager leaves it: once
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.bool_])
+def test_transcendental_of_integer_data_compiles(dtype):
+    f = tj.jit(lambda x: F.tanh(x) + F.exp(x) * F.sin(x))
+    for k in range(4):
+        x = (np.arange(6) % (2 if dtype == np.bool_ else 5) + k).astype(dtype)
+        _close(f(x), F.tanh(x) + F.exp(x) * F.sin(x))
+    assert f.cache_info()["fallbacks"] == 0
+
+
+def test_backward_when_another_output_of_the_call_died():
+    def f(x):
+        h = F.tanh(x)
+        return F.sum(h * h), h
+
+    jf = tj.jit(f)
+    for k in range(4):
+        xj, xe = Variable(np.array([0.1, 0.2, 0.3]) + k), Variable(np.array([0.1, 0.2, 0.3]) + k)
+        jf(xj)[0].backward()         # the second output dies at once
+        f(xe)[0].backward()
+        _close(xj.grad, xe.grad)
+
+
+K_STATE = 2.0
+
+
+class _Scaler:
+    def __init__(self):
+        self.k = 2.0
+
+    def __call__(self, x):
+        return F.sum(x * self.k * K_STATE)
+
+    def method(self, x):
+        return F.sum(x * self.k)
+
+
+def _helper(x, scale):
+    return F.sum(x * scale * K_STATE)
+
+
+_INNER = tj.jit(lambda x: F.sum(x * K_STATE))
+
+
+def _calls_inner(x):
+    return _INNER(x) * 1.0
+
+
+@pytest.mark.parametrize("make", [
+    lambda o: tj.jit(o.method),
+    lambda o: tj.jit(tj.grad(o.method)),
+    lambda o: tj.jit(o),
+    lambda o: tj.jit(tj.grad(o)),
+    lambda o: tj.jit(__import__("functools").partial(_helper, scale=1.5)),
+    lambda o: tj.jit(tj.grad(__import__("functools").partial(_helper, scale=1.5))),
+    lambda o: tj.jit(tj.jit(lambda x: F.sum(x * K_STATE))),
+    lambda o: tj.jit(_calls_inner),
+], ids=["method", "grad(method)", "callable", "grad(callable)", "partial", "grad(partial)",
+        "jit(jit(f))", "nested jitted helper"])
+def test_state_behind_methods_partials_callables_and_nested_jit_is_watched(make):
+    global K_STATE
+    obj = _Scaler()
+    jf = make(obj)
+    x = np.arange(1.0, 4.0)
+    try:
+        for k_state, k_obj in ((2.0, 2.0), (2.0, 2.0), (2.0, 2.0), (5.0, 2.0), (5.0, 7.0),
+                               (5.0, 7.0)):
+            K_STATE, obj.k = k_state, k_obj
+            got = jf(x)
+            with tj.disable_jit():
+                want = jf(x)
+            _close(got, want)
+    finally:
+        K_STATE = 2.0
+    assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_jit_of_a_model_sees_replaced_layers():
+    from tracejit import layers as L
+    from tracejit.models import MLP
+    np.random.seed(0)
+    model = MLP((4, 2))
+    jm = tj.jit(model)
+    x = np.random.randn(3, 5)
+    for _ in range(3):
+        jm(x)
+    for change in (lambda: setattr(model, "l1", L.Linear(2)),
+                   lambda: setattr(model, "activation", F.relu),
+                   lambda: model.layers.__setitem__(0, L.Linear(4))):
+        change()
+        for _ in range(3):
+            got = jm(x)
+            with tj.disable_jit():
+                want = model(x)
+            _close(got, want)
+
+
+def test_parameter_and_variable_arguments_trace_apart():
+    def f(x):
+        if isinstance(x, tj.Parameter):
+            return F.sum(x * 10.0)
+        return F.sum(x)
+
+    jf = tj.jit(f)
+    a = np.arange(3.0)
+    for _ in range(3):
+        for make in (Variable, tj.Parameter):
+            _close(jf(make(a.copy())), f(make(a.copy())))
+    assert jf.cache_info()["fallbacks"] == 0

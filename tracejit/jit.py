@@ -48,6 +48,7 @@ _env_get = _ENVIRON.get if _ENVIRON is not None else (lambda key: "?")
 _trace_state = core._state
 
 _MATCHERS = {}
+_PAR = "P"        # a Parameter argument in a signature key (VAR: a Variable)
 
 
 def _signature_matcher(key):
@@ -67,9 +68,9 @@ def _signature_matcher(key):
             continue
         shape, dtype, kind = p
         env[f"d{i}"] = dtype
-        if kind == VAR:
-            lines += ["t = type(a)",
-                      "if t is not Variable and t is not Parameter: return False",
+        if kind in (VAR, _PAR):
+            lines += [f"if type(a) is not {'Variable' if kind == VAR else 'Parameter'}: "
+                      f"return False",
                       "a = a._data",
                       "if a is None: return False"]
         else:
@@ -214,7 +215,8 @@ class Jitted:
                 d = a._data
                 if d is None:
                     return None
-                parts.append((d.shape, d.dtype, VAR))
+                # Parameter apart from Variable: a function may branch on isinstance.
+                parts.append((d.shape, d.dtype, VAR if t is Variable else _PAR))
             elif t is np.ndarray:
                 parts.append((a.shape, a.dtype, ARR))
             elif t is float:
@@ -244,15 +246,23 @@ class Jitted:
                     out = v.runner(args)
                 except GuardFailure as gf:
                     failure = gf
-                except Exception:  # noqa: BLE001 - the general path reruns and reports it
-                    pass
+                except Stale:
+                    pass                    # _dispatch sees it again and retraces
+                except Exception as e:  # noqa: BLE001 - never a backend traceback
+                    # Never rerun: effects before the failure may have been applied.
+                    return self._demote(hot[1], v, hot[2], e, args, kwargs)
                 else:
                     self.stats["hits"] += 1
                     return out
+            version = self._version
             out = self._dispatch(hot[1], hot[2], args, kwargs, args, v, failure)
             if out is not _RETRACE:
                 return out
             key, leaves = hot[1], args
+            with self.lock:
+                if self._version == version:
+                    # The guard tree was walked: straight to a new trace.
+                    return self._cold_call(key, args, kwargs)
         else:
             key, leaves = self._call_key(args, kwargs)
         for attempt in (0, 1):
@@ -311,6 +321,9 @@ class Jitted:
                     if v in variants:
                         variants.remove(v)
                         self._version += 1
+                    # Warm up again: new state (model.l1 = Linear(2)) may be created
+                    # lazily by its first call, which must not happen while tracing.
+                    self._warm.discard(key)
                 return _RETRACE
 
     def _demote(self, key, v, variants, error, args, kwargs):
@@ -644,8 +657,9 @@ _PERTURB = 1e-3   # relative: far above the checks' tolerance, small for control
 def _perturbed(x, rng):
     if isinstance(x, Variable):
         d = x._data
-        return Variable(_perturbed(d, rng), x.name) if d is not None and d.dtype.kind == "f" \
-            else Variable(d.copy() if d is not None else None, x.name)
+        cls = Parameter if isinstance(x, Parameter) else Variable   # the key tells them apart
+        return cls(_perturbed(d, rng), x.name) if d is not None and d.dtype.kind == "f" \
+            else cls(d.copy() if d is not None else None, x.name)
     if isinstance(x, np.ndarray):
         if x.dtype.kind != "f":
             return x.copy()
@@ -672,6 +686,10 @@ def _key_change(old, new):
         for i, (a, b) in enumerate(zip(parts_old, parts_new)):
             if a != b:
                 if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 3:
+                    if a[:2] == b[:2]:
+                        kinds = {VAR: "a Variable", _PAR: "a Parameter", ARR: "an ndarray"}
+                        return f"argument {i} is now {kinds.get(b[2], b[2])}, was " \
+                               f"{kinds.get(a[2], a[2])}"
                     what = "shape" if a[0] != b[0] else "dtype"
                     va, vb = (a[0], b[0]) if what == "shape" else (a[1], b[1])
                     return f"argument {i} {what} changed: {va} -> {vb}"

@@ -12,6 +12,7 @@ At trace time:
   - a scalar the function itself changes (`self.t += 1`) cannot be replayed, and a
     container that grows (`log.append`) is a side effect that runs only while tracing.
 """
+import functools
 import types
 import weakref
 
@@ -99,8 +100,33 @@ def _is_scalar_config(v):
     return type(v) in _SCALARS or (type(v) is tuple and all(type(x) in _SCALARS for x in v))
 
 
+def _jitted_fn(obj):
+    from tracejit.jit import Jitted     # jit imports this module
+    return obj.fn if isinstance(obj, Jitted) else None
+
+
 def _roots(fn, seen_functions):
-    """(Location, value) of the names a function reads directly."""
+    """(Location, value) of the names a function reads directly. Callables that are not
+    functions are looked through: a nested jit (its function), functools.partial (its
+    function and arguments), an object with __call__ (a Model: its attributes, and what
+    its class's __call__ and forward read)."""
+    inner = _jitted_fn(fn)
+    if inner is not None:
+        return _roots(inner, seen_functions)
+    if isinstance(fn, functools.partial):
+        out = _roots(fn.func, seen_functions)
+        for a in list(fn.args) + list(fn.keywords.values()):
+            if not _is_scalar_config(a):
+                out.append((None, a, "an argument bound by functools.partial"))
+        return out
+    if not isinstance(fn, (types.FunctionType, types.MethodType, types.BuiltinFunctionType,
+                           type)) and callable(fn) and _is_namespace_object(fn):
+        out = [(None, fn, "self")]
+        for name in ("__call__", "forward"):
+            m = getattr(type(fn), name, None)
+            if isinstance(m, types.FunctionType):
+                out += _roots(m, seen_functions)
+        return out
     target = getattr(fn, "__func__", fn)
     if id(target) in seen_functions:
         return []
@@ -120,7 +146,7 @@ def _roots(fn, seen_functions):
                 v = cell.cell_contents
             except ValueError:
                 continue
-            if isinstance(v, types.FunctionType):
+            if callable(v) and not isinstance(v, type):
                 out += _roots(v, seen_functions)
             elif not _is_scalar_config(v):
                 out.append((Location("cell", cell, None, name), None, name))
@@ -161,6 +187,11 @@ def locations(fn):
         if id(obj) in seen:
             continue
         seen.add(id(obj))
+        if _jitted_fn(obj) is not None and depth == 0:
+            # A jitted helper the function calls runs as part of its trace: what the
+            # helper's function reads counts, not the jit object's own bookkeeping.
+            frontier += [(l, o, n, 0) for l, o, n in _roots(obj, seen_functions)]
+            continue
         if _is_user_function(obj) and depth == 0:
             # A module-level helper the function calls: what it reads counts too.
             frontier += [(l, o, n, 0) for l, o, n in _roots(obj, seen_functions)]
@@ -248,7 +279,7 @@ def compile_check(snap):
                       f"return True"]
     src = ("def check():\n    try:\n"
            + "".join(f"        {line}\n" for line in lines)
-           + "    except (ValueError, TypeError, IndexError, AttributeError):\n"
+           + "    except Exception:\n"       # any failure to read: let `changed` decide
            + "        return True\n    return False\n")
     exec(compile(src, "<tracejit-state-check>", "exec"), env)
     return env["check"]

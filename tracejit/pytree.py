@@ -7,7 +7,7 @@ import inspect
 
 import numpy as np
 
-from tracejit.core import Variable
+from tracejit.core import Parameter, Variable
 from tracejit.tracing import TracedArray, TracedFloat
 
 VAR, ARR, FLT = "V", "A", "F"
@@ -62,7 +62,7 @@ def leaf_key(x):
         d = x._data
         if d is None:
             raise TypeError("jit: a Variable argument has data None")
-        return (d.shape, d.dtype.char)
+        return (d.shape, d.dtype.char, isinstance(x, Parameter))
     if isinstance(x, np.ndarray):
         if x.dtype == object:
             raise TypeError("jit: object arrays are not supported")

@@ -64,6 +64,11 @@ class CompiledFunction(Function):
             out.append(None if slot is None else Variable(grads[slot]))
         return tuple(out)
 
+    def output_specs(self):
+        # An output that died still needs zeros of its shape for the backward: the
+        # variant knows them (the shape rule of a compiled call is the trace).
+        return list(self.variant.out_specs)
+
     def expand(self):
         """Turn this call back into the eager graph it stands for (unchain_backward cuts
         inside a region, which one CompiledFunction cannot express)."""
@@ -315,6 +320,14 @@ def build_runner(v, leaf_kinds):
     def target(where, obj):
         return f"leaves[{obj}]" if where == "leaf" else const(obj)
 
+    # Every in-place target must take the write before the first one is written: a
+    # failure halfway (a read-only argument) would leave some effects applied, and the
+    # eager rerun that reports the error would apply them twice.
+    writes = [f"{target(where, obj)}._data" if kind == "inplace" else target(where, obj)
+              for kind, (where, obj), _ in v.effects if kind in ("inplace", "inplace_array")]
+    if writes:
+        body.append(f"if not ({' and '.join(w + '.flags.writeable' for w in writes)}): "
+                    f"raise ValueError('output array is read-only')")
     for kind, (where, obj), slot in v.effects:
         t = target(where, obj)
         if kind == "inplace":

@@ -81,6 +81,7 @@ _VECTOR_MATH = {"math.exp(": "vm.exp{b}(", "math.log(": "vm.log{b}(",
                 "math.tanh(": "vm.tanh{b}(", "math.sin(": "vm.sin{b}_fast(",
                 "math.cos(": "vm.cos{b}_fast("}
 _TRIG = ("Sin", "Cos")
+_VECTOR_OPS = {"Exp", "Log", "Tanh", "Sigmoid", "Sin", "Cos"}
 
 
 def node_expr(n, operands, vector_math=False):
@@ -88,6 +89,10 @@ def node_expr(n, operands, vector_math=False):
     vector_math: float libm calls become tracejit.codegen.vecmath calls."""
     dtype = n.out.dtype
     calc_dtype = dtype if dtype.kind == "f" else _operand_float(n)
+    if vector_math and calc_dtype in _NP_NAME and n.op.__name__ in _VECTOR_OPS:
+        # vecmath takes floats only (libm's math.tanh took an int64 too)
+        operands = [o if isinstance(v, Value) and v.dtype == calc_dtype
+                    else f"{_NP_NAME[calc_dtype]}({o})" for v, o in zip(n.inputs, operands)]
     t = _template(n, calc_dtype)
     if isinstance(t, tuple):
         expr, params = t
