@@ -385,3 +385,33 @@ def test_parameter_and_variable_arguments_trace_apart():
         for make in (Variable, tj.Parameter):
             _close(jf(make(a.copy())), f(make(a.copy())))
     assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_aliased_arguments_never_share_a_variant_with_distinct_ones():
+    def f(a, b):
+        a += 1.0                       # an in-place update the other argument may see
+        return F.sum(a * 2.0 + b)
+
+    jf = tj.jit(f)
+    for k in range(4):
+        for aliased in (False, True, True, False):
+            xj, xe = np.arange(3.0) + k, np.arange(3.0) + k
+            yj, ye = np.full(3, 10.0), np.full(3, 10.0)
+            got = jf(xj, xj if aliased else yj)
+            want = f(xe, xe if aliased else ye)
+            _close(got, want)
+            _close(xj, xe)
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["variants"] == 2, info
+
+
+def test_aliased_variables_and_their_data_key_apart():
+    def f(a, b):
+        return F.sum(a * 2.0 + b)
+
+    jf = tj.jit(f)
+    for k in range(4):
+        x = Variable(np.arange(3.0) + k)
+        for other in (x, Variable(x.data), Variable(x.data.copy())):
+            _close(jf(x, other), f(x, other))
+    assert jf.cache_info()["fallbacks"] == 0

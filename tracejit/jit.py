@@ -47,6 +47,29 @@ _ENV_KEY = os.environ.encodekey("TRACEJIT_DISABLE") if hasattr(os.environ, "enco
 _env_get = _ENVIRON.get if _ENVIRON is not None else (lambda key: "?")
 _trace_state = core._state
 
+def _alias_pattern(leaves):
+    """None if no two array leaves share an object (a Variable, or its data); else, per
+    leaf, the index of the first leaf it shares one with."""
+    seen = {}
+    pattern = []
+    shared = False
+    for i, x in enumerate(leaves):
+        first = i
+        if isinstance(x, Variable):
+            objs = (x, x._data)
+        elif isinstance(x, np.ndarray):
+            objs = (x,)
+        else:
+            objs = ()
+        for o in objs:
+            if o is not None:
+                j = seen.setdefault(id(o), i)
+                if j != i:
+                    first, shared = min(first, j), True
+        pattern.append(first)
+    return tuple(pattern) if shared else None
+
+
 _MATCHERS = {}
 _PAR = "P"        # a Parameter argument in a signature key (VAR: a Variable)
 
@@ -77,6 +100,20 @@ def _signature_matcher(key):
             lines.append("if type(a) is not ndarray: return False")
         lines.append(f"if a.shape != {shape!r} or (a.dtype is not d{i} and a.dtype != d{i}): "
                      f"return False")
+    # No two arguments share an array (a fast key never has aliases: see _fast_key).
+    objs = []
+    for i, p in enumerate(parts):
+        if p != FLT:
+            objs.append(f"args[{i}]")
+            if p[2] != ARR:
+                objs.append(f"args[{i}]._data")
+    if len(objs) > 1:
+        if len(objs) <= 3:
+            lines.append("if " + " or ".join(f"{a} is {b}" for k, a in enumerate(objs)
+                                             for b in objs[k + 1:]) + ": return False")
+        else:
+            lines.append(f"if len({{{', '.join(f'id({o})' for o in objs)}}}) != {len(objs)}: "
+                         f"return False")
     env["backprop"], env["train"] = backprop, train
     lines.append("return local.enable_backprop == backprop and local.train == train")
     src = "def match(args):\n" + "".join(f"    {line}\n" for line in lines)
@@ -197,7 +234,9 @@ class Jitted:
                     parts.append((k, ("S", kwargs[k])))
                 else:
                     parts.append((k, flatten_args(kwargs[k], leaves)))
-        key = (tuple(parts), tuple([leaf_key(x) for x in leaves]),
+        # Which leaves are the same array: a variant traced for f(x, x) must not run
+        # f(x, y), nor the other way round (an in-place update of one is seen by both).
+        key = (tuple(parts), tuple([leaf_key(x) for x in leaves]) + (_alias_pattern(leaves),),
                Config.enable_backprop, Config.train)
         try:
             hash(key)
@@ -223,6 +262,8 @@ class Jitted:
                 parts.append(FLT)
             else:
                 return None
+        if len(args) > 1 and _alias_pattern(args) is not None:
+            return None           # the same array twice: the general key records it
         return (tuple(parts), Config.enable_backprop, Config.train)
 
     def _call_key(self, args, kwargs):
@@ -402,7 +443,9 @@ class Jitted:
                      for i, a in enumerate(args)]
         kw_trees = {k: None if k in self.static_argnames else flatten_args(kwargs[k], leaves)
                     for k in sorted(kwargs)}
-        p_leaves = [_perturbed(x, rng) for x in leaves]
+        memo = {}         # one copy per object: f(x, x) stays aliased
+        p_leaves = [memo[id(x)] if id(x) in memo else memo.setdefault(id(x), _perturbed(x, rng))
+                    for x in leaves]
         it = iter(p_leaves)
         p_args = tuple(a if t is None else unflatten(t, None, it)
                        for a, t in zip(args, arg_trees))
@@ -583,7 +626,19 @@ class Jitted:
         return result
 
     def _tracer_args(self, tr, args, kwargs, leaves):
+        seen = {}     # f(x, x): one tracer for both, so an update of one shows in the other
+
         def convert(x, name):
+            if isinstance(x, (Variable, np.ndarray)) and id(x) in seen:
+                leaves.append(x)
+                tr.leaf_kinds.append(VAR if isinstance(x, Variable) else ARR)
+                return seen[id(x)]
+            t = convert_new(x, name)
+            if isinstance(x, (Variable, np.ndarray)):
+                seen[id(x)] = t
+            return t
+
+        def convert_new(x, name):
             if isinstance(x, Variable):
                 leaves.append(x)
                 tr.own(x._data)
