@@ -415,3 +415,30 @@ def test_aliased_variables_and_their_data_key_apart():
         for other in (x, Variable(x.data), Variable(x.data.copy())):
             _close(jf(x, other), f(x, other))
     assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_a_parameter_updated_between_the_call_and_its_backward():
+    """Eager's backward keeps the intermediates computed from the old weight (and reads
+    the new weight where a rule reads W itself); the compiled backward must not
+    recompute those intermediates from the updated buffer."""
+    def run(jit):
+        W = tj.Parameter(np.array([0.5, -1.0, 2.0]))
+
+        def f(x):
+            h = x * W + 1.0
+            return F.sum(h ** 2)
+
+        jf = tj.jit(f) if jit else f
+        out = []
+        for i in range(5):
+            x = Variable(np.array([1.0, 2.0, 3.0]) + i)
+            W.cleargrad()
+            y = jf(x)
+            W.data -= 0.25                    # in place, after the forward
+            y.backward()
+            out.append((x.grad.data.copy(), W.grad.data.copy()))
+        return out
+
+    for got, want in zip(run(True), run(False)):
+        for g, w in zip(got, want):
+            _close(g, w)

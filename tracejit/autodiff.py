@@ -225,7 +225,12 @@ def trace_backward(tr, out_raw, out_leaves):
     outs_b = [v for v in grad_values if v is not None]
     bwd_nodes = passes.eliminate_dead_code(Graph("", (), bwd_nodes, outs_b)).nodes
     needed = [v for n in bwd_nodes for v in n.inputs] + outs_b
-    recompute = recompute_rule(g.nodes[:n_nodes], needed, mutated)
+    # Captured state (a Parameter) may also be updated in place between this call and
+    # its backward (an optimizer step on another loss): eager's backward then still has
+    # the intermediates computed from the old values, so none computed from captured
+    # state is recomputed from its buffer either.
+    live = {id(v) for v, _ in tr.captures}
+    recompute = recompute_rule(g.nodes[:n_nodes], needed, mutated | live)
     recomputed = {}
 
     def need(v):
