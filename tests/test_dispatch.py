@@ -442,3 +442,18 @@ def test_a_parameter_updated_between_the_call_and_its_backward():
     for got, want in zip(run(True), run(False)):
         for g, w in zip(got, want):
             _close(g, w)
+
+
+def test_numpy_reductions_of_data_return_numpy_scalars_as_in_eager():
+    def f(x):
+        a = x * 2.0 + 1.0
+        return a.sum(), np.max(a), a.sum(axis=0), np.exp(a[0, 0]), a[1, 1], a[1:2, 0]
+
+    jf = tj.jit(f)
+    for k in range(4):
+        x = np.arange(6.0).reshape(3, 2) + k
+        got, want = jf(x), f(x)
+        for g, w in zip(got, want):
+            assert type(g) is type(w), (type(g), type(w))
+            np.testing.assert_allclose(g, w, rtol=1e-12)
+    assert jf.cache_info()["fallbacks"] == 0

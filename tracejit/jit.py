@@ -72,6 +72,7 @@ def _alias_pattern(leaves):
 
 _MATCHERS = {}
 _PAR = "P"        # a Parameter argument in a signature key (VAR: a Variable)
+_SCALAR = "S"     # a result leaf eager NumPy returns as a scalar (a 0-d reduction)
 
 
 def _signature_matcher(key):
@@ -562,7 +563,8 @@ class Jitted:
                 elif isinstance(x, TracedFloat):
                     out_leaves.append(("out", x._tv, FLT))
                 elif isinstance(x, np.ndarray):
-                    out_leaves.append(("out", tr.array_value(x), ARR))
+                    out_leaves.append(("out", tr.array_value(x),
+                                       _SCALAR if getattr(x, "_numpy_scalar", False) else ARR))
                 else:
                     out_leaves.append(("const", x, None))
             tr.grad_effects = [(var, None if var._grad is None else tr.value_of(var._grad))

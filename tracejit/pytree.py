@@ -90,7 +90,8 @@ def flatten_result(obj, leaves):
 def strip_tracers(obj):
     """The traced call's result with tracer types replaced by plain ones."""
     if isinstance(obj, TracedArray):
-        return np.array(obj.view(np.ndarray))
+        a = np.array(obj.view(np.ndarray))
+        return a[()] if obj._numpy_scalar else a
     if isinstance(obj, TracedFloat):
         return obj._value
     if type(obj) in (tuple, list):

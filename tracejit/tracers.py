@@ -31,6 +31,7 @@ class TracedArray(np.ndarray):
     _owner = None       # the Variable whose .data this is, if any
     _trace = None
     _capture = None     # a closure/global array this view stands for, captured on use
+    _numpy_scalar = False   # eager NumPy would have returned a scalar here (a.sum())
 
     def __array_finalize__(self, obj):
         # Views made by NumPy internals carry no IR value: using one is an escape.
@@ -73,7 +74,12 @@ class TracedArray(np.ndarray):
         self.view(np.ndarray)[key] = value
 
     def __getitem__(self, key):
-        return self._trace.record_data_op(F.get_item, self, key)
+        y = self._trace.record_data_op(F.get_item, self, key)
+        k = key if isinstance(key, tuple) else (key,)
+        if isinstance(y, TracedArray) and y.ndim == 0 and \
+                all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in k):
+            y._numpy_scalar = True        # a[0, 1] is a NumPy scalar in eager
+        return y
 
     def reshape(self, *shape):
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):

@@ -323,7 +323,10 @@ class Trace:
             return self.numpy_call(ufunc, inputs, kwargs, method=method, out=out)
         y = fn.forward(*[(i.value if isinstance(i, Lit) else np.asarray(p).view(np.ndarray))
                          for i, p in zip(ins, plain)])
-        return self._emit(fn, ins, y, out)
+        t = self._emit(fn, ins, y, out)
+        if out is None and isinstance(t, TracedArray) and t.ndim == 0:
+            t._numpy_scalar = True     # a 0-d ufunc or reduction result is a NumPy scalar
+        return t
 
     def _emit(self, fn, ins, y, out):
         y = np.asarray(y)

@@ -355,6 +355,8 @@ def build_runner(v, leaf_kinds):
                 exprs.append(name)
             elif b == FLT:
                 exprs.append(f"float(outs[{k}])")
+            elif b == "S":                     # NumPy's own scalar, as eager returns
+                exprs.append(f"outs[{k}][()]")
             else:
                 exprs.append(f"outs[{k}]")
             k += 1
