@@ -447,7 +447,8 @@ def test_a_parameter_updated_between_the_call_and_its_backward():
 def test_numpy_reductions_of_data_return_numpy_scalars_as_in_eager():
     def f(x):
         a = x * 2.0 + 1.0
-        return a.sum(), np.max(a), a.sum(axis=0), np.exp(a[0, 0]), a[1, 1], a[1:2, 0]
+        return (a.sum(), np.max(a), a.sum(axis=0), np.exp(a[0, 0]), a[1, 1], a[1:2, 0],
+                np.mean(a), a.mean(axis=1))
 
     jf = tj.jit(f)
     for k in range(4):

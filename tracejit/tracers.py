@@ -104,7 +104,10 @@ class TracedArray(np.ndarray):
         if dtype is not None or out is not None:
             self._trace.escape("mean() with dtype= or out= on traced data")
             return self.view(np.ndarray).mean(axis, dtype, out, keepdims)
-        return self._trace.record_data_op(F.mean, self, axis, keepdims)
+        y = self._trace.record_data_op(F.mean, self, axis, keepdims)
+        if isinstance(y, TracedArray) and y.ndim == 0:
+            y._numpy_scalar = True        # as ndarray.mean() returns
+        return y
 
     def argmax(self, axis=None, out=None, **kw):
         return self._trace.numpy_call(np.argmax, (self,), {"axis": axis, **kw})
