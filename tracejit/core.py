@@ -346,6 +346,17 @@ def backprop(outputs, retain_grad=False, create_graph=False, grads=None, within=
         tr.backward_of(None)
 
 
+def _input_grads(f, gys):
+    """f.backward(*gys) as a tuple with one entry per input of f."""
+    gxs = f.backward(*gys)
+    if not isinstance(gxs, tuple):
+        gxs = (gxs,)
+    if len(gxs) != len(f.inputs):
+        raise ValueError(f"{type(f).__name__}.backward returned {len(gxs)} gradients "
+                         f"for {len(f.inputs)} inputs")
+    return gxs
+
+
 def _plain_backward_step(f, retain_grad):
     """_backward_step for the commonest case, `loss.backward()` on a compiled call's
     output, outside any trace: gradients live in `._grad`, no graph is built."""
@@ -360,13 +371,7 @@ def _plain_backward_step(f, retain_grad):
     old_mode = local.enable_backprop
     local.enable_backprop = False
     try:
-        gxs = f.backward(*gys)
-        if not isinstance(gxs, tuple):
-            gxs = (gxs,)
-        if len(gxs) != len(f.inputs):
-            raise ValueError(f"{type(f).__name__}.backward returned {len(gxs)} gradients "
-                             f"for {len(f.inputs)} inputs")
-        for x, gx in zip(f.inputs, gxs):
+        for x, gx in zip(f.inputs, _input_grads(f, gys)):
             if gx is not None:
                 if type(gx) is not Variable:
                     gx = as_variable(gx)
@@ -390,13 +395,7 @@ def _backward_step(f, store, create_graph, retain_grad):
     local.enable_backprop = create_graph
     reached = []
     try:
-        gxs = f.backward(*gys)
-        if not isinstance(gxs, tuple):
-            gxs = (gxs,)
-        if len(gxs) != len(f.inputs):
-            raise ValueError(f"{type(f).__name__}.backward returned {len(gxs)} gradients "
-                             f"for {len(f.inputs)} inputs")
-        for x, gx in zip(f.inputs, gxs):
+        for x, gx in zip(f.inputs, _input_grads(f, gys)):
             if gx is not None:
                 gx = as_variable(gx)
                 old = store.get(x)
