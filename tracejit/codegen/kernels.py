@@ -103,7 +103,10 @@ def node_expr(n, operands, vector_math=False):
         bits = "32" if calc_dtype == np.float32 else "64"
         for libm, vm in _VECTOR_MATH.items():
             body = body.replace(libm, vm.format(b=bits))
-    if dtype.kind == "f":
+    if dtype.kind == "f" and not (dtype == np.float64 and all(
+            v.dtype == np.float64 for v in n.inputs)):
+        # float64 in, float64 out needs no cast (numba's arithmetic on float64 stays
+        # float64); each cast costs compile time (typing a call).
         return f"{_NP_NAME[dtype]}({body})"
     return f"({body})"
 
