@@ -22,6 +22,7 @@ from tracejit.checking import LiveState, first_difference
 from tracejit.core import Config, Parameter, Variable
 from tracejit.pytree import (ARR, FLT, VAR, arg_names, flatten_args, flatten_result, leaf_key,
                              strip_tracers, unflatten)
+from tracejit.signature import PAR, alias_pattern, key_change, key_distance, signature_matcher
 from tracejit.tracing import TracedArray, TracedFloat, Trace
 from tracejit.trace_ops import GuardFailure
 from tracejit.variant import JitWarning, Stale, Variant, compile_graph
@@ -46,83 +47,6 @@ _ENV_KEY = os.environ.encodekey("TRACEJIT_DISABLE") if hasattr(os.environ, "enco
 # The per-call test of TRACEJIT_DISABLE: os.environ's backing dict, one lookup.
 _env_get = _ENVIRON.get if _ENVIRON is not None else (lambda key: "?")
 _trace_state = core._state
-
-def _alias_pattern(leaves):
-    """None if no two array leaves share an object (a Variable, or its data); else, per
-    leaf, the index of the first leaf it shares one with."""
-    seen = {}
-    pattern = []
-    shared = False
-    for i, x in enumerate(leaves):
-        first = i
-        if isinstance(x, Variable):
-            objs = (x, x._data)
-        elif isinstance(x, np.ndarray):
-            objs = (x,)
-        else:
-            objs = ()
-        for o in objs:
-            if o is not None:
-                j = seen.setdefault(id(o), i)
-                if j != i:
-                    first, shared = min(first, j), True
-        pattern.append(first)
-    return tuple(pattern) if shared else None
-
-
-_MATCHERS = {}
-_PAR = "P"        # a Parameter argument in a signature key (VAR: a Variable)
-_SCALAR = "S"     # a result leaf eager NumPy returns as a scalar (a 0-d reduction)
-
-
-def _signature_matcher(key):
-    """A function args -> bool that holds exactly when _fast_key(args) == key, written
-    out for that key: type, shape and dtype tests in line, nothing built or hashed."""
-    m = _MATCHERS.get(key)
-    if m is not None:
-        return m
-    parts, backprop, train = key
-    env = {"ndarray": np.ndarray, "Variable": Variable, "Parameter": Parameter,
-           "local": Config._local}
-    lines = [f"if len(args) != {len(parts)}: return False"]
-    for i, p in enumerate(parts):
-        lines.append(f"a = args[{i}]")
-        if p == FLT:
-            lines.append("if type(a) is not float: return False")
-            continue
-        shape, dtype, kind = p
-        env[f"d{i}"] = dtype
-        if kind in (VAR, _PAR):
-            lines += [f"if type(a) is not {'Variable' if kind == VAR else 'Parameter'}: "
-                      f"return False",
-                      "a = a._data",
-                      "if a is None: return False"]
-        else:
-            lines.append("if type(a) is not ndarray: return False")
-        lines.append(f"if a.shape != {shape!r} or (a.dtype is not d{i} and a.dtype != d{i}): "
-                     f"return False")
-    # No two arguments share an array (a fast key never has aliases: see _fast_key).
-    objs = []
-    for i, p in enumerate(parts):
-        if p != FLT:
-            objs.append(f"args[{i}]")
-            if p[2] != ARR:
-                objs.append(f"args[{i}]._data")
-    if len(objs) > 1:
-        if len(objs) <= 3:
-            lines.append("if " + " or ".join(f"{a} is {b}" for k, a in enumerate(objs)
-                                             for b in objs[k + 1:]) + ": return False")
-        else:
-            lines.append(f"if len({{{', '.join(f'id({o})' for o in objs)}}}) != {len(objs)}: "
-                         f"return False")
-    env["backprop"], env["train"] = backprop, train
-    lines.append("return local.enable_backprop == backprop and local.train == train")
-    src = "def match(args):\n" + "".join(f"    {line}\n" for line in lines)
-    exec(compile(src, "<tracejit-signature>", "exec"), env)
-    if len(_MATCHERS) > 4096:
-        _MATCHERS.clear()
-    m = _MATCHERS[key] = env["match"]
-    return m
 
 
 def _env_disabled():
@@ -152,6 +76,7 @@ class disable_jit:
 
 
 _RETRACE = object()
+_SCALAR = "S"     # a result leaf eager NumPy returns as a scalar (a 0-d reduction)
 
 
 class Jitted:
@@ -237,7 +162,7 @@ class Jitted:
                     parts.append((k, flatten_args(kwargs[k], leaves)))
         # Which leaves are the same array: a variant traced for f(x, x) must not run
         # f(x, y), nor the other way round (an in-place update of one is seen by both).
-        key = (tuple(parts), tuple([leaf_key(x) for x in leaves]) + (_alias_pattern(leaves),),
+        key = (tuple(parts), tuple([leaf_key(x) for x in leaves]) + (alias_pattern(leaves),),
                Config.enable_backprop, Config.train)
         try:
             hash(key)
@@ -256,14 +181,14 @@ class Jitted:
                 if d is None:
                     return None
                 # Parameter apart from Variable: a function may branch on isinstance.
-                parts.append((d.shape, d.dtype, VAR if t is Variable else _PAR))
+                parts.append((d.shape, d.dtype, VAR if t is Variable else PAR))
             elif t is np.ndarray:
                 parts.append((a.shape, a.dtype, ARR))
             elif t is float:
                 parts.append(FLT)
             else:
                 return None
-        if len(args) > 1 and _alias_pattern(args) is not None:
+        if len(args) > 1 and alias_pattern(args) is not None:
             return None           # the same array twice: the general key records it
         return (tuple(parts), Config.enable_backprop, Config.train)
 
@@ -343,7 +268,7 @@ class Jitted:
                     # The next call starts at the guard tree's root, not at the variant
                     # that ran last: with a loop whose trip count varies from call to
                     # call, the last variant is the wrong guess more often than not.
-                    self._hot = (_signature_matcher(key), key, variants, self._version,
+                    self._hot = (signature_matcher(key), key, variants, self._version,
                                  variants[0])
                 return out
             except GuardFailure as gf:
@@ -405,8 +330,8 @@ class Jitted:
         known = [k for k in self._variants if k != key]
         if not known:
             return "first trace"
-        old = min(known, key=lambda k: _key_distance(k, key))
-        return _key_change(old, key)
+        old = min(known, key=lambda k: key_distance(k, key))
+        return key_change(old, key)
 
     def _next_variant(self, variants, failed, gf):
         prefix = failed.guard_outcomes[:gf.index]
@@ -725,36 +650,6 @@ def _perturbed(x, rng):
     if type(x) is float:
         return x * (1 + _PERTURB * 0.75)
     return x
-
-
-def _key_distance(a, b):
-    if type(a) is not type(b) or not isinstance(a, tuple) or len(a) != len(b):
-        return 0 if a == b else 1
-    return sum(_key_distance(x, y) for x, y in zip(a, b))
-
-
-def _key_change(old, new):
-    parts_old, parts_new = old[0], new[0]
-    if old[-2] != new[-2]:
-        return f"grad mode changed (Config.enable_backprop {old[-2]} -> {new[-2]})"
-    if old[-1] != new[-1]:
-        return f"train mode changed (Config.train {old[-1]} -> {new[-1]})"
-    if len(old) == 3 and len(new) == 3 and len(parts_old) == len(parts_new):
-        for i, (a, b) in enumerate(zip(parts_old, parts_new)):
-            if a != b:
-                if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 3:
-                    if a[:2] == b[:2]:
-                        kinds = {VAR: "a Variable", _PAR: "a Parameter", ARR: "an ndarray"}
-                        return f"argument {i} is now {kinds.get(b[2], b[2])}, was " \
-                               f"{kinds.get(a[2], a[2])}"
-                    what = "shape" if a[0] != b[0] else "dtype"
-                    va, vb = (a[0], b[0]) if what == "shape" else (a[1], b[1])
-                    return f"argument {i} {what} changed: {va} -> {vb}"
-                return f"argument {i} changed: {a} -> {b}"
-    for i, (a, b) in enumerate(zip(old[1], new[1])) if len(old) == 4 else ():
-        if a != b:
-            return f"array argument {i} changed: shape/dtype {a} -> {b}"
-    return "the arguments' structure or static values changed"
 
 
 def _same_rng(a, b):

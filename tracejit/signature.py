@@ -1,0 +1,118 @@
+"""Signature keys of a jitted call: what makes two calls share a variant.
+
+A key holds the arguments' structure, shapes and dtypes, which are Variables,
+Parameters or ndarrays, which share an array (aliasing), static values and the grad
+mode. `signature_matcher` writes out, for one key, a function that recognises a call
+with that key without building it (the hot path of a repeated call); `key_change` says
+in the user's terms how a new key differs from an old one (the retrace log).
+"""
+import numpy as np
+
+from tracejit.core import Config, Parameter, Variable
+from tracejit.pytree import ARR, FLT, VAR
+
+PAR = "P"        # a Parameter argument in a signature key (VAR: a Variable)
+_MATCHERS = {}
+
+
+def alias_pattern(leaves):
+    """None if no two array leaves share an object (a Variable, or its data); else, per
+    leaf, the index of the first leaf it shares one with."""
+    seen = {}
+    pattern = []
+    shared = False
+    for i, x in enumerate(leaves):
+        first = i
+        if isinstance(x, Variable):
+            objs = (x, x._data)
+        elif isinstance(x, np.ndarray):
+            objs = (x,)
+        else:
+            objs = ()
+        for o in objs:
+            if o is not None:
+                j = seen.setdefault(id(o), i)
+                if j != i:
+                    first, shared = min(first, j), True
+        pattern.append(first)
+    return tuple(pattern) if shared else None
+
+
+def signature_matcher(key):
+    """A function args -> bool that holds exactly when _fast_key(args) == key, written
+    out for that key: type, shape and dtype tests in line, nothing built or hashed."""
+    m = _MATCHERS.get(key)
+    if m is not None:
+        return m
+    parts, backprop, train = key
+    env = {"ndarray": np.ndarray, "Variable": Variable, "Parameter": Parameter,
+           "local": Config._local}
+    lines = [f"if len(args) != {len(parts)}: return False"]
+    for i, p in enumerate(parts):
+        lines.append(f"a = args[{i}]")
+        if p == FLT:
+            lines.append("if type(a) is not float: return False")
+            continue
+        shape, dtype, kind = p
+        env[f"d{i}"] = dtype
+        if kind in (VAR, PAR):
+            lines += [f"if type(a) is not {'Variable' if kind == VAR else 'Parameter'}: "
+                      f"return False",
+                      "a = a._data",
+                      "if a is None: return False"]
+        else:
+            lines.append("if type(a) is not ndarray: return False")
+        lines.append(f"if a.shape != {shape!r} or (a.dtype is not d{i} and a.dtype != d{i}): "
+                     f"return False")
+    # No two arguments share an array (a fast key never has aliases: see _fast_key).
+    objs = []
+    for i, p in enumerate(parts):
+        if p != FLT:
+            objs.append(f"args[{i}]")
+            if p[2] != ARR:
+                objs.append(f"args[{i}]._data")
+    if len(objs) > 1:
+        if len(objs) <= 3:
+            lines.append("if " + " or ".join(f"{a} is {b}" for k, a in enumerate(objs)
+                                             for b in objs[k + 1:]) + ": return False")
+        else:
+            lines.append(f"if len({{{', '.join(f'id({o})' for o in objs)}}}) != {len(objs)}: "
+                         f"return False")
+    env["backprop"], env["train"] = backprop, train
+    lines.append("return local.enable_backprop == backprop and local.train == train")
+    src = "def match(args):\n" + "".join(f"    {line}\n" for line in lines)
+    exec(compile(src, "<tracejit-signature>", "exec"), env)
+    if len(_MATCHERS) > 4096:
+        _MATCHERS.clear()
+    m = _MATCHERS[key] = env["match"]
+    return m
+
+
+def key_distance(a, b):
+    if type(a) is not type(b) or not isinstance(a, tuple) or len(a) != len(b):
+        return 0 if a == b else 1
+    return sum(key_distance(x, y) for x, y in zip(a, b))
+
+
+def key_change(old, new):
+    parts_old, parts_new = old[0], new[0]
+    if old[-2] != new[-2]:
+        return f"grad mode changed (Config.enable_backprop {old[-2]} -> {new[-2]})"
+    if old[-1] != new[-1]:
+        return f"train mode changed (Config.train {old[-1]} -> {new[-1]})"
+    if len(old) == 3 and len(new) == 3 and len(parts_old) == len(parts_new):
+        for i, (a, b) in enumerate(zip(parts_old, parts_new)):
+            if a != b:
+                if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 3:
+                    if a[:2] == b[:2]:
+                        kinds = {VAR: "a Variable", PAR: "a Parameter", ARR: "an ndarray"}
+                        return f"argument {i} is now {kinds.get(b[2], b[2])}, was " \
+                               f"{kinds.get(a[2], a[2])}"
+                    what = "shape" if a[0] != b[0] else "dtype"
+                    va, vb = (a[0], b[0]) if what == "shape" else (a[1], b[1])
+                    return f"argument {i} {what} changed: {va} -> {vb}"
+                return f"argument {i} changed: {a} -> {b}"
+    for i, (a, b) in enumerate(zip(old[1], new[1])) if len(old) == 4 else ():
+        if a != b:
+            return f"array argument {i} changed: shape/dtype {a} -> {b}"
+    return "the arguments' structure or static values changed"
