@@ -66,9 +66,12 @@ def _fingerprint():
         cpu = "unknown"
     # Kernels call tracejit.codegen.vecmath: numba's cache does not track that
     # dependency, so its source is part of every key.
-    vm = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vecmath.py")
-    with open(vm, "rb") as f:
-        vm_hash = hashlib.sha256(f.read()).hexdigest()[:16]
+    try:                                # read, not imported: it costs 0.1 s to import
+        vm = importlib.util.find_spec("tracejit.codegen.vecmath").origin
+        with open(vm, "rb") as f:
+            vm_hash = hashlib.sha256(f.read()).hexdigest()[:16]
+    except (OSError, TypeError, AttributeError):    # no source file: never reuse
+        vm_hash = f"nosource-{os.getpid()}"
     return f"numba {numba.__version__} llvmlite {llvmlite.__version__} cpu {cpu} " \
            f"numpy {np.__version__} vecmath {vm_hash}"
 
