@@ -55,7 +55,10 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-_OPTS = dict(fastmath={"contract"}, error_model="numpy", nogil=True)
+# cache=True: numba keeps these compiled on disk, so a process building a new kernel
+# that calls them compiles only the kernel (measured: 0.62 s instead of 1.2 s). The
+# cached code still inlines into the kernel and vectorizes (same run time).
+_OPTS = dict(fastmath={"contract"}, error_model="numpy", nogil=True, cache=True)
 _jit = njit(**_OPTS)
 
 
