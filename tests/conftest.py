@@ -5,7 +5,9 @@ repeatable) and "deep" (300 random examples, HYPOTHESIS_PROFILE=deep), which exp
 """
 import os
 import sys
+import warnings
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # Run from a checkout without installing: make `import tracejit` find the package.
@@ -16,3 +18,25 @@ settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True
 settings.register_profile("deep", max_examples=300, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def jit_warnings_are_errors():
+    """An unexpected fallback fails the test (files opt in with pytestmark)."""
+    import tracejit as tj
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tj.JitWarning)
+        yield
+
+
+@pytest.fixture(scope="module")
+def kernel_cache_dir(tmp_path_factory):
+    """A fresh TRACEJIT_CACHE_DIR for the tests of one module."""
+    d = str(tmp_path_factory.mktemp("kcache"))
+    old = os.environ.get("TRACEJIT_CACHE_DIR")
+    os.environ["TRACEJIT_CACHE_DIR"] = d
+    yield d
+    if old is None:
+        os.environ.pop("TRACEJIT_CACHE_DIR", None)
+    else:
+        os.environ["TRACEJIT_CACHE_DIR"] = old

@@ -15,44 +15,14 @@ import tracejit
 import tracejit.functions as F
 from tracejit import codegen, interpret
 from tracejit.codegen import cache as kcache
-from tracejit.ir import Graph, Lit, Node, Value
-from tracejit.trace_ops import Guard, GuardFailure
+from tracejit.ir import Lit
+from tracejit.trace_ops import GuardFailure
+
+from graph_builder import Builder
+
+pytestmark = pytest.mark.usefixtures("kernel_cache_dir")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cache_dir(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("kcache"))
-    old = os.environ.get("TRACEJIT_CACHE_DIR")
-    os.environ["TRACEJIT_CACHE_DIR"] = d
-    yield d
-    if old is None:
-        os.environ.pop("TRACEJIT_CACHE_DIR", None)
-    else:
-        os.environ["TRACEJIT_CACHE_DIR"] = old
-
-
-class Builder:
-    def __init__(self):
-        self.inputs, self.nodes = [], []
-
-    def input(self, shape, dtype=np.float64):
-        v = Value(shape, dtype)
-        self.inputs.append(v)
-        return v
-
-    def op(self, fn, *ins):
-        spec = fn.shape_rule(*[v.spec for v in ins])
-        out = Value(spec.shape, spec.dtype)
-        self.nodes.append(Node(fn, ins, [out]))
-        return out
-
-    def guard(self, v, conv="bool", expected=True):
-        self.nodes.append(Node(Guard(conv, expected), [v], []))
-
-    def graph(self, *outs):
-        return Graph("g", self.inputs, self.nodes, outs)
 
 
 def both(g, xs, **kw):

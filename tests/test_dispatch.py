@@ -11,14 +11,9 @@ import tracejit as tj
 import tracejit.functions as F
 from tracejit import Variable
 
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
 SCALE = 2.0
-
-
-@pytest.fixture(autouse=True)
-def jit_warnings_are_errors():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", tj.JitWarning)
-        yield
 
 
 def _close(a, b):

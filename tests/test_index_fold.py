@@ -6,9 +6,7 @@ group input becomes an affine read inside the group's loop (no copy), and its gr
 indices are resolved against the call's shapes and passed to the kernel as arguments,
 so a new shape reuses the kernel and clips / raises exactly as NumPy does.
 """
-import os
 import re
-import warnings
 
 import numpy as np
 import pytest
@@ -20,24 +18,7 @@ from tracejit import codegen, passes
 from tracejit.autodiff import value_and_grad
 from tracejit.codegen import cache as kcache
 
-
-@pytest.fixture(scope="module", autouse=True)
-def cache_dir(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("kcache"))
-    old = os.environ.get("TRACEJIT_CACHE_DIR")
-    os.environ["TRACEJIT_CACHE_DIR"] = d
-    yield d
-    if old is None:
-        os.environ.pop("TRACEJIT_CACHE_DIR", None)
-    else:
-        os.environ["TRACEJIT_CACHE_DIR"] = old
-
-
-@pytest.fixture(autouse=True)
-def jit_warnings_are_errors():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", tj.JitWarning)
-        yield
+pytestmark = pytest.mark.usefixtures("kernel_cache_dir", "jit_warnings_are_errors")
 
 
 _NUMPY_GETITEM = re.compile(r"= _f\d+\(.*\)\s+# get_item")

@@ -16,14 +16,9 @@ from tracejit import Parameter, Variable
 from tracejit.models import MLP
 from tracejit.optimizers import SGD, AdaGrad, Adam, MomentumSGD
 
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
 N_CALLS = 6          # >= 5: warm-up, trace, then at least 3 replays (more in loops)
-
-
-@pytest.fixture(autouse=True)
-def jit_warnings_are_errors():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", tj.JitWarning)
-        yield
 
 
 def _arr(x):

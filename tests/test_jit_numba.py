@@ -1,6 +1,5 @@
 """Whole programs through the numba backend: values and gradients equal eager, call
 after call, with no fallback (a JitWarning fails the test)."""
-import warnings
 
 import numpy as np
 import pytest
@@ -10,12 +9,7 @@ import tracejit.functions as F
 from tracejit import optimizers
 from tracejit.models import MLP
 
-
-@pytest.fixture(autouse=True)
-def jit_warnings_are_errors():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", tj.JitWarning)
-        yield
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
 
 @pytest.mark.parametrize("opt_cls", [optimizers.SGD, optimizers.MomentumSGD,

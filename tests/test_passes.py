@@ -6,33 +6,10 @@ from hypothesis import strategies as st
 
 import tracejit.functions as F
 from tracejit import interpret, passes
-from tracejit.ir import Graph, Lit, Node, Value, check
-from tracejit.trace_ops import Guard, GuardFailure
+from tracejit.ir import Lit, check
+from tracejit.trace_ops import GuardFailure
 
-
-class Builder:
-    """Hand-built graphs: b.op(F.Tanh(), x) appends a node and returns its output."""
-
-    def __init__(self):
-        self.inputs, self.nodes = [], []
-
-    def input(self, shape, dtype=np.float64):
-        v = Value(shape, dtype)
-        self.inputs.append(v)
-        return v
-
-    def op(self, fn, *ins):
-        spec = fn.shape_rule(*[v.spec for v in ins])
-        specs = spec if isinstance(spec, tuple) else (spec,)
-        outs = [Value(s.shape, s.dtype) for s in specs]
-        self.nodes.append(Node(fn, ins, outs))
-        return outs[0]
-
-    def guard(self, v, conv="bool", expected=True):
-        self.nodes.append(Node(Guard(conv, expected), [v], []))
-
-    def graph(self, *outs):
-        return Graph("g", self.inputs, self.nodes, outs)
+from graph_builder import Builder
 
 
 def run(g, args):

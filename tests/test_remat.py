@@ -6,7 +6,6 @@ recomputing what cannot be: costly math, reductions, matmuls, anything computed 
 an input the call mutates. End-to-end tests run jitted functions past warm-up with new
 values, compare with eager, and read the saved bytes off the forward graph's summary.
 """
-import warnings
 
 import numpy as np
 import pytest
@@ -14,22 +13,13 @@ import pytest
 import tracejit as tj
 import tracejit.functions as F
 from tracejit import Parameter, Variable, autodiff, remat
-from tracejit.ir import Lit, Node, Value
+from tracejit.ir import Lit, Value
+
+from graph_builder import Builder
+
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
 N = 1000
-
-
-class Builder:
-    """Hand-built forward graphs: b.op(F.Log(), x) appends a node, returns its output."""
-
-    def __init__(self):
-        self.nodes = []
-
-    def op(self, fn, *ins):
-        spec = fn.shape_rule(*[v.spec for v in ins])
-        out = Value(spec.shape, spec.dtype)
-        self.nodes.append(Node(fn, ins, [out]))
-        return out
 
 
 def plan(b, needed, mutated=(), min_cut=True):
@@ -182,12 +172,6 @@ def test_deep_chain_needs_no_recursion():
 
 
 # ---------------------------------------------------------------- end to end
-
-@pytest.fixture(autouse=True)
-def jit_warnings_are_errors():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", tj.JitWarning)
-        yield
 
 
 @pytest.fixture

@@ -29,15 +29,10 @@ from tracejit import Parameter, Variable
 from tracejit.models import MLP, Model
 from tracejit.optimizers import SGD, AdaGrad, Adam, MomentumSGD
 
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
 N = 7                   # calls per test: warm-up, trace, checked call, >= 4 replays
 SWITCH = 3              # attacks on the safety net change values from this call on
-
-
-@pytest.fixture(autouse=True)
-def jit_warnings_are_errors():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", tj.JitWarning)
-        yield
 
 
 # ------------------------------------------------------------------ helpers

@@ -2,7 +2,6 @@
 transcendental chains (values and gradients, reductions, prange and serial sizes),
 NaN/inf inputs, and the libm rerun when a sin/cos argument is beyond the range the
 vector path reduces (it must never return the NaN flag as a value)."""
-import warnings
 
 import numpy as np
 import pytest
@@ -12,12 +11,7 @@ from hypothesis import strategies as st
 import tracejit as tj
 import tracejit.functions as F
 
-
-@pytest.fixture(autouse=True)
-def jit_warnings_are_errors():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", tj.JitWarning)
-        yield
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
 
 def chain(x, y):
