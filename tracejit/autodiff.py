@@ -60,6 +60,7 @@ def value_and_grad(fn, argnums=0):
         return y, (gs[0] if single else tuple(gs))
 
     value_and_grad_fn.__name__ = f"value_and_grad_{getattr(fn, '__name__', 'f')}"
+    value_and_grad_fn._tracejit_wrapper = True     # pystate: look through to fn
     return value_and_grad_fn
 
 
@@ -70,6 +71,7 @@ def grad(fn, argnums=0):
         return vg(*args, **kwargs)[1]
 
     grad_fn.__name__ = f"grad_{getattr(fn, '__name__', 'f')}"
+    grad_fn._tracejit_wrapper = True
     return grad_fn
 
 

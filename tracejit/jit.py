@@ -264,7 +264,9 @@ class Jitted:
                 except Exception as e:  # noqa: BLE001 - never a backend traceback
                     return self._demote(key, v, variants, e, args, kwargs)
                 self.stats["hits"] += 1
-                if not kwargs and len(key) == 3 and leaves is args:
+                hot = self._hot
+                if (hot is None or hot[2] is not variants or hot[3] != self._version) \
+                        and not kwargs and len(key) == 3 and leaves is args:
                     # The next call starts at the guard tree's root, not at the variant
                     # that ran last: with a loop whose trip count varies from call to
                     # call, the last variant is the wrong guess more often than not.

@@ -91,9 +91,8 @@ def _is_user_function(f):
 
 
 def _is_library_wrapper(f):
-    mod = getattr(f, "__module__", "") or ""
-    return isinstance(f, types.FunctionType) and mod.startswith("tracejit.") \
-        and "<locals>" in f.__qualname__
+    # Set by grad / value_and_grad on the closures they return.
+    return getattr(f, "_tracejit_wrapper", False)
 
 
 def _is_scalar_config(v):

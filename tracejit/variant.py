@@ -320,20 +320,19 @@ def build_runner(v, leaf_kinds):
     def target(where, obj):
         return f"leaves[{obj}]" if where == "leaf" else const(obj)
 
-    # Every in-place target must take the write before the first one is written: a
-    # failure halfway (a read-only argument) would leave some effects applied, and the
-    # eager rerun that reports the error would apply them twice.
-    writes = [f"{target(where, obj)}._data" if kind == "inplace" else target(where, obj)
-              for kind, (where, obj), _ in v.effects if kind in ("inplace", "inplace_array")]
-    if writes:
-        body.append(f"if not ({' and '.join(w + '.flags.writeable' for w in writes)}): "
+    effects = [(kind, target(where, obj), slot) for kind, (where, obj), slot in v.effects]
+    # The array each in-place effect writes into.
+    dest = {i: f"{t}._data" if kind == "inplace" else t
+            for i, (kind, t, _) in enumerate(effects) if kind in ("inplace", "inplace_array")}
+    # Every one must take the write before the first is written: a failure halfway (a
+    # read-only argument) would leave some effects applied, and the eager rerun that
+    # reports the error would apply them twice.
+    if dest:
+        body.append(f"if not ({' and '.join(d + '.flags.writeable' for d in dest.values())}): "
                     f"raise ValueError('output array is read-only')")
-    for kind, (where, obj), slot in v.effects:
-        t = target(where, obj)
-        if kind == "inplace":
-            body.append(f"np.copyto({t}._data, outs[{slot}], casting='unsafe')")
-        elif kind == "inplace_array":
-            body.append(f"np.copyto({t}, outs[{slot}], casting='unsafe')")
+    for i, (kind, t, slot) in enumerate(effects):
+        if i in dest:
+            body.append(f"np.copyto({dest[i]}, outs[{slot}], casting='unsafe')")
         else:
             body.append(f"val = outs[{slot}]")
             body.append(f"{t}._data = val.copy() if any(val is x for x in arrays) else val")

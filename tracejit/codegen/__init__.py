@@ -74,7 +74,6 @@ def run_blocks(fn, n, rows):
             f.result()
 # float64 kernels call tracejit.codegen.vecmath (vectorized, fused): no NumPy blocks.
 # float32 ones keep NumPy's ufuncs, whose float32 SIMD math is as fast (bench_vecmath).
-_NUMPY_MATH = set()
 _NUMPY_MATH_F32 = {"Exp", "Log", "Tanh", "Sigmoid", "Cos", "Sin"}
 
 __all__ = ["compile", "optimize", "PARALLEL_MIN", "NUMPY_MATH_MIN", "stats"]
@@ -290,11 +289,8 @@ def _numpy_math_group(fn):
         return False
     if any(n.kind == "movement" and not _view_load(fn, n) for n in fn.graph.nodes):
         return False
-    for n in fn.graph.nodes:
-        ops = _NUMPY_MATH_F32 if n.out.dtype == np.float32 else _NUMPY_MATH
-        if n.op.__name__ in ops:
-            return True
-    return False
+    return any(n.out.dtype == np.float32 and n.op.__name__ in _NUMPY_MATH_F32
+               for n in fn.graph.nodes)
 
 
 def _view_load(fn, n):
