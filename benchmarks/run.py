@@ -210,18 +210,7 @@ def bench_chains(sizes, rounds, min_time, backend):
             def loss(a, b):
                 return F.sum(chain(a, b))
 
-            vg = tj.value_and_grad(loss, argnums=(0, 1))
-            vgj = tj.jit(vg, backend=backend)
-            fj = tj.jit(loss, backend=backend)
-            xv, yv = tj.Variable(x), tj.Variable(y)
-
-            def dezero_form():
-                xv.cleargrad()
-                yv.cleargrad()
-                z = fj(xv, yv)
-                z.backward()
-                return xv.grad, yv.grad
-
+            vg, vgj, fj, dezero_form, _ = grad_forms(loss, x, y, backend)
             impls = {
                 "tracejit eager": lambda: vg(x, y),
                 "tracejit jit(value_and_grad)": lambda: vgj(x, y),
@@ -240,6 +229,24 @@ def bench_chains(sizes, rounds, min_time, backend):
             report(f"W2 {kind} forward+backward, N={n:.0e}", res, base,
                    summary_line(vgj, x, y))
             check_no_fallback(vgj, fj)
+
+
+def grad_forms(f, x, y, backend):
+    """A value and gradient of f(x, y) in each calling form: value_and_grad (eager and
+    jitted), the jitted f, and DeZero's `z = f(x, y); z.backward()` with the jitted f
+    and with f itself."""
+    vg = tj.value_and_grad(f, argnums=(0, 1))
+    fj = tj.jit(f, backend=backend)
+    xv, yv = tj.Variable(x), tj.Variable(y)
+
+    def dezero(g):
+        def call():
+            xv.cleargrad()
+            yv.cleargrad()
+            g(xv, yv).backward()
+            return xv.grad, yv.grad
+        return call
+    return vg, tj.jit(vg, backend=backend), fj, dezero(fj), dezero(f)
 
 
 def _jax_chain(chain):
@@ -269,25 +276,7 @@ def rosenbrock(x, y):
 def bench_scalar(rounds, min_time, backend):
     for name, f in (("Goldstein-Price", goldstein_price), ("Rosenbrock", rosenbrock)):
         x, y = np.array(0.3), np.array(-0.2)
-        vg = tj.value_and_grad(f, argnums=(0, 1))
-        vgj = tj.jit(vg, backend=backend)
-        fj = tj.jit(f, backend=backend)
-        xv, yv = tj.Variable(x), tj.Variable(y)
-
-        def dezero_form():
-            xv.cleargrad()
-            yv.cleargrad()
-            z = fj(xv, yv)
-            z.backward()
-            return xv.grad, yv.grad
-
-        def eager_form():
-            xv.cleargrad()
-            yv.cleargrad()
-            z = f(xv, yv)
-            z.backward()
-            return xv.grad, yv.grad
-
+        vg, vgj, fj, dezero_form, eager_form = grad_forms(f, x, y, backend)
         impls = {
             "tracejit eager (z.backward())": eager_form,
             "tracejit jit(value_and_grad)": lambda: vgj(x, y),
