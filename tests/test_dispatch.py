@@ -453,3 +453,126 @@ def test_numpy_reductions_of_data_return_numpy_scalars_as_in_eager():
             assert type(g) is type(w), (type(g), type(w))
             np.testing.assert_allclose(g, w, rtol=1e-12)
     assert jf.cache_info()["fallbacks"] == 0
+
+
+# ---- one thread-local mode, the fused hot runner, 0-d entry points
+
+def test_switching_jit_off_after_the_hot_path_is_built_runs_python():
+    seen = []
+
+    def f(x):
+        seen.append(1)               # runs only while tracing, or eagerly
+        return x * 2.0
+    fj = tj.jit(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tj.JitWarning)   # the append is a side effect
+        for _ in range(5):
+            fj(np.array(1.5))
+    n = len(seen)
+    assert fj(np.array(2.0)) == 4.0 and len(seen) == n          # compiled: no append
+    with tj.disable_jit():
+        assert fj(np.array(3.0)) == 6.0
+    assert len(seen) == n + 1
+    assert fj(np.array(4.0)) == 8.0 and len(seen) == n + 1      # on again: compiled
+
+
+def test_the_environment_switch_is_read_on_the_hot_path(monkeypatch):
+    seen = []
+
+    def f(x):
+        seen.append(1)
+        return x + 1.0
+    fj = tj.jit(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tj.JitWarning)
+        for _ in range(5):
+            fj(np.array(1.0))
+    n = len(seen)
+    monkeypatch.setenv("TRACEJIT_DISABLE", "1")
+    assert fj(np.array(2.0)) == 3.0 and len(seen) == n + 1
+    monkeypatch.delenv("TRACEJIT_DISABLE")
+    assert fj(np.array(2.0)) == 3.0 and len(seen) == n + 1
+
+
+def test_grad_mode_is_per_thread_on_the_hot_path():
+    import threading
+    f = tj.jit(lambda x: F.sin(x) * x)
+    x = Variable(np.array(0.7))
+    for _ in range(4):
+        assert f(x).creator is not None
+    out = {}
+
+    def other():
+        with tj.no_grad():
+            for i in range(4):
+                out[i] = f(Variable(np.array(0.1 * i)))
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert all(y.creator is None for y in out.values())
+    for i, y in out.items():
+        _close(y, np.sin(0.1 * i) * 0.1 * i)
+    y = f(x)                          # this thread is still in grad mode
+    assert y.creator is not None
+    y.backward()
+    _close(x.grad, np.cos(0.7) * 0.7 + np.sin(0.7))
+
+
+def test_the_signature_matcher_agrees_with_the_key():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from tracejit.core import Parameter
+    from tracejit.signature import signature_matcher
+    fj = tj.jit(lambda *a: a)
+
+    def leaf(kind, shape, dtype, fill):
+        a = np.full(shape, fill, dtype)
+        return {"arr": a, "var": Variable(a), "par": Parameter(a), "float": float(fill),
+                "int": int(fill), "none": Variable(None)}[kind]
+
+    leaves = st.tuples(st.sampled_from(["arr", "var", "par", "float", "int", "none"]),
+                       st.sampled_from([(), (1,), (2,), (2, 1)]),
+                       st.sampled_from([np.float64, np.float32, np.int64]),
+                       st.integers(0, 3))
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(leaves, max_size=3), st.lists(leaves, max_size=3), st.booleans(),
+           st.booleans())
+    def check(a, b, alias, grad):
+        args_a = [leaf(*p) for p in a]
+        args_b = [leaf(*p) for p in b]
+        if alias and args_b:
+            args_b.append(args_b[0])
+        key_a = fj._fast_key(args_a)
+        if key_a is None:
+            return
+        match = signature_matcher(key_a)
+        with tj.using_config("enable_backprop", grad):
+            key_b = fj._fast_key(args_b)
+            assert match(args_b) == (key_b == key_a)
+        assert match(args_a)
+    check()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64, np.int32, np.bool_])
+def test_0d_graphs_of_every_input_dtype_through_the_entry_point(dtype):
+    def f(x, y):
+        z = x * y + x
+        if (z > 1).data:              # a guard inside the one 0-d kernel
+            return z * 2, z
+        return z - 1, x
+    fj = tj.jit(f)
+    rng = np.random.default_rng(1)
+    for _ in range(12):
+        x, y = (np.asarray(rng.integers(-3, 4), dtype) for _ in range(2))
+        if dtype in (np.float64, np.float32):
+            x = np.asarray(x + rng.uniform(-1, 1), dtype)
+        got, want = fj(Variable(x), Variable(y)), f(Variable(x), Variable(y))
+        for g, w in zip(got, want):
+            assert type(g.data) is type(w.data) and g.data.dtype == w.data.dtype
+            assert g.shape == w.shape == ()
+            _close(g, w)
+    assert fj.cache_info()["fallbacks"] == 0
+    if dtype in (np.float64, np.float32):     # integer arithmetic is not fused (NumPy)
+        assert fj.trace(Variable(x), Variable(y)).notes.get("mode") == "scalar"

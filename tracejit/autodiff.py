@@ -139,13 +139,12 @@ def eval_shape(fn, *args, **kwargs):
 
     args = [conv(a) for a in args]
     kwargs = {k: conv(v) for k, v in kwargs.items()}
-    prev = core._state.trace
-    core._state.trace = _AbstractTrace()
+    prev = core.set_trace(_AbstractTrace())
     try:
         with core.no_grad():
             out = fn(*args, **kwargs)
     finally:
-        core._state.trace = prev
+        core.set_trace(prev)
     return _specs(out)
 
 

@@ -16,9 +16,40 @@ import weakref
 import numpy as np
 
 
-class _ThreadConfig(threading.local):
+_MODES = {}
+
+
+def call_mode(compiled, backprop, train):
+    """The one object per (jit may run, Config.enable_backprop, Config.train): a thread's
+    current one is _state.mode, so a jitted call tests all three with one read."""
+    key = (compiled, backprop, train)
+    return _MODES.setdefault(key, key)
+
+
+class _ThreadState(threading.local):
+    # Per thread: DeZero's Config, the active tracing.Trace (None: eager), and whether
+    # jit is switched off (tj.disable_jit). Thread-local so that one thread tracing, or
+    # in no_grad(), never changes what another thread records or computes.
     enable_backprop = True
     train = True
+    trace = None
+    jit_off = False
+    mode = call_mode(True, True, True)
+
+    def refresh_mode(self):
+        self.mode = call_mode(self.trace is None and not self.jit_off,
+                              self.enable_backprop, self.train)
+
+
+_state = _ThreadState()
+
+
+def set_trace(trace):
+    """Make `trace` this thread's active trace (None: eager); returns the previous one."""
+    prev = _state.trace
+    _state.trace = trace
+    _state.refresh_mode()
+    return prev
 
 
 class _ConfigType(type):
@@ -31,6 +62,7 @@ class _ConfigType(type):
     @enable_backprop.setter
     def enable_backprop(cls, value):
         cls._local.enable_backprop = value
+        cls._local.refresh_mode()
 
     @property
     def train(cls):
@@ -39,12 +71,13 @@ class _ConfigType(type):
     @train.setter
     def train(cls, value):
         cls._local.train = value
+        cls._local.refresh_mode()
 
 
 class Config(metaclass=_ConfigType):
     """DeZero's Config: `Config.enable_backprop`, `Config.train` (per thread)."""
 
-    _local = _ThreadConfig()
+    _local = _state
 
 
 @contextlib.contextmanager
@@ -63,15 +96,6 @@ def no_grad():
 
 def test_mode():
     return using_config("train", False)
-
-
-class _TraceState(threading.local):
-    # The active tracing.Trace of this thread, or None. Thread-local so that one
-    # thread tracing never records another thread's eager calls.
-    trace = None
-
-
-_state = _TraceState()
 
 
 def active_trace():

@@ -22,19 +22,12 @@ from tracejit.checking import LiveState, first_difference
 from tracejit.core import Config, Parameter, Variable
 from tracejit.pytree import (ARR, FLT, VAR, arg_names, flatten_args, flatten_result, leaf_key,
                              strip_tracers, unflatten)
-from tracejit.signature import PAR, alias_pattern, key_change, key_distance, signature_matcher
+from tracejit.signature import PAR, alias_pattern, key_change, key_distance
 from tracejit.tracing import TracedArray, TracedFloat, Trace
 from tracejit.trace_ops import GuardFailure
-from tracejit.variant import JitWarning, Stale, Variant, compile_graph
+from tracejit.variant import MISS, SLOW, JitWarning, Stale, Variant, compile_graph
 
 log = logging.getLogger("tracejit")
-
-
-class _DisabledFlag(threading.local):
-    on = False
-
-
-_disabled = _DisabledFlag()
 
 
 _ENVIRON = getattr(os.environ, "_data", None)
@@ -46,7 +39,7 @@ _ENV_KEY = os.environ.encodekey("TRACEJIT_DISABLE") if hasattr(os.environ, "enco
 
 # The per-call test of TRACEJIT_DISABLE: os.environ's backing dict, one lookup.
 _env_get = _ENVIRON.get if _ENVIRON is not None else (lambda key: "?")
-_trace_state = core._state
+_state = core._state
 
 
 def _env_disabled():
@@ -58,18 +51,20 @@ def _env_disabled():
 
 
 def jit_disabled():
-    return _disabled.on or _env_disabled()
+    return _state.jit_off or _env_disabled()
 
 
 class disable_jit:
     """`with tj.disable_jit():` runs every jitted function as plain Python (pdb, print)."""
 
     def __enter__(self):
-        self.prev = getattr(_disabled, "on", False)
-        _disabled.on = True
+        self.prev = _state.jit_off
+        _state.jit_off = True
+        _state.refresh_mode()
 
     def __exit__(self, *exc):
-        _disabled.on = self.prev
+        _state.jit_off = self.prev
+        _state.refresh_mode()
 
 
 # ------------------------------------------------------------------ argument trees
@@ -100,8 +95,11 @@ class Jitted:
         self.cache = cache
         self.check = check if check is not None else os.environ.get("TRACEJIT_CHECK") == "1"
         self.lock = threading.RLock()
-        self._version = 0            # bumped whenever the variants change
-        self._hot = None             # (matcher, key, variants, version) of the last hit
+        self._version = 0            # bumped whenever the variants change (_changed)
+        # The last signature's fast path: (hot runner, grad mode, key, variants,
+        # variants[0]); None whenever the variants change.
+        self._hot = None
+        self._hits = 0
 
         self._variants = {}          # key -> list of Variant
         self._warm = set()
@@ -123,6 +121,7 @@ class Jitted:
 
     def cache_info(self):
         info = dict(self.stats)
+        info["hits"] += self._hits
         info["variants"] = sum(len(v) for v in self._variants.values())
         return info
 
@@ -199,39 +198,47 @@ class Jitted:
         return self._key(args, kwargs)
 
     def __call__(self, *args, **kwargs):
-        if _disabled.on or _trace_state.trace is not None or (
-                _env_get(_ENV_KEY) is not None and _env_disabled()):
-            # Nested in another trace: the outer trace records our ops directly.
-            return self.fn(*args, **kwargs)
         hot = self._hot
-        if hot is not None and not kwargs and hot[3] == self._version and hot[0](args):
-            # The signature of the last compiled call again: no key to build and hash.
-            v = hot[4]
-            failure = None
-            if v.checks_left <= 0 and not v.state_changed():
-                try:
-                    out = v.runner(args)
-                except GuardFailure as gf:
-                    failure = gf
-                except Stale:
-                    pass                    # _dispatch sees it again and retraces
-                except Exception as e:  # noqa: BLE001 - never a backend traceback
-                    # Never rerun: effects before the failure may have been applied.
-                    return self._demote(hot[1], v, hot[2], e, args, kwargs)
-                else:
-                    self.stats["hits"] += 1
-                    return out
-            version = self._version
-            out = self._dispatch(hot[1], hot[2], args, kwargs, args, v, failure)
-            if out is not _RETRACE:
+        if hot is not None and hot[1] is _state.mode and not kwargs \
+                and _env_get(_ENV_KEY) is None:
+            # The last signature again, with jit on and the grad mode it was traced in
+            # (hot[1])? hot[0] tests the arguments and runs the variant in one frame:
+            # no key to build and hash (variant.build_runner).
+            try:
+                out = hot[0](args)
+            except GuardFailure as gf:
+                return self._hot_dispatch(hot, args, gf)
+            except Stale:
+                return self._hot_dispatch(hot, args, None)   # _dispatch retraces
+            except Exception as e:  # noqa: BLE001 - never a backend traceback
+                # Never rerun: effects before the failure may have been applied.
+                return self._demote(hot[2], hot[4], hot[3], e, args, kwargs)
+            if out is not MISS:
+                if out is SLOW:
+                    return self._hot_dispatch(hot, args, None)
+                self._hits += 1
                 return out
-            key, leaves = hot[1], args
-            with self.lock:
-                if self._version == version:
-                    # The guard tree was walked: straight to a new trace.
-                    return self._cold_call(key, args, kwargs)
-        else:
-            key, leaves = self._call_key(args, kwargs)
+        if _state.trace is not None or _state.jit_off or (
+                _env_get(_ENV_KEY) is not None and _env_disabled()):
+            # Off, or nested in another trace: the outer trace records our ops directly.
+            return self.fn(*args, **kwargs)
+        key, leaves = self._call_key(args, kwargs)
+        return self._call(key, leaves, args, kwargs)
+
+    def _hot_dispatch(self, hot, args, failure):
+        """The hot signature, but its variant had checks left, saw its Python state
+        change or failed a guard: the guard tree from there, else a new trace."""
+        version = self._version
+        out = self._dispatch(hot[2], hot[3], args, {}, args, hot[4], failure)
+        if out is not _RETRACE:
+            return out
+        with self.lock:
+            if self._version == version:
+                # The guard tree was walked: straight to a new trace.
+                return self._cold_call(hot[2], args, {})
+        return self._call(hot[2], args, args, {})
+
+    def _call(self, key, leaves, args, kwargs):
         for attempt in (0, 1):
             version = self._version
             variants = self._variants.get(key)
@@ -263,15 +270,18 @@ class Jitted:
                     raise
                 except Exception as e:  # noqa: BLE001 - never a backend traceback
                     return self._demote(key, v, variants, e, args, kwargs)
-                self.stats["hits"] += 1
+                self._hits += 1
                 hot = self._hot
-                if (hot is None or hot[2] is not variants or hot[3] != self._version) \
+                if (hot is None or hot[3] is not variants) \
                         and not kwargs and len(key) == 3 and leaves is args:
                     # The next call starts at the guard tree's root, not at the variant
                     # that ran last: with a loop whose trip count varies from call to
                     # call, the last variant is the wrong guess more often than not.
-                    self._hot = (signature_matcher(key), key, variants, self._version,
-                                 variants[0])
+                    with self.lock:     # as _changed, which drops it: never a stale one
+                        if variants and self._variants.get(key) is variants:
+                            self._hot = (variants[0].hot_runner(key),
+                                         core.call_mode(True, key[1], key[2]), key,
+                                         variants, variants[0])
                 return out
             except GuardFailure as gf:
                 self.stats["guard_failures"] += 1
@@ -289,11 +299,16 @@ class Jitted:
                 with self.lock:
                     if v in variants:
                         variants.remove(v)
-                        self._version += 1
+                        self._changed()
                     # Warm up again: new state (model.l1 = Linear(2)) may be created
                     # lazily by its first call, which must not happen while tracing.
                     self._warm.discard(key)
                 return _RETRACE
+
+    def _changed(self):
+        """The variants changed: bump the version, drop the hot entry."""
+        self._version += 1
+        self._hot = None
 
     def _demote(self, key, v, variants, error, args, kwargs):
         """Compiled code failed before any effect was applied: this signature runs
@@ -301,7 +316,7 @@ class Jitted:
         with self.lock:
             if v in variants:
                 variants.remove(v)
-                self._version += 1
+                self._changed()
         self._fallback(key, f"the compiled variant raised {type(error).__name__}: {error}")
         return self.fn(*args, **kwargs)
 
@@ -324,7 +339,7 @@ class Jitted:
         if log.isEnabledFor(logging.INFO):
             log.info("jit(%s): trace: %s", self.__name__, self._why_new(key))
         result = self._trace_and_compile(key, args, kwargs)
-        self._version += 1
+        self._changed()
         return result
 
     def _why_new(self, key):

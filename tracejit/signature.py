@@ -12,7 +12,6 @@ from tracejit.core import Config, Parameter, Variable
 from tracejit.pytree import ARR, FLT, VAR
 
 PAR = "P"        # a Parameter argument in a signature key (VAR: a Variable)
-_MATCHERS = {}
 
 
 def alias_pattern(leaves):
@@ -38,54 +37,59 @@ def alias_pattern(leaves):
     return tuple(pattern) if shared else None
 
 
-def signature_matcher(key):
-    """A function args -> bool that holds exactly when _fast_key(args) == key, written
-    out for that key: type, shape and dtype tests in line, nothing built or hashed."""
-    m = _MATCHERS.get(key)
-    if m is not None:
-        return m
+def matcher_lines(key, env, miss, grad_mode=True):
+    """Source lines that run `miss` unless positional `leaves` have exactly the key
+    _fast_key would build (type, shape and dtype tests in line, nothing built or
+    hashed); leaf i is left bound to l{i}. The names they use are put in env.
+    grad_mode=False leaves out the Config test (the caller compares core._state.mode)."""
     parts, backprop, train = key
-    env = {"ndarray": np.ndarray, "Variable": Variable, "Parameter": Parameter,
-           "local": Config._local}
-    lines = [f"if len(args) != {len(parts)}: return False"]
+    env.update(ndarray=np.ndarray, Variable=Variable, Parameter=Parameter,
+               local=Config._local, backprop=backprop, train=train)
+    lines = [f"if len(leaves) != {len(parts)}: {miss}"]
     for i, p in enumerate(parts):
-        lines.append(f"a = args[{i}]")
+        lines.append(f"l{i} = leaves[{i}]")
         if p == FLT:
-            lines.append("if type(a) is not float: return False")
+            lines.append(f"if type(l{i}) is not float: {miss}")
             continue
         shape, dtype, kind = p
-        env[f"d{i}"] = dtype
+        env[f"sd{i}"] = dtype
         if kind in (VAR, PAR):
-            lines += [f"if type(a) is not {'Variable' if kind == VAR else 'Parameter'}: "
-                      f"return False",
-                      "a = a._data",
-                      "if a is None: return False"]
+            lines += [f"if type(l{i}) is not {'Variable' if kind == VAR else 'Parameter'}: "
+                      f"{miss}",
+                      f"a = l{i}._data",
+                      f"if a is None: {miss}"]
         else:
-            lines.append("if type(a) is not ndarray: return False")
-        lines.append(f"if a.shape != {shape!r} or (a.dtype is not d{i} and a.dtype != d{i}): "
-                     f"return False")
+            lines.append(f"a = l{i}")
+            lines.append(f"if type(a) is not ndarray: {miss}")
+        lines.append(f"if a.shape != {shape!r} or (a.dtype is not sd{i} and a.dtype != sd{i}): "
+                     f"{miss}")
     # No two arguments share an array (a fast key never has aliases: see _fast_key).
     objs = []
     for i, p in enumerate(parts):
         if p != FLT:
-            objs.append(f"args[{i}]")
+            objs.append(f"l{i}")
             if p[2] != ARR:
-                objs.append(f"args[{i}]._data")
+                objs.append(f"l{i}._data")
     if len(objs) > 1:
         if len(objs) <= 3:
             lines.append("if " + " or ".join(f"{a} is {b}" for k, a in enumerate(objs)
-                                             for b in objs[k + 1:]) + ": return False")
+                                             for b in objs[k + 1:]) + f": {miss}")
         else:
             lines.append(f"if len({{{', '.join(f'id({o})' for o in objs)}}}) != {len(objs)}: "
-                         f"return False")
-    env["backprop"], env["train"] = backprop, train
-    lines.append("return local.enable_backprop == backprop and local.train == train")
-    src = "def match(args):\n" + "".join(f"    {line}\n" for line in lines)
+                         f"{miss}")
+    if grad_mode:
+        lines.append(f"if local.enable_backprop != backprop or local.train != train: {miss}")
+    return lines
+
+
+def signature_matcher(key):
+    """A function args -> bool that holds exactly when _fast_key(args) == key."""
+    env = {}
+    lines = matcher_lines(key, env, "return False")
+    src = "def match(leaves):\n" + "".join(f"    {line}\n" for line in lines) + \
+        "    return True\n"
     exec(compile(src, "<tracejit-signature>", "exec"), env)
-    if len(_MATCHERS) > 4096:
-        _MATCHERS.clear()
-    m = _MATCHERS[key] = env["match"]
-    return m
+    return env["match"]
 
 
 def key_distance(a, b):

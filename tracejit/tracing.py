@@ -533,14 +533,12 @@ def start(trace):
         if _print_users == 0:
             builtins.print = _tracing_print
         _print_users += 1
-    prev = core._state.trace
-    core._state.trace = trace
-    return prev
+    return core.set_trace(trace)
 
 
 def stop(trace, prev):
     global _print_users
-    core._state.trace = prev
+    core.set_trace(prev)
     for v in trace.created:
         v._tv = None
     with _print_lock:

@@ -16,6 +16,7 @@ from tracejit import core, interpret
 from tracejit.core import Config, Function, Variable
 from tracejit.ir import Graph
 from tracejit.pytree import FLT, VAR, structure_source
+from tracejit.signature import matcher_lines
 from tracejit.trace_ops import GUARD, GuardFailure
 
 
@@ -173,10 +174,19 @@ class Variant:
         self.state_changed = _unchanged
         self.checks_left = 3 if jitted.check else 1
         self.exe = jitted.backend_compile(self.forward_graph)
+        self.leaf_kinds = trace.leaf_kinds
         self.runner = build_runner(self, trace.leaf_kinds)
+        self._hot_runner = None
         self._bexe = None
         self.backward_runner = None
         self.input_ids = None
+
+    def hot_runner(self, key):
+        """The runner with the signature test in front (build_runner); a variant has one
+        key, so it is built once."""
+        if self._hot_runner is None:
+            self._hot_runner = build_runner(self, self.leaf_kinds, key)
+        return self._hot_runner
 
     def build_backward_runner(self):
         """The plain (not create_graph) backward of one call, generated: read the
@@ -257,13 +267,24 @@ def read_capture(kind, obj):
     return obj
 
 
-def build_runner(v, leaf_kinds):
+MISS = object()      # a hot-path runner's answer: the arguments have another signature
+SLOW = object()      # ... the signature, but this variant must go through dispatch
+
+
+def build_runner(v, leaf_kinds, key=None):
     """Python source for one variant's call: read inputs, run the compiled graph, apply
     the effects, build the outputs. Generated once per variant, so the hot path has no
-    loops over descriptors and no isinstance checks."""
+    loops over descriptors and no isinstance checks.
+
+    With a signature key, the function first tests that the call's arguments have it
+    (the caller has compared the grad mode) and that the variant may run unchecked, in
+    the same frame (the hot path of a repeated call): it returns MISS when the arguments
+    differ, SLOW when the variant has checks left or the Python state it read may have
+    changed (jit.py's dispatch sorts those out)."""
     env = {"np": np, "exe": v.exe, "v": v, "Stale": Stale, "GuardFailure": GuardFailure,
            "CompiledFunction": CompiledFunction, "Config": Config, "wrap": core.wrap_array,
-           "ref": weakref.ref, "new": object.__new__, "Variable": Variable}
+           "ref": weakref.ref, "new": object.__new__, "Variable": Variable,
+           "MISS": MISS, "SLOW": SLOW}
     consts = []
 
     def const(obj):
@@ -273,19 +294,27 @@ def build_runner(v, leaf_kinds):
         return name
 
     body = []
+    if key is not None:
+        body += matcher_lines(key, env, "return MISS", grad_mode=False)
+        # Built after the variant took its snapshot of the Python state it read.
+        env["state_changed"] = v.state_changed
+        body.append("if v.checks_left > 0" + (" or state_changed()" if v.state else "")
+                    + ": return SLOW")
     names = []
     for i, (kind, obj, spec) in enumerate(v.sources):
         n = f"a{i}"
         names.append(n)
         if kind == "arg":
             lk = leaf_kinds[obj]
+            leaf = f"leaves[{obj}]" if key is None else f"l{obj}"   # matcher bound l{i}
             if lk == VAR:
-                body.append(f"{n} = leaves[{obj}]._data")
+                body.append(f"{n} = {leaf}._data")
             elif lk == FLT:
-                body.append(f"{n} = np.asarray(leaves[{obj}])")
+                body.append(f"{n} = np.asarray({leaf})")
             else:
-                body.append(f"{n} = leaves[{obj}]")
-                body.append(f"if type({n}) is not np.ndarray: {n} = np.asarray({n})")
+                body.append(f"{n} = {leaf}")
+                if key is None:    # else the matcher saw an ndarray
+                    body.append(f"if type({n}) is not np.ndarray: {n} = np.asarray({n})")
         elif kind in ("var", "grad"):
             src = f"{const(obj)}._data" if kind == "var" else \
                 f"({const(obj)}._grad._data if {const(obj)}._grad is not None else None)"
@@ -296,12 +325,21 @@ def build_runner(v, leaf_kinds):
         else:
             body.append(f"{n} = {const(obj)}")
     plan = getattr(v.exe, "plan", None)
-    if plan is not None:
+    inline = getattr(plan, "inline", None)
+    n_outs = len(v.forward_graph.outputs)
+    if inline is not None and not v.has_random:
+        call = None     # a 0-d graph's plan, written into this function
+    elif plan is not None:
         # The numba backend's plan takes the arrays positionally: no list, no extra call.
         env["plan"] = plan
         call = f"plan({', '.join(names)})"
     else:
         call = "exe(arrays)"
+
+    def out(k):
+        """The k-th output of the graph: a local of its own when the plan is inline."""
+        return f"o{k}" if call is None else f"outs[{k}]"
+
     if plan is None or v.bwd is not None or v.effects:
         body.append(f"arrays = [{', '.join(names)}]")
         body.append("bwd_arrays = arrays")
@@ -312,10 +350,12 @@ def build_runner(v, leaf_kinds):
                  "except GuardFailure:",
                  "    np.random.set_state(rng)",
                  "    raise"]
+    elif call is None:
+        body += inline(names, env, [out(k) for k in range(n_outs)])
     else:
         body.append(f"outs = {call}")
     for i in v.copy_outputs:
-        body.append(f"outs[{i}] = outs[{i}].copy()")
+        body.append(f"{out(i)} = {out(i)}.copy()")
 
     def target(where, obj):
         return f"leaves[{obj}]" if where == "leaf" else const(obj)
@@ -332,13 +372,13 @@ def build_runner(v, leaf_kinds):
                     f"raise ValueError('output array is read-only')")
     for i, (kind, t, slot) in enumerate(effects):
         if i in dest:
-            body.append(f"np.copyto({dest[i]}, outs[{slot}], casting='unsafe')")
+            body.append(f"np.copyto({dest[i]}, {out(slot)}, casting='unsafe')")
         else:
-            body.append(f"val = outs[{slot}]")
+            body.append(f"val = {out(slot)}")
             body.append(f"{t}._data = val.copy() if any(val is x for x in arrays) else val")
     for (where, var), slot in v.grad_effects:
         t = target(where, var)
-        body.append(f"{t}._grad = None" if slot is None else f"{t}._grad = wrap(outs[{slot}])")
+        body.append(f"{t}._grad = None" if slot is None else f"{t}._grad = wrap({out(slot)})")
     # Outputs: each leaf's expression, then the user's structure around them.
     exprs, made = [], []
     k = 0
@@ -353,15 +393,15 @@ def build_runner(v, leaf_kinds):
                 made.append((name, k, v.out_specs[len(made)].dtype.kind in "fc"))
                 exprs.append(name)
             elif b == FLT:
-                exprs.append(f"float(outs[{k}])")
+                exprs.append(f"float({out(k)})")
             elif b == "S":                     # NumPy's own scalar, as eager returns
-                exprs.append(f"outs[{k}][()]")
+                exprs.append(f"{out(k)}[()]")
             else:
-                exprs.append(f"outs[{k}]")
+                exprs.append(out(k))
             k += 1
     structure = structure_source(v.out_tree, iter(exprs), const)
     # core.wrap_array written out: three calls of it were a tenth of a 0-d call.
-    plain = [f"{name} = new(Variable); {name}._data = outs[{slot}]; {name}._tv = None; "
+    plain = [f"{name} = new(Variable); {name}._data = {out(slot)}; {name}._tv = None; "
              f"{name}._grad = None; {name}.name = None; {name}.creator = None; "
              f"{name}.generation = 0" for name, slot, _ in made]
     if v.bwd is not None:
@@ -369,12 +409,14 @@ def build_runner(v, leaf_kinds):
         diff = ", ".join(f"leaves[{o}]" if kind == "arg" else const(o)
                          for kind, o in v.diff_sources)
         body.append("if Config.enable_backprop:")
-        inner = [f"cf = CompiledFunction(v, outs[{n_saved_from}:], bwd_arrays)",
+        saved = f"outs[{n_saved_from}:]" if call is not None else \
+            f"[{', '.join(out(k) for k in range(n_saved_from, n_outs))}]"
+        inner = [f"cf = CompiledFunction(v, {saved}, bwd_arrays)",
                  f"cf.inputs = ins = [{diff}]",
                  "cf.generation = max([x.generation for x in ins])" if v.diff_sources
                  else "cf.generation = 0"]
-        inner += [f"{name} = wrap(outs[{slot}], cf)" if is_float else
-                  f"{name} = wrap(outs[{slot}])" for name, slot, is_float in made]
+        inner += [f"{name} = wrap({out(slot)}, cf)" if is_float else
+                  f"{name} = wrap({out(slot)})" for name, slot, is_float in made]
         inner.append(f"cf.outputs = [{', '.join(f'ref({n})' for n, _, _ in made)}]")
         body += ["    " + line for line in inner]
         body.append("else:")

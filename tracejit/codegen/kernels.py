@@ -499,7 +499,8 @@ def scalar_kernel(nodes, inputs, outputs):
     """One njit function for a graph of 0-d ops and guards (dispatch-bound code).
 
     Takes the inputs as scalars, checks guards where they stand and returns
-    (index of the first failed guard or -1, the value that guard saw, *outputs).
+    (index of the first failed guard or -1, the value that guard saw, *outputs), or
+    only the outputs when the graph has no guards.
     """
     names = {}
     for j, v in enumerate(inputs):
@@ -520,7 +521,10 @@ def scalar_kernel(nodes, inputs, outputs):
         ops = [operand_text(v, names) for v in n.inputs]
         lines.append(f"v{i} = {node_expr(n, ops)}")
     rets = ", ".join(names[id(v)] for v in out_vals)
-    lines.append(f"return -1, np.float64(0.0){', ' if rets else ''}{rets}")
+    if gi:
+        lines.append(f"return -1, np.float64(0.0){', ' if rets else ''}{rets}")
+    else:
+        lines.append(f"return ({rets}{',' if rets else ''})")    # no guards: the outputs
     text = "\n".join("    " + x for x in lines)
     args = ", ".join(f"a{j}" for j in range(len(inputs)))
     head = "@numba.njit(cache=True, nogil=True, error_model='numpy')"
