@@ -16,20 +16,39 @@ import weakref
 import numpy as np
 
 
+class _Mode:
+    """What a jitted call must know of its thread: may jit run (no trace active, jit
+    not switched off), Config.enable_backprop, Config.train. One object per
+    combination, so the hot path compares one thread-local read by identity."""
+
+    __slots__ = ("compiled", "backprop", "train", "grad", "nograd")
+
+    def __repr__(self):
+        return f"mode(compiled={self.compiled}, backprop={self.backprop}, train={self.train})"
+
+
 _MODES = {}
+for _c in (False, True):
+    for _b in (False, True):
+        for _t in (False, True):
+            _m = _MODES[_c, _b, _t] = _Mode()
+            _m.compiled, _m.backprop, _m.train = _c, _b, _t
+for _m in _MODES.values():
+    # The same mode with grad on / off: the backward steps switch enable_backprop
+    # without the cost of reading the other fields again.
+    _m.grad, _m.nograd = _MODES[_m.compiled, True, _m.train], _MODES[_m.compiled, False, _m.train]
 
 
 def call_mode(compiled, backprop, train):
-    """The one object per (jit may run, Config.enable_backprop, Config.train): a thread's
-    current one is _state.mode, so a jitted call tests all three with one read."""
-    key = (compiled, backprop, train)
-    return _MODES.setdefault(key, key)
+    """The mode object of (jit may run, Config.enable_backprop, Config.train)."""
+    return _MODES[bool(compiled), bool(backprop), bool(train)]
 
 
 class _ThreadState(threading.local):
     # Per thread: DeZero's Config, the active tracing.Trace (None: eager), and whether
     # jit is switched off (tj.disable_jit). Thread-local so that one thread tracing, or
-    # in no_grad(), never changes what another thread records or computes.
+    # in no_grad(), never changes what another thread records or computes. `mode` sums
+    # up the other four: whoever writes one of them updates it (refresh_mode).
     enable_backprop = True
     train = True
     trace = None
@@ -393,7 +412,10 @@ def _plain_backward_step(f, retain_grad):
         gys.append(g)
     local = Config._local
     old_mode = local.enable_backprop
+    # Written directly (Config's setter costs more than this step); the call mode is
+    # switched with it, as every writer of these fields must (see _ThreadState).
     local.enable_backprop = False
+    local.mode = local.mode.nograd
     try:
         for x, gx in zip(f.inputs, _input_grads(f, gys)):
             if gx is not None:
@@ -403,6 +425,7 @@ def _plain_backward_step(f, retain_grad):
                 x._grad = gx if old is None else old + gx
     finally:
         local.enable_backprop = old_mode
+        local.mode = local.mode.grad if old_mode else local.mode.nograd
     if not retain_grad:
         for r in f.outputs:
             y = r()
@@ -416,7 +439,8 @@ def _backward_step(f, store, create_graph, retain_grad):
     gys = f.output_grads(store)
     local = Config._local
     old_mode = local.enable_backprop
-    local.enable_backprop = create_graph
+    local.enable_backprop = create_graph       # and the call mode with it
+    local.mode = local.mode.grad if create_graph else local.mode.nograd
     reached = []
     try:
         for x, gx in zip(f.inputs, _input_grads(f, gys)):
@@ -427,6 +451,7 @@ def _backward_step(f, store, create_graph, retain_grad):
                 reached.append(x)
     finally:
         local.enable_backprop = old_mode
+        local.mode = local.mode.grad if old_mode else local.mode.nograd
     if not retain_grad:
         for y in f.outputs:
             y = y()

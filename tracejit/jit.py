@@ -25,7 +25,8 @@ from tracejit.pytree import (ARR, FLT, VAR, arg_names, flatten_args, flatten_res
 from tracejit.signature import PAR, alias_pattern, key_change, key_distance
 from tracejit.tracing import TracedArray, TracedFloat, Trace
 from tracejit.trace_ops import GuardFailure
-from tracejit.variant import MISS, SLOW, JitWarning, Stale, Variant, compile_graph
+from tracejit.variant import (MISS, SLOW, InplaceAlias, JitWarning, Stale, Variant,
+                              compile_graph)
 
 log = logging.getLogger("tracejit")
 
@@ -177,8 +178,8 @@ class Jitted:
             t = type(a)
             if t is Variable or t is Parameter:
                 d = a._data
-                if d is None:
-                    return None
+                if type(d) is not np.ndarray:
+                    return None          # None or not an array: the general key says so
                 # Parameter apart from Variable: a function may branch on isinstance.
                 parts.append((d.shape, d.dtype, VAR if t is Variable else PAR))
             elif t is np.ndarray:
@@ -210,6 +211,8 @@ class Jitted:
                 return self._hot_dispatch(hot, args, gf)
             except Stale:
                 return self._hot_dispatch(hot, args, None)   # _dispatch retraces
+            except InplaceAlias as e:
+                return self._alias_call(e, args, kwargs)
             except Exception as e:  # noqa: BLE001 - never a backend traceback
                 # Never rerun: effects before the failure may have been applied.
                 return self._demote(hot[2], hot[4], hot[3], e, args, kwargs)
@@ -229,6 +232,8 @@ class Jitted:
         """The hot signature, but its variant had checks left, saw its Python state
         change or failed a guard: the guard tree from there, else a new trace."""
         version = self._version
+        if not hot[3]:
+            return self._call(hot[2], args, args, {})
         out = self._dispatch(hot[2], hot[3], args, {}, args, hot[4], failure)
         if out is not _RETRACE:
             return out
@@ -268,6 +273,8 @@ class Jitted:
                     out = self._run(v, leaves)
                 except (GuardFailure, Stale):
                     raise
+                except InplaceAlias as e:
+                    return self._alias_call(e, args, kwargs)
                 except Exception as e:  # noqa: BLE001 - never a backend traceback
                     return self._demote(key, v, variants, e, args, kwargs)
                 self._hits += 1
@@ -304,6 +311,18 @@ class Jitted:
                     # lazily by its first call, which must not happen while tracing.
                     self._warm.discard(key)
                 return _RETRACE
+
+    def _alias_call(self, e, args, kwargs):
+        """This call's arguments share memory with an array the function updates in
+        place (or are that captured Variable): eager order of reads and writes matters,
+        which a variant (effects applied after the graph) does not keep. Eager, warned."""
+        self.stats["fallbacks"] += 1
+        reason = f"{e} (views of one buffer, or a captured Parameter passed as an argument)"
+        if reason not in self._warned:
+            self._warned.add(reason)
+            warnings.warn(f"jit({self.__name__}): this call runs eagerly: {reason}",
+                          JitWarning, stacklevel=3)
+        return self.fn(*args, **kwargs)
 
     def _changed(self):
         """The variants changed: bump the version, drop the hot entry."""
@@ -433,7 +452,7 @@ class Jitted:
         np.random.set_state(rng)
         try:
             got = self._run(v, leaves)
-        except (GuardFailure, Stale):
+        except (GuardFailure, Stale, InplaceAlias):
             state.restore(eager_state)
             np.random.set_state(rng_after)
             return expected
@@ -443,6 +462,7 @@ class Jitted:
             variants = self._variants.get(key, [])
             if v in variants:
                 variants.remove(v)
+                self._changed()
             self._fallback(key, f"the compiled variant raised {type(e).__name__}: {e}")
             return expected
         diff = first_difference(expected, got) or state.difference(eager_state)
@@ -451,6 +471,7 @@ class Jitted:
         variants = self._variants.get(key, [])
         if v in variants:
             variants.remove(v)
+            self._changed()
         state.restore(eager_state)
         np.random.set_state(rng_after)
         self._fallback(key, f"the compiled variant differs from eager ({diff}); the "

@@ -62,6 +62,9 @@ def leaf_key(x):
         d = x._data
         if d is None:
             raise TypeError("jit: a Variable argument has data None")
+        if not isinstance(d, np.ndarray):
+            raise TypeError(f"jit: a Variable argument holds a {type(d).__name__}, not a "
+                            f"numpy.ndarray (set .data to np.array(...))")
         return (d.shape, d.dtype.char, isinstance(x, Parameter))
     if isinstance(x, np.ndarray):
         if x.dtype == object:

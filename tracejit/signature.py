@@ -57,11 +57,14 @@ def matcher_lines(key, env, miss, grad_mode=True):
             lines += [f"if type(l{i}) is not {'Variable' if kind == VAR else 'Parameter'}: "
                       f"{miss}",
                       f"a = l{i}._data",
-                      f"if a is None: {miss}"]
+                      f"if type(a) is not ndarray: {miss}"]    # None, or not an array
+            a = "a"
         else:
-            lines.append(f"a = l{i}")
-            lines.append(f"if type(a) is not ndarray: {miss}")
-        lines.append(f"if a.shape != {shape!r} or (a.dtype is not sd{i} and a.dtype != sd{i}): "
+            a = f"l{i}"
+            lines.append(f"if type({a}) is not ndarray: {miss}")
+        # ndim is a cached int; shape builds a tuple on every read.
+        same_shape = f"{a}.ndim != 0" if shape == () else f"{a}.shape != {shape!r}"
+        lines.append(f"if {same_shape} or ({a}.dtype is not sd{i} and {a}.dtype != sd{i}): "
                      f"{miss}")
     # No two arguments share an array (a fast key never has aliases: see _fast_key).
     objs = []

@@ -65,11 +65,14 @@ class NumpyCall(Function):
         self.op_name = "np." + getattr(func, "__name__", str(func)) + (
             "." + method if method and method != "__call__" else "")
 
-    def forward(self, *xs):
+    def raw(self, *xs):
+        """What NumPy itself returns (a NumPy scalar for a 0-d result)."""
         f = self.func if not self.method or self.method == "__call__" else \
             getattr(self.func, self.method)
-        y = f(*xs, **dict(self.kwargs))
-        return np.asarray(y)
+        return f(*xs, **dict(self.kwargs))
+
+    def forward(self, *xs):
+        return np.asarray(self.raw(*xs))
 
     def shape_rule(self, *specs):
         y = self.forward(*[np.ones(s.shape, s.dtype) for s in specs])

@@ -233,13 +233,16 @@ class Trace:
         else:
             plain = value
             tv = self.array_value(value) if value is not None else None
-        if self.is_live(var):
+        external = var._tv is None      # from outside, and not read yet: written only
+        if self.is_live(var) or external:
             if tv is None:
                 self.escape("setting a captured Variable's data to None")
                 return plain
             self.effects.append(("rebind", var, tv))
+            if external:
+                self.created.append(var)     # its _tv is reset when the trace stops
             var._tv = tv
-        elif var._tv is not None:
+        else:
             var._tv = tv if tv is not None else PENDING
         return plain
 
@@ -258,7 +261,7 @@ class Trace:
         return g
 
     def write_grad(self, var, value):
-        if self.is_live(var):
+        if self.is_live(var) or var._tv is None:     # a live Variable, or one from outside
             self.grad_writes[id(var)] = var
 
     def is_live(self, var):
@@ -400,8 +403,11 @@ class Trace:
             return self._escaped_ufunc(f"np.{name} with unhashable keyword arguments", func,
                                        method, plain, kwargs, None)
         fn = NumpyCall(func, method, static)
-        y = fn.forward(*[(i.value if isinstance(i, Lit) else p) for i, p in zip(ins, plain)])
-        return self._emit(fn, ins, y, None)
+        y = fn.raw(*[(i.value if isinstance(i, Lit) else p) for i, p in zip(ins, plain)])
+        t = self._emit(fn, ins, y, None)
+        if isinstance(y, np.generic) and isinstance(t, TracedArray):
+            t._numpy_scalar = True     # np.std(a), np.dot(a, b): a NumPy scalar in eager
+        return t
 
     def array_function(self, func, args, kwargs):
         name = getattr(func, "__name__", "")

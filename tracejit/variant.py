@@ -194,7 +194,7 @@ class Variant:
         bexe = self.backward_executable()
         plan = getattr(bexe, "plan", None)
         env = {"np": np, "bexe": bexe, "plan": plan, "wrap": core.wrap_array,
-               "read_capture": read_capture}
+               "read_capture": read_capture, "other_gy": _backward_other_gy}
         body, names = [], []
         for j, (kind, i) in enumerate(self.bwd_sources):
             n = f"b{j}"
@@ -209,6 +209,10 @@ class Variant:
                 body.append(f"{n} = gys[{i}]")
                 body.append(f"{n} = {n}._data if {n} is not None else "
                             f"np.zeros({spec.shape!r}, d{j})")
+                # Another dtype (a float64 gradient into a float32 output): NumPy's
+                # promotion, as eager, not a cast to the compiled dtype.
+                body.append(f"if ({n}.dtype is not d{j} and {n}.dtype != d{j}) or "
+                            f"{n}.shape != {spec.shape!r}: return other_gy(cf, gys)")
             else:
                 env[f"c{j}"] = i
                 body.append(f"{n} = read_capture({kind!r}, c{j})")
@@ -257,6 +261,24 @@ class Variant:
 
 def _unchanged():
     return False
+
+
+def _backward_other_gy(cf, gys):
+    """The backward of a call whose output gradient has another dtype or shape than the
+    traced output: the region replayed on Variables, so NumPy promotes as in eager."""
+    v = cf.variant
+    if not v.mutated_positions:
+        return v.backward_with_variables(cf.inputs, gys, cf.arrays)
+    # The forward updated its inputs in place and cannot be replayed: cast, and say so.
+    warnings.warn(f"jit({v.forward_graph.name}): an output gradient of another dtype or "
+                  f"shape than the output was cast to it for the compiled backward (this "
+                  f"call updates its inputs in place, so it cannot be replayed)",
+                  JitWarning, stacklevel=4)
+    fixed = []
+    for g, spec in zip(gys, v.out_specs):
+        fixed.append(g if g is None else Variable(
+            np.broadcast_to(g._data, spec.shape).astype(spec.dtype)))
+    return v.backward_runner(cf, fixed)
 
 
 def read_capture(kind, obj):
@@ -343,6 +365,23 @@ def build_runner(v, leaf_kinds, key=None):
     if plan is None or v.bwd is not None or v.effects:
         body.append(f"arrays = [{', '.join(names)}]")
         body.append("bwd_arrays = arrays")
+
+    def target(where, obj):
+        return f"leaves[{obj}]" if where == "leaf" else const(obj)
+
+    effects = [(kind, target(where, obj), slot) for kind, (where, obj), slot in v.effects]
+    # The array each in-place effect writes into.
+    dest = {i: f"{t}._data" if kind == "inplace" else t
+            for i, (kind, t, _) in enumerate(effects) if kind in ("inplace", "inplace_array")}
+    if effects:
+        # Effects are applied after the graph ran, from values it computed from the
+        # inputs as they were: right unless an updated array is also another input
+        # (a view of it, or the same Parameter as argument and capture), which eager
+        # would read after the update. Such a call runs eagerly (InplaceAlias).
+        watched = [dest[i] if i in dest else f"{t}._data"
+                   for i, (kind, t, _) in enumerate(effects)]
+        env["inplace_alias"] = inplace_alias
+        body.append(f"inplace_alias(({', '.join(watched)},), arrays)")
     if v.has_random:
         body += ["rng = np.random.get_state()",
                  "try:",
@@ -357,13 +396,6 @@ def build_runner(v, leaf_kinds, key=None):
     for i in v.copy_outputs:
         body.append(f"{out(i)} = {out(i)}.copy()")
 
-    def target(where, obj):
-        return f"leaves[{obj}]" if where == "leaf" else const(obj)
-
-    effects = [(kind, target(where, obj), slot) for kind, (where, obj), slot in v.effects]
-    # The array each in-place effect writes into.
-    dest = {i: f"{t}._data" if kind == "inplace" else t
-            for i, (kind, t, _) in enumerate(effects) if kind in ("inplace", "inplace_array")}
     # Every one must take the write before the first is written: a failure halfway (a
     # read-only argument) would leave some effects applied, and the eager rerun that
     # reports the error would apply them twice.
@@ -429,6 +461,29 @@ def build_runner(v, leaf_kinds, key=None):
     run = env["run"]
     run.source = src
     return run
+
+
+class InplaceAlias(Exception):
+    """An array the call updates in place shares memory with another of its inputs."""
+
+
+def inplace_alias(updated, arrays):
+    """Raise InplaceAlias when an array in `updated` is another input too: the same
+    object twice among `arrays`, or memory shared with one of them. Arrays that own
+    their memory (base None) and are distinct objects cannot overlap: the common case
+    costs an attribute read per array."""
+    for d in updated:
+        if d is None:
+            continue
+        seen = 0
+        for a in arrays:
+            if a is d:
+                seen += 1
+                if seen > 1:
+                    raise InplaceAlias("an array it updates is passed twice")
+            elif a is not None and (d.base is not None or a.base is not None) \
+                    and np.may_share_memory(a, d):
+                raise InplaceAlias("an array it updates shares memory with another input")
 
 
 class Stale(Exception):
