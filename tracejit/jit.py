@@ -73,6 +73,7 @@ class disable_jit:
 
 _RETRACE = object()
 _SCALAR = "S"     # a result leaf eager NumPy returns as a scalar (a 0-d reduction)
+_PYTHON_SCALAR = "I"    # ... as a Python scalar (np.allclose)
 
 
 class Jitted:
@@ -416,6 +417,9 @@ class Jitted:
         # Only the arguments are perturbed (fresh copies): perturbing captured Parameters
         # in place would show other threads using the same model wrong weights.
         state = LiveState(v, p_leaves)
+        # The real arguments too: one may also be captured (f(w) where f updates the
+        # closure's w), which the eager run on the copies then changes.
+        originals = LiveState(v, leaves)
         perturbed = state.capture()
         np_state, py_state = np.random.get_state(), random.getstate()
         try:
@@ -433,6 +437,7 @@ class Jitted:
             return None
         finally:
             state.restore_initial()
+            originals.restore_initial()
             np.random.set_state(np_state)
             random.setstate(py_state)
 
@@ -518,16 +523,18 @@ class Jitted:
             for x in out_leaves_raw:
                 if isinstance(x, Variable) and id(x) in tr.arg_leaf:
                     out_leaves.append(("arg", tr.arg_leaf[id(x)], VAR))
-                elif isinstance(x, Variable) and tr.captured_vars.get(id(x), (None,))[0] is x \
-                        and x._tv is tr.captured_vars[id(x)][1]:
+                elif isinstance(x, Variable) and tr.captured_vars.get(id(x), (None,))[0] is x:
+                    # A captured Variable returned is that object, as in eager (its data
+                    # as the call's effects leave it).
                     out_leaves.append(("const", x, VAR))
                 elif isinstance(x, Variable):
                     out_leaves.append(("out", tr.value_of(x), VAR))
                 elif isinstance(x, TracedFloat):
                     out_leaves.append(("out", x._tv, FLT))
                 elif isinstance(x, np.ndarray):
-                    out_leaves.append(("out", tr.array_value(x),
-                                       _SCALAR if getattr(x, "_numpy_scalar", False) else ARR))
+                    scalar = getattr(x, "_numpy_scalar", False)
+                    out_leaves.append(("out", tr.array_value(x), ARR if not scalar else
+                                       _PYTHON_SCALAR if scalar == "python" else _SCALAR))
                 else:
                     out_leaves.append(("const", x, None))
             tr.grad_effects = [(var, None if var._grad is None else tr.value_of(var._grad))

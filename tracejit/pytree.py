@@ -94,7 +94,8 @@ def strip_tracers(obj):
     """The traced call's result with tracer types replaced by plain ones."""
     if isinstance(obj, TracedArray):
         a = np.array(obj.view(np.ndarray))
-        return a[()] if obj._numpy_scalar else a
+        scalar = obj._numpy_scalar
+        return a if not scalar else a.item() if scalar == "python" else a[()]
     if isinstance(obj, TracedFloat):
         return obj._value
     if type(obj) in (tuple, list):

@@ -132,6 +132,25 @@ class TracedArray(np.ndarray):
         return self.view(np.ndarray).__reduce__()
 
 
+def _augmented(name):
+    binary = getattr(np.ndarray, f"__{name}__")
+    inplace = getattr(np.ndarray, f"__i{name}__")
+
+    def method(self, other):
+        if self._numpy_scalar:
+            # Eager NumPy gave an immutable scalar here: `s += 1` makes a new one and
+            # leaves other names for the old one alone.
+            return binary(self, other)
+        return inplace(self, other)
+    method.__name__ = f"__i{name}__"
+    return method
+
+
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and",
+              "or", "xor", "lshift", "rshift"):
+    setattr(TracedArray, f"__i{_name}__", _augmented(_name))
+
+
 class TracedFloat:
     """A float argument: a runtime input, so a new value does not retrace.
 

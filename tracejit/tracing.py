@@ -233,14 +233,15 @@ class Trace:
         else:
             plain = value
             tv = self.array_value(value) if value is not None else None
-        external = var._tv is None      # from outside, and not read yet: written only
-        if self.is_live(var) or external:
+        if var._tv is None:
+            # From outside, and written before it was read: capture it now, so it is a
+            # live Variable like one read first (effects, gradients, aliasing checks).
+            self.value_of(var)
+        if self.is_live(var):
             if tv is None:
                 self.escape("setting a captured Variable's data to None")
                 return plain
             self.effects.append(("rebind", var, tv))
-            if external:
-                self.created.append(var)     # its _tv is reset when the trace stops
             var._tv = tv
         else:
             var._tv = tv if tv is not None else PENDING
@@ -405,8 +406,11 @@ class Trace:
         fn = NumpyCall(func, method, static)
         y = fn.raw(*[(i.value if isinstance(i, Lit) else p) for i, p in zip(ins, plain)])
         t = self._emit(fn, ins, y, None)
-        if isinstance(y, np.generic) and isinstance(t, TracedArray):
-            t._numpy_scalar = True     # np.std(a), np.dot(a, b): a NumPy scalar in eager
+        if isinstance(t, TracedArray):
+            if isinstance(y, np.generic):
+                t._numpy_scalar = True     # np.std(a), np.dot(a, b): a NumPy scalar
+            elif type(y) in (bool, int, float):
+                t._numpy_scalar = "python"     # np.allclose: a Python scalar
         return t
 
     def array_function(self, func, args, kwargs):

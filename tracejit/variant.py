@@ -27,6 +27,8 @@ class JitWarning(UserWarning):
 class CompiledFunction(Function):
     """The one creator of a compiled call's outputs: its backward is a compiled graph."""
 
+    rng = None    # NumPy's random state before the call, if the region draws numbers
+
     def __init__(self, variant, saved, arrays):
         self.variant = variant
         self.saved = saved
@@ -45,7 +47,16 @@ class CompiledFunction(Function):
                     f"backward(create_graph=True) through jit({v.forward_graph.name}), "
                     f"which updates its inputs in place: the forward cannot be replayed "
                     f"from the updated values. Run it eagerly (tj.disable_jit()).")
-            return v.backward_with_variables(self.inputs, gys, self.arrays)
+            if self.rng is None:
+                return v.backward_with_variables(self.inputs, gys, self.arrays)
+            # The replay draws what the call drew (the same masks), and the global
+            # stream goes on from where it is now.
+            now = np.random.get_state()
+            np.random.set_state(self.rng)
+            try:
+                return v.backward_with_variables(self.inputs, gys, self.arrays)
+            finally:
+                np.random.set_state(now)
         bexe = v.backward_executable()
         arrays = []
         for kind, i in v.bwd_sources:
@@ -178,6 +189,7 @@ class Variant:
         self.runner = build_runner(self, trace.leaf_kinds)
         self._hot_runner = None
         self._bexe = None
+        self._interp_bwd = None
         self.backward_runner = None
         self.input_ids = None
 
@@ -265,20 +277,27 @@ def _unchanged():
 
 def _backward_other_gy(cf, gys):
     """The backward of a call whose output gradient has another dtype or shape than the
-    traced output: the region replayed on Variables, so NumPy promotes as in eager."""
+    traced output (a float64 gradient into a float32 call): the backward graph run by
+    the interpret backend on the same saved values, inputs and captures as the
+    compiled one reads, so NumPy promotes as eager's backward does."""
     v = cf.variant
-    if not v.mutated_positions:
-        return v.backward_with_variables(cf.inputs, gys, cf.arrays)
-    # The forward updated its inputs in place and cannot be replayed: cast, and say so.
-    warnings.warn(f"jit({v.forward_graph.name}): an output gradient of another dtype or "
-                  f"shape than the output was cast to it for the compiled backward (this "
-                  f"call updates its inputs in place, so it cannot be replayed)",
-                  JitWarning, stacklevel=4)
-    fixed = []
-    for g, spec in zip(gys, v.out_specs):
-        fixed.append(g if g is None else Variable(
-            np.broadcast_to(g._data, spec.shape).astype(spec.dtype)))
-    return v.backward_runner(cf, fixed)
+    if v._interp_bwd is None:
+        v._interp_bwd = interpret.compile(v.bwd["graph"])
+    arrays = []
+    for kind, i in v.bwd_sources:
+        if kind == "saved":
+            arrays.append(cf.saved[i])
+        elif kind == "input":
+            arrays.append(cf.arrays[i])
+        elif kind != "gy":
+            arrays.append(read_capture(kind, i))
+        else:
+            g = gys[i]
+            arrays.append(g._data if g is not None else
+                          np.zeros(v.out_specs[i].shape, v.out_specs[i].dtype))
+    grads = v._interp_bwd(arrays)
+    return tuple(None if slot is None else core.wrap_array(np.asarray(grads[slot]))
+                 for slot in v.bwd_grad_slots)
 
 
 def read_capture(kind, obj):
@@ -373,15 +392,22 @@ def build_runner(v, leaf_kinds, key=None):
     # The array each in-place effect writes into.
     dest = {i: f"{t}._data" if kind == "inplace" else t
             for i, (kind, t, _) in enumerate(effects) if kind in ("inplace", "inplace_array")}
-    if effects:
-        # Effects are applied after the graph ran, from values it computed from the
-        # inputs as they were: right unless an updated array is also another input
-        # (a view of it, or the same Parameter as argument and capture), which eager
-        # would read after the update. Such a call runs eagerly (InplaceAlias).
-        watched = [dest[i] if i in dest else f"{t}._data"
-                   for i, (kind, t, _) in enumerate(effects)]
+    # Effects are applied after the graph ran, from values it computed from the inputs
+    # as they were: right unless an array updated in place is also another input (a
+    # view of it, or the same Parameter as argument and capture), or a Variable whose
+    # data is rebound is also an argument; eager would read those after the update.
+    # Such a call runs eagerly (InplaceAlias).
+    if dest:
         env["inplace_alias"] = inplace_alias
-        body.append(f"inplace_alias(({', '.join(watched)},), arrays)")
+        body.append(f"inplace_alias(({', '.join(dest.values())},), arrays)")
+    var_leaves = [f"leaves[{i}]" if key is None else f"l{i}"
+                  for i, lk in enumerate(leaf_kinds) if lk == VAR]
+    rebound = [t for kind, t, _ in effects if kind == "rebind" and not t.startswith("leaves")]
+    if rebound and var_leaves:
+        body.append(f"if {' or '.join(f'{t} is {x}' for t in rebound for x in var_leaves)}: "
+                    f"raise InplaceAlias('a Variable it rebinds (.data = ...) is also passed "
+                    f"as an argument')")
+        env["InplaceAlias"] = InplaceAlias
     if v.has_random:
         body += ["rng = np.random.get_state()",
                  "try:",
@@ -426,6 +452,8 @@ def build_runner(v, leaf_kinds, key=None):
                 exprs.append(name)
             elif b == FLT:
                 exprs.append(f"float({out(k)})")
+            elif b == "I":                     # a Python scalar, as eager returns
+                exprs.append(f"{out(k)}.item()")
             elif b == "S":                     # NumPy's own scalar, as eager returns
                 exprs.append(f"{out(k)}[()]")
             else:
@@ -443,7 +471,10 @@ def build_runner(v, leaf_kinds, key=None):
         body.append("if Config.enable_backprop:")
         saved = f"outs[{n_saved_from}:]" if call is not None else \
             f"[{', '.join(out(k) for k in range(n_saved_from, n_outs))}]"
-        inner = [f"cf = CompiledFunction(v, {saved}, bwd_arrays)",
+        inner = [f"cf = CompiledFunction(v, {saved}, bwd_arrays)"]
+        if v.has_random:
+            inner.append("cf.rng = rng")      # a create_graph replay draws the same numbers
+        inner += [
                  f"cf.inputs = ins = [{diff}]",
                  "cf.generation = max([x.generation for x in ins])" if v.diff_sources
                  else "cf.generation = 0"]
@@ -482,8 +513,19 @@ def inplace_alias(updated, arrays):
                 if seen > 1:
                     raise InplaceAlias("an array it updates is passed twice")
             elif a is not None and (d.base is not None or a.base is not None) \
-                    and np.may_share_memory(a, d):
+                    and _overlap(a, d):
                 raise InplaceAlias("an array it updates shares memory with another input")
+
+
+def _overlap(a, b):
+    # may_share_memory compares bounds (x[0::2] and x[1::2] "may"); shares_memory
+    # settles it, and a problem too hard for it counts as an overlap.
+    if not np.may_share_memory(a, b):
+        return False
+    try:
+        return bool(np.shares_memory(a, b, max_work=10_000))
+    except Exception:  # noqa: BLE001 - TooHardError
+        return True
 
 
 class Stale(Exception):
