@@ -670,3 +670,25 @@ def test_augmented_assignment_to_a_numpy_scalar_result(reduce):
         for k in range(5):
             _same(jf(np.arange(3.0) * (k + 1)), f(np.arange(3.0) * (k + 1)))   # k=1: traced
     assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_numpy_functions_returning_several_arrays_run_eagerly(record_jit_warnings):
+    def f(a):
+        frac, whole = np.modf(a * 1.5)
+        return frac, whole, np.divmod(a, 0.7)
+
+    jf = tj.jit(f)
+    for k in range(4):
+        a = np.arange(3.0) + 0.25 * k
+        _same(jf(a), f(a))
+    assert any("returns several arrays" in str(w.message) for w in record_jit_warnings)
+
+
+def test_the_checks_against_eager_compare_the_kind_of_result():
+    from tracejit.checking import first_difference
+    a = np.arange(3.0)
+    assert first_difference(np.float64(1.0), np.array(1.0)) is not None
+    assert first_difference(True, np.bool_(True)) is not None
+    assert first_difference((a, a), (a,)) is not None
+    assert first_difference(Parameter(a), Variable(a)) is not None
+    assert first_difference((a, np.float64(2.0)), (a.copy(), np.float64(2.0))) is None

@@ -88,6 +88,13 @@ def array_difference(expected, got, what):
 
 
 def first_difference(expected, got, path="output"):
+    # The kind of object first: a Parameter returned as itself, a NumPy scalar or a
+    # Python bool where eager gives one, a tuple's length.
+    if type(expected) is not type(got):
+        return (f"{path}: eager gives a {type(expected).__name__}, compiled a "
+                f"{type(got).__name__}")
+    if isinstance(expected, (tuple, list, dict)) and len(expected) != len(got):
+        return f"{path}: eager gives {len(expected)} items, compiled {len(got)}"
     if isinstance(expected, Variable) or isinstance(expected, np.ndarray):
         e = expected._data if isinstance(expected, Variable) else expected
         g = got._data if isinstance(got, Variable) else got

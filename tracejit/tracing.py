@@ -405,6 +405,9 @@ class Trace:
                                        method, plain, kwargs, None)
         fn = NumpyCall(func, method, static)
         y = fn.raw(*[(i.value if isinstance(i, Lit) else p) for i, p in zip(ins, plain)])
+        if isinstance(y, (tuple, list)):    # np.modf, np.divmod: one node, one output
+            return self._escaped_ufunc(f"np.{name}, which returns several arrays", func,
+                                       method, plain, kwargs, None)
         t = self._emit(fn, ins, y, None)
         if isinstance(t, TracedArray):
             if isinstance(y, np.generic):
