@@ -17,30 +17,12 @@ from tracejit import Parameter, Variable
 from tracejit.core import Config, Function
 from tracejit.jit import jit_disabled
 
+from compare import data_of, same  # noqa: E402
+
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
 
-def _data(a):
-    return a._data if isinstance(a, Variable) else a
-
-
-def _same(got, want, creator=True):
-    """got == want: structure, Variable or not, type of .data, dtype, shape, values, and
-    (creator=True) whether a Variable has a creator."""
-    if isinstance(want, (tuple, list)):
-        assert type(got) is type(want) and len(got) == len(want)
-        for g, w in zip(got, want):
-            _same(g, w, creator)
-        return
-    assert type(got) is type(want), (type(got), type(want))
-    if creator and isinstance(want, Variable):
-        assert (got.creator is None) == (want.creator is None), (got.creator, want.creator)
-    g, w = _data(got), _data(want)
-    assert type(g) is type(w), (type(g), type(w))
-    if isinstance(w, (np.ndarray, np.generic)):
-        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
-    np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64),
-                               rtol=1e-6, atol=1e-12)
+_data, _same = data_of, same
 
 
 def _rosen(x, y):

@@ -57,7 +57,13 @@ class CompiledFunction(Function):
                 return v.backward_with_variables(self.inputs, gys, self.arrays)
             finally:
                 np.random.set_state(now)
-        bexe = v.backward_executable()
+        grads = v.backward_executable()(self.backward_inputs(gys))
+        return tuple(None if slot is None else Variable(grads[slot])
+                     for slot in v.bwd_grad_slots)
+
+    def backward_inputs(self, gys):
+        """The backward graph's inputs, as the generated backward runner reads them."""
+        v = self.variant
         arrays = []
         for kind, i in v.bwd_sources:
             if kind == "saved":
@@ -70,11 +76,7 @@ class CompiledFunction(Function):
                 g = gys[i]
                 arrays.append(g._data if g is not None else
                               np.zeros(v.out_specs[i].shape, v.out_specs[i].dtype))
-        grads = bexe(arrays)
-        out = []
-        for slot in v.bwd_grad_slots:
-            out.append(None if slot is None else Variable(grads[slot]))
-        return tuple(out)
+        return arrays
 
     def output_specs(self):
         # An output that died still needs zeros of its shape for the backward: the
@@ -283,19 +285,7 @@ def _backward_other_gy(cf, gys):
     v = cf.variant
     if v._interp_bwd is None:
         v._interp_bwd = interpret.compile(v.bwd["graph"])
-    arrays = []
-    for kind, i in v.bwd_sources:
-        if kind == "saved":
-            arrays.append(cf.saved[i])
-        elif kind == "input":
-            arrays.append(cf.arrays[i])
-        elif kind != "gy":
-            arrays.append(read_capture(kind, i))
-        else:
-            g = gys[i]
-            arrays.append(g._data if g is not None else
-                          np.zeros(v.out_specs[i].shape, v.out_specs[i].dtype))
-    grads = v._interp_bwd(arrays)
+    grads = v._interp_bwd(cf.backward_inputs(gys))
     return tuple(None if slot is None else core.wrap_array(np.asarray(grads[slot]))
                  for slot in v.bwd_grad_slots)
 
