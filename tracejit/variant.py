@@ -69,7 +69,7 @@ class CompiledFunction(Function):
             if kind == "saved":
                 arrays.append(self.saved[i])
             elif kind == "input":
-                arrays.append(self.arrays[i])
+                arrays.append(current_input(v, i, self.arrays[i]))
             elif kind != "gy":
                 arrays.append(read_capture(kind, i))
             else:
@@ -208,7 +208,8 @@ class Variant:
         bexe = self.backward_executable()
         plan = getattr(bexe, "plan", None)
         env = {"np": np, "bexe": bexe, "plan": plan, "wrap": core.wrap_array,
-               "read_capture": read_capture, "other_gy": _backward_other_gy}
+               "read_capture": read_capture, "other_gy": _backward_other_gy,
+               "current_input": current_input, "v": self}
         body, names = [], []
         for j, (kind, i) in enumerate(self.bwd_sources):
             n = f"b{j}"
@@ -217,6 +218,8 @@ class Variant:
                 body.append(f"{n} = cf.saved[{i}]")
             elif kind == "input":
                 body.append(f"{n} = cf.arrays[{i}]")
+                if self.sources[i][0] == "var":
+                    body.append(f"{n} = current_input(v, {i}, {n})")
             elif kind == "gy":
                 spec = self.out_specs[i]
                 env[f"d{j}"] = spec.dtype
@@ -288,6 +291,20 @@ def _backward_other_gy(cf, gys):
     grads = v._interp_bwd(cf.backward_inputs(gys))
     return tuple(None if slot is None else core.wrap_array(np.asarray(grads[slot]))
                  for slot in v.bwd_grad_slots)
+
+
+def current_input(v, i, array):
+    """Forward input i for the backward: a captured Variable whose data was rebound
+    since the call (`p.data = p.data * 3`) gives its new array, as eager's backward reads
+    `p.data` then (an in-place update is the same array either way). Anything computed
+    from it was saved, not recomputed (remat), so those stay the call's, as in eager."""
+    kind, obj, _ = v.sources[i]
+    if kind == "var":
+        cur = obj._data
+        if cur is not array and cur is not None and cur.shape == array.shape \
+                and cur.dtype == array.dtype:
+            return cur
+    return array
 
 
 def read_capture(kind, obj):
