@@ -67,19 +67,19 @@ def matcher_lines(key, env, miss, grad_mode=True):
         lines.append(f"if {same_shape} or ({a}.dtype is not sd{i} and {a}.dtype != sd{i}): "
                      f"{miss}")
     # No two arguments share an array (a fast key never has aliases: see _fast_key).
-    objs = []
+    objs = []      # (leaf, expression)
     for i, p in enumerate(parts):
         if p != FLT:
-            objs.append(f"l{i}")
+            objs.append((i, f"l{i}"))
             if p[2] != ARR:
-                objs.append(f"l{i}._data")
-    if len(objs) > 1:
-        if len(objs) <= 3:
-            lines.append("if " + " or ".join(f"{a} is {b}" for k, a in enumerate(objs)
-                                             for b in objs[k + 1:]) + f": {miss}")
+                objs.append((i, f"l{i}._data"))
+    pairs = [(a, b) for k, (i, a) in enumerate(objs) for j, b in objs[k + 1:] if i != j]
+    if pairs:
+        if len(pairs) <= 3:
+            lines.append("if " + " or ".join(f"{a} is {b}" for a, b in pairs) + f": {miss}")
         else:
-            lines.append(f"if len({{{', '.join(f'id({o})' for o in objs)}}}) != {len(objs)}: "
-                         f"{miss}")
+            lines.append(f"if len({{{', '.join(f'id({o})' for _, o in objs)}}}) != "
+                         f"{len(objs)}: {miss}")
     if grad_mode:
         lines.append(f"if local.enable_backprop != backprop or local.train != train: {miss}")
     return lines
