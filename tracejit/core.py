@@ -48,12 +48,17 @@ class _ThreadState(threading.local):
     # Per thread: DeZero's Config, the active tracing.Trace (None: eager), and whether
     # jit is switched off (tj.disable_jit). Thread-local so that one thread tracing, or
     # in no_grad(), never changes what another thread records or computes. `mode` sums
-    # up the other four: whoever writes one of them updates it (refresh_mode).
+    # up the other four: whoever writes one of them updates it (set_backprop, refresh_mode).
     enable_backprop = True
     train = True
     trace = None
     jit_off = False
     mode = call_mode(True, True, True)
+
+    def set_backprop(self, value):
+        # Only the grad field of the mode changes: no need to read the others again.
+        self.enable_backprop = value
+        self.mode = self.mode.grad if value else self.mode.nograd
 
     def refresh_mode(self):
         self.mode = call_mode(self.trace is None and not self.jit_off,
@@ -80,8 +85,7 @@ class _ConfigType(type):
 
     @enable_backprop.setter
     def enable_backprop(cls, value):
-        cls._local.enable_backprop = value
-        cls._local.refresh_mode()
+        cls._local.set_backprop(value)
 
     @property
     def train(cls):
@@ -412,10 +416,7 @@ def _plain_backward_step(f, retain_grad):
         gys.append(g)
     local = Config._local
     old_mode = local.enable_backprop
-    # Written directly (Config's setter costs more than this step); the call mode is
-    # switched with it, as every writer of these fields must (see _ThreadState).
-    local.enable_backprop = False
-    local.mode = local.mode.nograd
+    local.set_backprop(False)      # not Config's setter: a metaclass property costs more
     try:
         for x, gx in zip(f.inputs, _input_grads(f, gys)):
             if gx is not None:
@@ -424,8 +425,7 @@ def _plain_backward_step(f, retain_grad):
                 old = x._grad
                 x._grad = gx if old is None else old + gx
     finally:
-        local.enable_backprop = old_mode
-        local.mode = local.mode.grad if old_mode else local.mode.nograd
+        local.set_backprop(old_mode)
     if not retain_grad:
         for r in f.outputs:
             y = r()
@@ -439,8 +439,7 @@ def _backward_step(f, store, create_graph, retain_grad):
     gys = f.output_grads(store)
     local = Config._local
     old_mode = local.enable_backprop
-    local.enable_backprop = create_graph       # and the call mode with it
-    local.mode = local.mode.grad if create_graph else local.mode.nograd
+    local.set_backprop(create_graph)
     reached = []
     try:
         for x, gx in zip(f.inputs, _input_grads(f, gys)):
@@ -450,8 +449,7 @@ def _backward_step(f, store, create_graph, retain_grad):
                 store.set(x, gx if old is None else old + gx)
                 reached.append(x)
     finally:
-        local.enable_backprop = old_mode
-        local.mode = local.mode.grad if old_mode else local.mode.nograd
+        local.set_backprop(old_mode)
     if not retain_grad:
         for y in f.outputs:
             y = y()

@@ -319,11 +319,13 @@ class Jitted:
         which a variant (effects applied after the graph) does not keep. Eager, warned."""
         self.stats["fallbacks"] += 1
         reason = f"{e} (views of one buffer, or a captured Parameter passed as an argument)"
+        self._warn_once(reason, f"jit({self.__name__}): this call runs eagerly: {reason}", 4)
+        return self.fn(*args, **kwargs)
+
+    def _warn_once(self, reason, message, stacklevel):
         if reason not in self._warned:
             self._warned.add(reason)
-            warnings.warn(f"jit({self.__name__}): this call runs eagerly: {reason}",
-                          JitWarning, stacklevel=3)
-        return self.fn(*args, **kwargs)
+            warnings.warn(message, JitWarning, stacklevel=stacklevel)
 
     def _changed(self):
         """The variants changed: bump the version, drop the hot entry."""
@@ -383,11 +385,8 @@ class Jitted:
     def _fallback(self, key, reason, line=None):
         self._eager_keys[key] = reason
         self.stats["fallbacks"] += 1
-        if reason not in self._warned:
-            self._warned.add(reason)
-            where = f" at {line}" if line else ""
-            warnings.warn(f"jit({self.__name__}) runs eagerly: {reason}{where}", JitWarning,
-                          stacklevel=4)
+        where = f" at {line}" if line else ""
+        self._warn_once(reason, f"jit({self.__name__}) runs eagerly: {reason}{where}", 5)
 
     # ---- verifying a variant against eager
 
