@@ -1,4 +1,5 @@
-"""tracejit.utils: DeZero's utilities: gradient checking, array comparison, graph drawing.
+"""tracejit.utils: DeZero's utilities: gradient checking, array comparison, graph drawing,
+and the download cache the datasets use (get_file, show_progress).
 
 Eager-layer helpers with no part in tracing. numerical_grad and gradient_check follow
 DeZero's signatures so DeZero tests run unchanged (tracejit.testing.gradcheck is the
@@ -8,6 +9,9 @@ an eager result in DeZero's DOT format; a jitted result's graph is `fn.trace(...
 import os
 import shutil
 import subprocess
+import sys
+import urllib.error
+import urllib.request
 
 import numpy as np
 
@@ -253,3 +257,95 @@ def array_allclose(a, b, rtol=1e-4, atol=1e-5):
     a = a.data if isinstance(a, Variable) else a
     b = b.data if isinstance(b, Variable) else b
     return np.allclose(a, b, atol=atol, rtol=rtol)
+
+
+# ---------------------------------------------------------------- download cache
+
+# DeZero's cache directory. The environment variable TRACEJIT_DATA, read at each call,
+# overrides it, so a test or a machine without a writable home can point elsewhere.
+cache_dir = os.path.join(os.path.expanduser("~"), ".dezero")
+
+# Seconds a stalled connection may wait before the download gives up. urlretrieve has
+# no timeout, and a machine without a network must get an error, not a hang.
+download_timeout = 30.0
+
+
+class DownloadError(OSError):
+    """A file get_file needed is not in the cache and could not be downloaded."""
+
+
+def get_cache_dir():
+    """The directory get_file downloads into: $TRACEJIT_DATA, else utils.cache_dir."""
+    return os.environ.get("TRACEJIT_DATA") or cache_dir
+
+
+def show_progress(block_num, block_size, total_size):
+    """Print a 30-column progress bar (DeZero's urlretrieve reporthook signature)."""
+    downloaded = block_num * block_size
+    if total_size <= 0:
+        # The server sent no Content-Length: report bytes, not a percentage.
+        print("\r[{}] {:d} bytes".format("." * 30, downloaded), end="")
+        return
+    p = min(downloaded / total_size * 100, 100.0)
+    i = min(int(downloaded / total_size * 30), 30)
+    bar = "#" * i + "." * (30 - i)
+    print("\r[{}] {:.2f}%".format(bar, p), end="")
+
+
+def _download(url, file_path, reporthook, timeout):
+    # urlretrieve with a timeout. The bytes go to a .part file renamed into place only
+    # when complete, so an interrupted download never leaves a file a later call would
+    # trust as cached.
+    part = file_path + ".part"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response, \
+                open(part, "wb") as out:
+            total = int(response.headers.get("Content-Length") or -1)
+            block_size = 1024 * 64
+            block_num = 0
+            reporthook(block_num, block_size, total)
+            while True:
+                chunk = response.read(block_size)
+                if not chunk:
+                    break
+                out.write(chunk)
+                block_num += 1
+                reporthook(block_num, block_size, total)
+        os.replace(part, file_path)
+    except BaseException:
+        if os.path.exists(part):
+            os.remove(part)
+        raise
+
+
+def get_file(url, file_name=None):
+    """The local path of the file at `url`, downloading it into the cache if absent.
+
+    The file is saved in the cache directory (~/.dezero, or $TRACEJIT_DATA) under
+    `file_name`, by default the URL's last path component. A file already there is
+    used without touching the network. When the download fails (no network, a
+    timeout, an HTTP error) DownloadError names the file, the URL and the path to
+    put a copy at.
+    """
+    if file_name is None:
+        file_name = url[url.rfind("/") + 1:]
+    directory = get_cache_dir()
+    file_path = os.path.join(directory, file_name)
+    if os.path.exists(file_path):
+        return file_path
+    os.makedirs(directory, exist_ok=True)
+
+    print("Downloading: " + file_name)
+    try:
+        _download(url, file_path, show_progress, download_timeout)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        # URLError covers DNS failures and refused connections, socket.timeout (an
+        # OSError) a stalled one, HTTPError (a URLError) a missing page.
+        reason = getattr(e, "reason", None) or e
+        raise DownloadError(
+            f"could not download {file_name} from {url} ({reason}). Without a network, "
+            f"download it on another machine and copy it to {file_path} (the cache "
+            f"directory; set TRACEJIT_DATA to use another directory).") from e
+    print(" Done")
+    sys.stdout.flush()
+    return file_path
