@@ -304,10 +304,12 @@ class Variable:
         return F.cast(self, dtype)
 
     def to_cpu(self):
+        # Data is always a NumPy array already (DeZero converts a CuPy one here).
         return self
 
     def to_gpu(self):
-        raise NotImplementedError("tracejit runs on the CPU only")
+        from tracejit import cuda
+        raise cuda.no_gpu("Variable.to_gpu")
 
 
 def wrap_array(data, creator=None):

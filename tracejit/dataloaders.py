@@ -11,7 +11,8 @@ import numpy as np
 class DataLoader:
     def __init__(self, dataset, batch_size, shuffle=True, gpu=False):
         if gpu:
-            raise NotImplementedError("tracejit runs on the CPU only (gpu=True)")
+            from tracejit import cuda
+            raise cuda.no_gpu(f"{type(self).__name__}(gpu=True)")
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -55,7 +56,9 @@ class DataLoader:
         self.gpu = False
 
     def to_gpu(self):
-        raise NotImplementedError("tracejit runs on the CPU only")
+        # DeZero sets the flag and fails at the next batch; this fails here, saying why.
+        from tracejit import cuda
+        raise cuda.no_gpu(f"{type(self).__name__}.to_gpu")
 
 
 class SeqDataLoader(DataLoader):

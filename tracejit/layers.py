@@ -74,10 +74,12 @@ class Layer:
             param.cleargrad()
 
     def to_cpu(self):
+        # Parameters are always NumPy arrays already (DeZero moves CuPy ones back).
         return self
 
     def to_gpu(self):
-        raise NotImplementedError("tracejit runs on the CPU only")
+        from tracejit import cuda
+        raise cuda.no_gpu(f"{type(self).__name__}.to_gpu")
 
     def _flatten_params(self, params_dict, parent_key=""):
         # Keys are attribute paths ("l0/W"), the names save_weights writes.
