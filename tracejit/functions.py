@@ -394,3 +394,49 @@ def _setup_variable():
 
 
 _setup_variable()
+
+
+# ---------------------------------------------------------------- DeZero's *_simple functions
+# The book's first versions of these functions, compositions of the primitives above
+# (DeZero keeps them beside its dedicated Function classes). Their numerics are the
+# book's: softmax_simple does not subtract the max, so it overflows where softmax
+# does not.
+
+def linear_simple(x, W, b=None):
+    # DeZero also sets t.data = None here to free the product early; that is left out
+    # because the add's backward reads its inputs' shapes.
+    t = matmul(x, W)
+    if b is None:
+        return t
+    return t + b
+
+
+def sigmoid_simple(x):
+    x = as_variable(x)
+    return 1 / (1 + exp(-x))
+
+
+def softmax_simple(x, axis=1):
+    x = as_variable(x)
+    y = exp(x)
+    sum_y = sum(y, axis=axis, keepdims=True)
+    return y / sum_y
+
+
+def mean_squared_error_simple(x0, x1):
+    x0, x1 = as_variable(x0), as_variable(x1)
+    diff = x0 - x1
+    return sum(diff ** 2) / len(diff)
+
+
+def softmax_cross_entropy_simple(x, t):
+    x, t = as_variable(x), as_variable(t)
+    if x.ndim != 2 or t.size != x.shape[0]:
+        raise ValueError(f"softmax_cross_entropy_simple: x must be (N, classes) and t "
+                         f"hold N labels, got x {x.shape} and t {t.shape}")
+    N = x.shape[0]
+    p = softmax(x)
+    p = clip(p, 1e-15, 1.0)   # log(0) would be -inf
+    log_p = log(p)
+    tlog_p = get_item(log_p, (np.arange(N), reshape(t, (N,))))
+    return -1 * sum(tlog_p) / N
