@@ -386,3 +386,13 @@ def test_dataset_module_exports():
                  "Spiral", "load_cache_npz", "save_cache_npz"):
         assert hasattr(datasets, name), name
     assert tj.Dataset is datasets.Dataset
+
+
+def test_show_without_matplotlib_says_so(cache, monkeypatch):
+    import sys
+    _write_mnist(cache)
+    ds = MNIST(transform=None)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    with pytest.raises(ImportError, match="pip install matplotlib"):
+        ds.show(2, 2)
