@@ -396,3 +396,17 @@ def test_show_without_matplotlib_says_so(cache, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
     with pytest.raises(ImportError, match="pip install matplotlib"):
         ds.show(2, 2)
+
+
+def test_shakespear_batches_for_bptt(cache):
+    # How the book feeds a character model: SeqDataLoader over the id sequence.
+    cache.mkdir(parents=True)
+    text = "to be, or not to be: that is the question.\n" * 3
+    (cache / "shakespear.txt").write_text(text, encoding="utf-8")
+    ds = Shakespear()
+    loader = tj.SeqDataLoader(ds, batch_size=4)
+    x, t = next(loader)
+    jump = len(ds) // 4
+    assert x.shape == t.shape == (4,) and np.issubdtype(x.dtype, np.integer)
+    assert [ds.id_to_char[int(i)] for i in x] == [text[k * jump] for k in range(4)]
+    assert [ds.id_to_char[int(i)] for i in t] == [text[k * jump + 1] for k in range(4)]
