@@ -8,9 +8,15 @@ backend checks them where they stand and stops at the first one that fails.
 Printing is deterministic (values are numbered in order of definition), so two
 traces of the same code print the same text.
 """
+import re
+
 import numpy as np
 
 from tracejit.core import ELEMENTWISE, OPAQUE, ShapeDtype
+
+
+# An input's printed name: an identifier or a Python path to it (model.l1.W, cfg['k']).
+_NAME = re.compile(r"[A-Za-z_][\w.]*(\[('[^'\s]*'|-?\d+)\][\w.]*)*$")
 
 
 class Value:
@@ -133,11 +139,17 @@ class Graph:
         self.input_names = list(input_names) if input_names else [None] * len(self.inputs)
         self.source = ""          # generated kernel source, set by a compiling backend
         self.notes = {}           # facts passes and backends report (summary() shows them)
+        self.stage = None         # which graph this is, for its header ("forward, optimized")
+        # Per output, what it is for: "result", "effect" (written back to live state) or
+        # "saved" (kept for the backward); None when unknown (a graph built by hand).
+        self.output_roles = None
 
     def replace(self, **changes):
         g = Graph(self.name, self.inputs, self.nodes, self.outputs, self.input_names)
         g.source = self.source
         g.notes = dict(self.notes)
+        g.stage = self.stage
+        g.output_roles = self.output_roles
         for k, v in changes.items():
             setattr(g, k, list(v) if isinstance(v, (list, tuple)) else v)
         return g
@@ -177,7 +189,7 @@ class Graph:
             return names[key]
 
         for v, n in zip(self.inputs, self.input_names):
-            if n and n.isidentifier() and n not in used:
+            if n and _NAME.match(n) and n not in used:
                 names[id(v)] = n
                 used.add(n)
         return name
@@ -186,7 +198,8 @@ class Graph:
         name = self._namer()
         ins = ", ".join(f"{name(v)}: {v.spec}" for v in self.inputs)
         outs = ", ".join(_spec_str(v) for v in self.outputs)
-        lines = [f"graph {self.name}({ins}) -> ({outs})"]
+        lines = [f"graph {self.name}({ins}) -> ({outs})"
+                 + (f"    # {self.stage}" if self.stage else "")]
         for n in self.nodes:
             params = _format_params(n)
             args = " ".join(name(v) for v in n.inputs)
@@ -198,25 +211,82 @@ class Graph:
             if n.line:
                 text = f"{text:<48} # {n.line}"
             lines.append(text)
-        lines.append("  return " + ", ".join(name(v) for v in self.outputs))
+        ret = "  return " + ", ".join(name(v) for v in self.outputs)
+        roles = self._roles()
+        notes = [f"{what}: {', '.join(name(v) for v in self.outputs if roles.get(id(v)) == r)}"
+                 for r, what in (("effect", "written back"), ("saved", "saved for backward"))
+                 if r in roles.values()]
+        lines.append(f"{ret:<48} # {'; '.join(notes)}" if notes else ret)
         return "\n".join(lines)
+
+    def _roles(self):
+        if not self.output_roles or len(self.output_roles) != len(self.outputs):
+            return {}
+        out = {}
+        for v, r in zip(self.outputs, self.output_roles):
+            if isinstance(v, Value):
+                out.setdefault(id(v), r)      # a result also saved prints as a result
+        return out
 
     __repr__ = __str__
 
     def to_dot(self):
+        """Graphviz text of what runs: each fused kernel a cluster of its member ops,
+        guards as red diamonds with their condition, NumPy calls as boxes, and the
+        outputs marked by role (results doubled, saved-for-backward values yellow,
+        values written back to live state green)."""
         name = self._namer()
+        roles = self._roles()
         out = ["digraph %s {" % _dot_id(self.name), '  node [fontname="monospace"];']
-        for v in self.inputs:
-            out.append(f'  "{name(v)}" [shape=box, label="{name(v)}: {v.spec}"];')
-        for i, n in enumerate(self.nodes):
-            shape = "diamond" if n.kind == "guard" else "ellipse"
-            out.append(f'  n{i} [shape={shape}, label="{n.name}{_format_params(n)}"];')
+        if self.stage:
+            out.append(f'  label="{_q(self.name + ": " + self.stage)}"; labelloc=t;')
+
+        def value(v, indent):
+            role = roles.get(id(v))
+            label = _q(f"{name(v)}: {v.spec}")
+            attrs = ""
+            if role == "result":
+                attrs = ", peripheries=2"
+            elif role == "saved":
+                label += "\\nsaved for backward"
+                attrs = ", style=filled, fillcolor=lightyellow"
+            elif role == "effect":
+                label += "\\nwritten back"
+                attrs = ", style=filled, fillcolor=palegreen"
+            out.append(f'{indent}"{_q(name(v))}" [shape=box, label="{label}"{attrs}];')
+
+        def node(n, nid, indent, in_kernel):
+            args = " ".join(name(v) for v in n.inputs)
+            if n.kind == "guard":
+                attrs = (f'shape=diamond, color=red, label="{_q("guard " + n.fn.describe(args))}"')
+            else:
+                shape = "ellipse" if in_kernel or n.kind == ELEMENTWISE else "box3d"
+                attrs = f'shape={shape}, label="{_q(n.name + _format_params(n))}"'
+            if n.line:
+                attrs += f', tooltip="{_q(n.line)}"'
+            out.append(f"{indent}{nid} [{attrs}];")
             for v in n.inputs:
                 if isinstance(v, Value):
-                    out.append(f'  "{name(v)}" -> n{i};')
+                    out.append(f'{indent}"{_q(name(v))}" -> {nid};')
             for v in n.outputs:
-                out.append(f'  "{name(v)}" [label="{name(v)}: {v.spec}"];')
-                out.append(f'  n{i} -> "{name(v)}";')
+                value(v, indent)
+                out.append(f'{indent}{nid} -> "{_q(name(v))}";')
+
+        for v in self.inputs:
+            value(v, "  ")
+        kernel = 0
+        for i, n in enumerate(self.nodes):
+            sub = getattr(n.fn, "graph", None) if n.kind == "fused" else None
+            if sub is None:
+                node(n, f"n{i}", "  ", False)
+                continue
+            kernel += 1
+            out.append(f"  subgraph cluster_{i} {{")
+            out.append(f'    label="kernel {kernel}: {_q(n.fn.label)}"; style=rounded; '
+                       f'color=blue;')
+            for j, m in enumerate(sub.nodes):
+                node(m, f"n{i}_{j}", "    ", True)
+            out.append("  }")
         out.append("}")
         return "\n".join(out)
 
@@ -282,6 +352,10 @@ def _short(val):
     if callable(val):
         return getattr(val, "__name__", repr(val))
     return repr(val)
+
+
+def _q(text):
+    return str(text).replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _dot_id(name):

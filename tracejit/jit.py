@@ -7,6 +7,7 @@ outcome seen, which leads to the variant traced for that outcome, or to a new tr
 (a real call that records). Outputs are Variables whose one creator, a
 CompiledFunction, runs the compiled backward graph.
 """
+import itertools
 import logging
 import os
 import random
@@ -72,6 +73,14 @@ class disable_jit:
 
 
 _RETRACE = object()
+# cache_info()'s counters besides calls (README, Debugging): hits + misses + fallbacks
+# == calls; the others count events, not calls.
+_COUNTED = ("hits", "misses", "fallbacks", "traces", "retraces", "guard_failures")
+
+
+def _read(counter):
+    # An itertools.count's next value, without taking it: its repr is "count(n)".
+    return int(repr(counter)[6:-1])
 _SCALAR = "S"     # a result leaf eager NumPy returns as a scalar (a 0-d reduction)
 _PYTHON_SCALAR = "I"    # ... as a Python scalar (np.allclose)
 
@@ -101,14 +110,18 @@ class Jitted:
         # The last signature's fast path: (hot runner, grad mode, key, variants,
         # variants[0]); None whenever the variants change.
         self._hot = None
-        self._hits = 0
+        # Call counters: itertools.count, whose next() is one C call that cannot lose an
+        # increment to another thread (a plain `self.n += 1` can), read back at
+        # cache_info() time. The hot path pays one next(), as it paid one += before.
+        self._n_hot = itertools.count()      # hits on the hot path (its only counter)
+        self._n_calls = itertools.count()    # every other call (jit on, not nested)
+        self._n = {k: itertools.count() for k in _COUNTED}
 
         self._variants = {}          # key -> list of Variant
         self._warm = set()
         self._eager_keys = {}        # key -> reason (fallback for good)
         self._warned = set()
-        self.stats = dict(hits=0, misses=0, variants=0, retraces=0, guard_failures=0,
-                          fallbacks=0, trace_seconds=0.0, compile_seconds=0.0)
+        self.stats = dict(trace_seconds=0.0, compile_seconds=0.0)   # under self.lock
 
     def __get__(self, obj, objtype=None):
         if obj is None:
@@ -121,29 +134,103 @@ class Jitted:
     def eager(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
 
+    def _count(self, what):
+        next(self._n[what])
+
     def cache_info(self):
-        info = dict(self.stats)
-        info["hits"] += self._hits
+        """The counters of README's Debugging section: calls == hits + misses + fallbacks,
+        exactly (each call counts once, by where its result came from)."""
+        hot = _read(self._n_hot)
+        info = {k: _read(c) for k, c in self._n.items()}
+        info["hits"] += hot
+        info["calls"] = hot + _read(self._n_calls)
         info["variants"] = sum(len(v) for v in self._variants.values())
+        info["eager_signatures"] = len(self._eager_keys)
+        info.update(self.stats)
         return info
 
-    def trace(self, *args, **kwargs):
-        """The forward graph of the variant these arguments run (tracing if needed)."""
-        self(*args, **kwargs)
-        self(*args, **kwargs)
-        key, _ = self._call_key(args, kwargs)
-        variants = self._variants.get(key)
-        if not variants:
+    def trace(self, *args, optimized=True, **kwargs):
+        """The forward graph of the variant these arguments select: optimized (passes and
+        fusion: what runs) or, optimized=False, as traced. Runs no effect of the function:
+        the variant is chosen by running its graph's guards on these arguments (effects
+        are replayed by the runner, not the graph), and a signature not traced yet is
+        warmed up and traced with the state it touches put back afterwards. Not a call:
+        cache_info()'s calls do not count it."""
+        v = self._variant_for(args, kwargs)
+        g = v.forward_graph
+        if optimized:
+            g = getattr(v.exe, "graph", None) or _optimize(g)
+        return _labelled(g, "forward, optimized" if optimized else "forward, as traced")
+
+    def backward_graph(self, *args, optimized=True, **kwargs):
+        """The backward graph of the variant these arguments select (as trace()), None
+        when these arguments trace without one (no_grad, nothing differentiable)."""
+        v = self._variant_for(args, kwargs)
+        if not v.bwd:
+            return None
+        g = v.bwd["graph"]
+        if optimized:
+            g = getattr(v.backward_executable(), "graph", None) or _optimize(g)
+        return _labelled(g, "backward, optimized" if optimized else "backward, as traced")
+
+    def _variant_for(self, args, kwargs):
+        if _state.trace is not None:
+            raise RuntimeError(f"jit({self.__name__}).trace() inside a traced function")
+        key, leaves = self._call_key(args, kwargs)
+        v = self._select(key, leaves)
+        if v is None:
+            with self.lock:
+                put_back = _StatePutBack(self.fn, leaves)
+                try:
+                    v = self._select(key, leaves)
+                    if v is None and key not in self._eager_keys:
+                        if key not in self._warm:
+                            # As a call would: lazy state (a Linear's W) is created before
+                            # tracing; it stays, in the state the warm-up left it.
+                            self._warm.add(key)
+                            with disable_jit(), warnings.catch_warnings():
+                                warnings.simplefilter("ignore", JitWarning)
+                                self.fn(*args, **kwargs)
+                            put_back.restore()
+                            put_back = _StatePutBack(self.fn, leaves)
+                        self._trace_and_compile(key, args, kwargs)
+                        self._changed()
+                        v = self._select(key, leaves)
+                finally:
+                    put_back.restore()
+        if v is None:
             reason = self._eager_keys.get(key, "no variant")
             raise RuntimeError(f"jit({self.__name__}): runs eagerly for these arguments "
                                f"({reason})")
-        return variants[-1].forward_graph
+        return v
 
-    def backward_graph(self, *args, **kwargs):
-        self.trace(*args, **kwargs)
-        key, _ = self._call_key(args, kwargs)
-        v = self._variants[key][-1]
-        return v.bwd["graph"] if v.bwd else None
+    def _select(self, key, leaves):
+        """The variant whose guards hold for these arguments (None if none does): each
+        candidate's forward graph runs on copies of its inputs, NumPy's random state put
+        back, so nothing the function changes is touched."""
+        variants = self._variants.get(key)
+        if not variants:
+            return None
+        v, tried = variants[0], 0
+        while v is not None and tried <= len(variants):
+            tried += 1
+            if v.state and v.state_changed():
+                return None               # stale: the next call retraces
+            arrays = _graph_inputs(v, leaves)
+            if arrays is None:
+                return None
+            rng = np.random.get_state()
+            try:
+                with np.errstate(all="ignore"):
+                    v.exe(arrays)
+                return v
+            except GuardFailure as gf:
+                v = self._next_variant(variants, v, gf)
+            except Exception:  # noqa: BLE001 - a call would demote it: not the one
+                return None
+            finally:
+                np.random.set_state(rng)
+        return None
 
     # ---- the call
 
@@ -209,23 +296,30 @@ class Jitted:
             try:
                 out = hot[0](args)
             except GuardFailure as gf:
+                next(self._n_calls)
                 return self._hot_dispatch(hot, args, gf)
             except Stale:
+                next(self._n_calls)
                 return self._hot_dispatch(hot, args, None)   # _dispatch retraces
             except InplaceAlias as e:
+                next(self._n_calls)
                 return self._alias_call(e, args, kwargs)
             except Exception as e:  # noqa: BLE001 - never a backend traceback
                 # Never rerun: effects before the failure may have been applied.
+                next(self._n_calls)
                 return self._demote(hot[2], hot[4], hot[3], e, args, kwargs)
             if out is not MISS:
                 if out is SLOW:
+                    next(self._n_calls)
                     return self._hot_dispatch(hot, args, None)
-                self._hits += 1
+                next(self._n_hot)
                 return out
         if _state.trace is not None or _state.jit_off or (
                 _env_get(_ENV_KEY) is not None and _env_disabled()):
-            # Off, or nested in another trace: the outer trace records our ops directly.
+            # Off, or nested in another trace: the outer trace records our ops directly
+            # (not a call of this cache: not counted).
             return self.fn(*args, **kwargs)
+        next(self._n_calls)
         key, leaves = self._call_key(args, kwargs)
         return self._call(key, leaves, args, kwargs)
 
@@ -278,7 +372,7 @@ class Jitted:
                     return self._alias_call(e, args, kwargs)
                 except Exception as e:  # noqa: BLE001 - never a backend traceback
                     return self._demote(key, v, variants, e, args, kwargs)
-                self._hits += 1
+                self._count("hits")
                 hot = self._hot
                 if (hot is None or hot[3] is not variants) \
                         and not kwargs and len(key) == 3 and leaves is args:
@@ -292,18 +386,18 @@ class Jitted:
                                          variants, variants[0])
                 return out
             except GuardFailure as gf:
-                self.stats["guard_failures"] += 1
+                self._count("guard_failures")
                 nxt = self._next_variant(variants, v, gf)
                 tried += 1
                 if nxt is None or tried > len(variants):
                     log.info("jit(%s): retrace: guard %d (%s) saw %r", self.__name__,
                              gf.index, v.guard_line(gf.index), gf.outcome)
-                    self.stats["retraces"] += 1
+                    self._count("retraces")
                     return _RETRACE
                 v = nxt
             except Stale as e:
                 log.info("jit(%s): retrace: %s", self.__name__, e)
-                self.stats["retraces"] += 1
+                self._count("retraces")
                 with self.lock:
                     if v in variants:
                         variants.remove(v)
@@ -317,7 +411,7 @@ class Jitted:
         """This call's arguments share memory with an array the function updates in
         place (or are that captured Variable): eager order of reads and writes matters,
         which a variant (effects applied after the graph) does not keep. Eager, warned."""
-        self.stats["fallbacks"] += 1
+        self._count("fallbacks")
         reason = f"{e} (views of one buffer, or a captured Parameter passed as an argument)"
         self._warn_once(reason, f"jit({self.__name__}): this call runs eagerly: {reason}", 4)
         return self.fn(*args, **kwargs)
@@ -340,28 +434,37 @@ class Jitted:
                 variants.remove(v)
                 self._changed()
         self._fallback(key, f"the compiled variant raised {type(error).__name__}: {error}")
+        self._count("fallbacks")
         return self.fn(*args, **kwargs)
 
     def _cold_call(self, key, args, kwargs):
         """Warm-up, fallback or a new trace (under the lock: a cold cache traces once)."""
         if key in self._eager_keys:
-            self.stats["fallbacks"] += 1
+            self._count("fallbacks")
             return self.fn(*args, **kwargs)
         if key not in self._warm:
             # The first call with a new signature runs eagerly: state created during a
             # call (a lazy Linear, an optimizer's buffers) exists before tracing starts.
             self._warm.add(key)
-            self.stats["misses"] += 1
+            self._count("misses")
             return self.fn(*args, **kwargs)
         variants = self._variants.get(key)
         if variants is not None and len(variants) >= self.max_variants:
             self._fallback(key, f"more than max_variants={self.max_variants} variants "
                            f"(data-dependent control flow keeps changing)")
+            self._count("fallbacks")
             return self.fn(*args, **kwargs)
         if log.isEnabledFor(logging.INFO):
             log.info("jit(%s): trace: %s", self.__name__, self._why_new(key))
-        result = self._trace_and_compile(key, args, kwargs)
+        try:
+            result = self._trace_and_compile(key, args, kwargs)
+        except BaseException:
+            self._count("misses")        # the trace raised what eager raises
+            raise
         self._changed()
+        # The trace computed this call's result: a miss, or a fallback when the trace
+        # found that the signature must run eagerly.
+        self._count("fallbacks" if key in self._eager_keys else "misses")
         return result
 
     def _why_new(self, key):
@@ -384,7 +487,6 @@ class Jitted:
 
     def _fallback(self, key, reason, line=None):
         self._eager_keys[key] = reason
-        self.stats["fallbacks"] += 1
         where = f" at {line}" if line else ""
         self._warn_once(reason, f"jit({self.__name__}) runs eagerly: {reason}{where}", 5)
 
@@ -459,6 +561,7 @@ class Jitted:
         except (GuardFailure, Stale, InplaceAlias):
             state.restore(eager_state)
             np.random.set_state(rng_after)
+            self._count("misses")      # the variant did not apply: eager's result
             return expected
         except Exception as e:  # noqa: BLE001 - never a backend traceback for the user
             state.restore(eager_state)
@@ -468,9 +571,11 @@ class Jitted:
                 variants.remove(v)
                 self._changed()
             self._fallback(key, f"the compiled variant raised {type(e).__name__}: {e}")
+            self._count("fallbacks")
             return expected
         diff = first_difference(expected, got) or state.difference(eager_state)
         if diff is None:
+            self._count("hits")
             return got
         variants = self._variants.get(key, [])
         if v in variants:
@@ -481,6 +586,7 @@ class Jitted:
         self._fallback(key, f"the compiled variant differs from eager ({diff}); the "
                             f"function likely computes with NumPy on arrays the tracer "
                             f"cannot see")
+        self._count("fallbacks")
         return expected
 
     # ---- running a variant
@@ -498,6 +604,7 @@ class Jitted:
 
     def _trace_and_compile(self, key, args, kwargs):
         t0 = time.perf_counter()
+        self._count("traces")
         tr = Trace(self.__name__)
         tr.arg_inputs = []
         tr.arg_leaf = {}
@@ -508,6 +615,10 @@ class Jitted:
         py_rng_before = random.getstate()
         locs = pystate.locations(self.fn)
         snap_before = pystate.snapshot(locs)
+        for loc in locs:
+            val = loc.read()
+            if isinstance(val, (Variable, np.ndarray)) and id(val) not in tr.names:
+                tr.names[id(val)] = (val, loc.label)   # breadth first: the shortest path
         sizes_before = pystate.sizes(locs)
         prev = tracing.start(tr)
         swaps = pystate.swap_arrays(locs, tr.capture_view)
@@ -593,7 +704,6 @@ class Jitted:
                                     f"the function reads escaped the tracer")
                 return result
         self._variants.setdefault(key, []).append(variant)
-        self.stats["variants"] += 1
         return result
 
     def _tracer_args(self, tr, args, kwargs, leaves):
@@ -698,6 +808,84 @@ def _perturbed(x, rng):
 
 def _same_rng(a, b):
     return a[2] == b[2] and np.array_equal(a[1], b[1])
+
+
+def _graph_inputs(v, leaves):
+    """Copies of the forward graph's inputs for these leaves (None: they do not fit)."""
+    out = []
+    for kind, obj, spec in v.sources:
+        if kind == "arg":
+            if obj >= len(leaves):
+                return None
+            x = leaves[obj]
+            a = x._data if isinstance(x, Variable) else np.asarray(x)
+        elif kind == "var":
+            a = obj._data
+        elif kind == "grad":
+            a = obj._grad._data if obj._grad is not None else None
+        else:
+            a = obj
+        if isinstance(a, np.ndarray):
+            if spec is not None and (a.shape != spec[0] or a.dtype != spec[1]):
+                return None
+            a = a.copy()
+        elif a is None:
+            return None
+        out.append(a)
+    return out
+
+
+class _StatePutBack:
+    """What trace() may change, put back: the arguments, every Variable and array the
+    function can reach (pystate.locations), Python values and list/dict contents there,
+    and the random streams."""
+
+    def __init__(self, fn, leaves):
+        import types
+        objs, self.values, self.containers = [], [], []
+        for loc in pystate.locations(fn):
+            val = loc.read()
+            if isinstance(val, Variable):
+                objs.append(("var", val, None))
+            elif type(val) is np.ndarray:
+                objs.append(("array", val, None))
+            elif type(val) in (list, dict):
+                self.containers.append((val, val.copy()))
+            if val is not pystate._MISSING and loc.kind != "default" \
+                    and not isinstance(loc.container, tuple):
+                self.values.append((loc, val))
+        self.live = LiveState(types.SimpleNamespace(sources=objs, effects=(),
+                                                    grad_effects=()), leaves)
+        self.rng, self.py_rng = np.random.get_state(), random.getstate()
+
+    def restore(self):
+        self.live.restore_initial()
+        for c, copy in self.containers:
+            if type(c) is list:
+                c[:] = copy
+            else:
+                c.clear()
+                c.update(copy)
+        for loc, val in self.values:
+            if loc.read() is not val:
+                try:
+                    loc.write(val)
+                except (AttributeError, TypeError):
+                    pass
+        np.random.set_state(self.rng)
+        random.setstate(self.py_rng)
+
+
+def _optimize(g):
+    from tracejit.codegen import optimize
+    return optimize(g)
+
+
+def _labelled(g, stage):
+    """A copy of g whose printed header says which graph it is."""
+    out = g.replace()
+    out.stage = stage
+    return out
 
 
 def jit(fn=None, **options):

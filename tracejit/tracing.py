@@ -72,6 +72,8 @@ class Trace:
         self.owned = {}              # id(ndarray) -> ndarray, buffers computed in the trace
         self.line_of = {}            # Function -> the user line that called it
         self.bwd_line = None         # while backward runs: the line of the op it differentiates
+        self.names = {}              # id(obj) -> (obj, "model.l1.W"): how the user names
+                                     # a captured Variable or array (pystate's labels)
 
     # ---- values
 
@@ -83,6 +85,10 @@ class Trace:
         self.graph.inputs.append(v)
         self.graph.input_names.append(name)
         return v
+
+    def name_of(self, obj):
+        entry = self.names.get(id(obj))
+        return entry[1] if entry is not None and entry[0] is obj else None
 
     def is_mine(self, tv):
         return tv is not None and (isinstance(tv, Lit) or getattr(tv, "graph", None)
@@ -104,7 +110,7 @@ class Trace:
         if var._data is None:
             self.escape(f"a Variable with data None ({var.name or 'unnamed'}) was used")
             return Lit(0.0, np.float64)
-        v = self.add_input(var.shape, var.dtype, var.name)
+        v = self.add_input(var.shape, var.dtype, self.name_of(var) or var.name)
         self.own(var._data)
         self.captured_vars[id(var)] = (var, v)
         self.captures.append((v, ("var", var)))
@@ -134,7 +140,7 @@ class Trace:
             # NumPy handed out without the tracer (np.asarray, .view, the buffer protocol).
             self.escape("traced data reached NumPy without the tracer (np.asarray, the "
                         "buffer protocol or a C extension); its values would be frozen")
-        v = self.add_input(arr.shape, arr.dtype)
+        v = self.add_input(arr.shape, arr.dtype, self.name_of(arr))
         # Held strongly: an array built inside the function (np.arange) would die.
         self.captured_arrays[id(arr)] = (arr, v)
         self.captures.append((v, ("array", arr)))
@@ -254,7 +260,8 @@ class Trace:
         if self.is_live(var) and id(g) not in self.captured_vars:
             # The stale gradient of a live Variable (accumulated into by backward):
             # read through its owner at every call, not as the object seen now.
-            v = self.add_input(g.shape, g.dtype, (var.name or "p") + ".grad")
+            v = self.add_input(g.shape, g.dtype,
+                               (self.name_of(var) or var.name or "p") + ".grad")
             self.captured_vars[id(g)] = (g, v)
             self.captures.append((v, ("grad", var)))
             g._tv = v

@@ -162,6 +162,9 @@ class Variant:
         self.forward_graph = Graph(g.name, fwd_inputs, fwd_nodes,
                                    user_outs + effect_values + saved_values,
                                    g.input_names[:n_fwd_inputs])
+        self.forward_graph.output_roles = (["result"] * len(user_outs)
+                                           + ["effect"] * len(effect_values)
+                                           + ["saved"] * len(saved_values))
         # Specs of the output Variables, in the order of the creator's outputs.
         self.out_specs = [v.spec for kind, v, b in out_leaves if kind == "out" and b == VAR]
         if bwd_info:
