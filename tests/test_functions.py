@@ -327,6 +327,27 @@ def gen_random_uniform(data, dtype):
     return Case(f, [], ref, grad=False, check=check)
 
 
+def gen_random_seed(data, dtype):
+    shape = _shape(data)
+    seed = data.draw(st.integers(0, 2 ** 16), label="seed")
+
+    def f():
+        F.RandomSeed(seed)()          # what np.random.seed records inside a trace
+        return F.random_uniform(shape)
+
+    def ref():
+        np.random.seed(seed)
+        return np.asarray(np.random.rand(*shape))
+
+    def check(xs, y):
+        assert y.creator.inputs == []
+        after = np.random.get_state()[1].copy()
+        f()
+        assert np.array_equal(np.random.get_state()[1], after)   # the same stream again
+
+    return Case(f, [], ref, grad=False, check=check)
+
+
 CASES = {
     "Neg": unary("Neg", F.neg, np.negative),
     "Exp": unary("Exp", F.exp, np.exp),
@@ -368,6 +389,7 @@ CASES = {
     "GetItemGrad": gen_get_item_grad,
     "MatMul": gen_matmul,
     "RandomUniform": gen_random_uniform,
+    "RandomSeed": gen_random_seed,
 }
 
 

@@ -435,3 +435,30 @@ class RandomUniform(Function):
 
     def shape_rule(self):
         return ShapeDtype(self.shape, np.float64)
+
+
+_NUMPY_SEED = np.random.seed    # bound at import, before any trace swaps it
+
+
+@primitive
+class RandomSeed(Function):
+    """np.random.seed(seed) inside a traced function: an effect on NumPy's global
+    stream, ordered with the draws around it (impure, like RandomUniform), so a compiled
+    call reseeds where eager does and the draws after it match eager's. Its output is
+    a dummy 0-d value nothing reads (a node needs one for the plan to call it)."""
+
+    kind = RANDOM
+    params = ("seed",)
+
+    def __init__(self, seed):
+        self.seed = seed
+
+    def forward(self):
+        _NUMPY_SEED(self.seed)      # NumPy's own, not the tracer's stand-in (tracing.py)
+        return np.zeros(())
+
+    def backward(self, gy):
+        return ()
+
+    def shape_rule(self):
+        return ShapeDtype((), np.float64)

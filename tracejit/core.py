@@ -259,7 +259,9 @@ class Variable:
         if self.grad is None:
             d = self._data
             # np.ones_like costs 1.5 us; a 0-d seed (a loss) is the common case.
-            self.grad = Variable(np.array(1, d.dtype) if d.ndim == 0 else np.ones_like(d))
+            # A Constant: a create_graph backward through a graph that reads the seed
+            # must not give the seed a gradient (a cycle; see Constant).
+            self.grad = Constant(np.array(1, d.dtype) if d.ndim == 0 else np.ones_like(d))
         if self.creator is not None:
             backprop([self], retain_grad=retain_grad, create_graph=create_graph)
 
@@ -421,7 +423,7 @@ def _plain_backward_step(f, retain_grad):
     local.set_backprop(False)      # not Config's setter: a metaclass property costs more
     try:
         for x, gx in zip(f.inputs, _input_grads(f, gys)):
-            if gx is not None:
+            if gx is not None and type(x) is not Constant:
                 if type(gx) is not Variable:
                     gx = as_variable(gx)
                 old = x._grad
@@ -445,7 +447,7 @@ def _backward_step(f, store, create_graph, retain_grad):
     reached = []
     try:
         for x, gx in zip(f.inputs, _input_grads(f, gys)):
-            if gx is not None:
+            if gx is not None and type(x) is not Constant:
                 gx = as_variable(gx)
                 old = store.get(x)
                 store.set(x, gx if old is None else old + gx)
@@ -461,6 +463,14 @@ def _backward_step(f, store, create_graph, retain_grad):
 
 
 class Parameter(Variable):
+    __slots__ = ()
+
+
+class Constant(Variable):
+    """An operand the user passed as a number or an ndarray (`x * 2.0`, `x + arr`),
+    wrapped by the op. Nothing can read its gradient, so backward stores none: a
+    create_graph gradient there (whose creator reaches the graph that reads the
+    constant) would be a reference cycle no one can clear, which DeZero leaks."""
     __slots__ = ()
 
 
@@ -488,7 +498,7 @@ def scalar_variable(value, like_dtype):
     if tr is not None and hasattr(value, "_tv"):
         return tr.scalar_input(value, like_dtype)
     dtype = np.result_type(like_dtype, value)
-    var = Variable(np.asarray(value, dtype=dtype))
+    var = Constant(np.asarray(value, dtype=dtype))
     if tr is not None:
         tr.literal(var, value)
     return var
@@ -499,12 +509,12 @@ def to_operand(other, like):
     if isinstance(other, Variable):
         return other
     if isinstance(other, np.ndarray):
-        return Variable(other)
+        return Constant(other)
     if hasattr(other, "_tv") and hasattr(other, "_trace"):
         return scalar_variable(other, like.dtype)       # a traced float argument
     if isinstance(other, (bool, int, float, np.generic)) and not isinstance(other, np.ndarray):
         if isinstance(other, np.generic):
-            return Variable(np.asarray(other))
+            return Constant(np.asarray(other))
         return scalar_variable(other, like.dtype)
     raise TypeError(f"unsupported operand type for Variable arithmetic: {type(other).__name__}")
 
@@ -562,7 +572,7 @@ class Function:
             gys.append(g)
         if any(g is None for g in gys):
             specs = self.output_specs()
-            gys = [g if g is not None else Variable(np.zeros(s.shape, s.dtype))
+            gys = [g if g is not None else Constant(np.zeros(s.shape, s.dtype))
                    for g, s in zip(gys, specs)]
         return gys
 

@@ -22,7 +22,7 @@ from tracejit.elementwise import (  # noqa: F401
     Equal, NotEqual, Where)
 from tracejit.arrayops import (  # noqa: F401
     Reduction, Sum, Max, Min, SumTo, Reshape, Transpose, BroadcastTo, GetItem, GetItemGrad,
-    MatMul, RandomUniform)
+    MatMul, RandomUniform, RandomSeed)
 from tracejit.arrayops import _normalize_axis, _resolve_reshape, _split_index
 
 # ================================================================ user-facing functions

@@ -84,12 +84,12 @@ def run_with_variables(g, variables):
     autodiff history that higher-order derivatives need. Guards are not checked
     (the variant already passed them).
     """
-    from tracejit.core import Variable, as_variable
+    from tracejit.core import Constant, as_variable
     env = {id(v): var for v, var in zip(g.inputs, variables)}
 
     def read(v):
         if isinstance(v, Lit):
-            return Variable(np.asarray(v.value))
+            return Constant(np.asarray(v.value))
         return env[id(v)]
 
     for n in g.nodes:

@@ -11,6 +11,7 @@ import itertools
 import logging
 import os
 import random
+import re
 import threading
 import time
 import warnings
@@ -413,13 +414,19 @@ class Jitted:
         which a variant (effects applied after the graph) does not keep. Eager, warned."""
         self._count("fallbacks")
         reason = f"{e} (views of one buffer, or a captured Parameter passed as an argument)"
-        self._warn_once(reason, f"jit({self.__name__}): this call runs eagerly: {reason}", 4)
+        self._warn_once(reason, f"jit({self.__name__}): this call runs eagerly: {reason}",
+                        self._def_line())
         return self.fn(*args, **kwargs)
 
-    def _warn_once(self, reason, message, stacklevel):
+    def _warn_once(self, reason, message, line):
+        """Warn once per reason, naming and pointing at the user's line: where the cause
+        happened, else the function's def line."""
         if reason not in self._warned:
             self._warned.add(reason)
-            warnings.warn(message, JitWarning, stacklevel=stacklevel)
+            warn_at(f"{message} at {line}" if line else message, line)
+
+    def _def_line(self):
+        return tracing.def_line(self.fn)
 
     def _changed(self):
         """The variants changed: bump the version, drop the hot entry."""
@@ -451,7 +458,8 @@ class Jitted:
         variants = self._variants.get(key)
         if variants is not None and len(variants) >= self.max_variants:
             self._fallback(key, f"more than max_variants={self.max_variants} variants "
-                           f"(data-dependent control flow keeps changing)")
+                           f"(data-dependent control flow keeps changing)",
+                           _diverging_guard_line(variants))
             self._count("fallbacks")
             return self.fn(*args, **kwargs)
         if log.isEnabledFor(logging.INFO):
@@ -487,8 +495,8 @@ class Jitted:
 
     def _fallback(self, key, reason, line=None):
         self._eager_keys[key] = reason
-        where = f" at {line}" if line else ""
-        self._warn_once(reason, f"jit({self.__name__}) runs eagerly: {reason}{where}", 5)
+        self._warn_once(reason, f"jit({self.__name__}) runs eagerly: {reason}",
+                        line or self._def_line())
 
     # ---- verifying a variant against eager
 
@@ -663,8 +671,10 @@ class Jitted:
         result = strip_tracers(result)
         self._check_rng(tr, rng_before)
         if random.getstate() != py_rng_before:
-            tr.escape("a draw from Python's random module: compiled calls would replay it; "
-                      "draw with tracejit functions (F.dropout) or NumPy's global stream")
+            # Seen after the call: no line inside the function to name but its def.
+            tr.escapes.append(("a draw from Python's random module: compiled calls would "
+                               "replay it; draw with tracejit functions (F.dropout) or "
+                               "NumPy's global stream", self._def_line()))
         self.stats["trace_seconds"] += time.perf_counter() - t0
         reason = None
         mutated = pystate.changed(snap_before)
@@ -688,8 +698,9 @@ class Jitted:
         if tr.side_effects and self.__name__ not in self._warned:
             self._warned.add(self.__name__)
             what, line = tr.side_effects[0]
-            warnings.warn(f"jit({self.__name__}): {what} at {line} runs only while tracing, "
-                          f"not on compiled calls", JitWarning, stacklevel=3)
+            line = line or self._def_line()
+            warn_at(f"jit({self.__name__}): {what} runs only while tracing, not on compiled "
+                    f"calls, at {line}", line)
         t1 = time.perf_counter()
         variant = Variant(self, tr, n_fwd_inputs, n_fwd_nodes, out_tree, out_leaves,
                           diff_vars, bwd_info)
@@ -763,6 +774,9 @@ class Jitted:
                    for k, a in sorted(kwargs.items())}
         # arg_inputs maps input Value -> leaf index; Variant wants (leaf index, Value).
         tr.arg_inputs = [(i, v) for v, i in tr.arg_inputs]
+        # convert and convert_new call each other: a cycle through their cells that would
+        # keep the Trace (and the traced call's whole graph) alive until gc runs.
+        convert = convert_new = None  # noqa: F841
         return targs, tkwargs
 
     def _check_rng(self, tr, before):
@@ -776,8 +790,9 @@ class Jitted:
         replayed = np.random.get_state()
         np.random.set_state(after)
         if not _same_rng(replayed, after):
-            tr.escape("a random draw the tracer does not see (np.random.* on something "
-                      "other than traced data); use tracejit functions for random draws")
+            tr.escapes.append(("a random draw the tracer does not see (np.random.* on "
+                               "something other than traced data); use tracejit functions "
+                               "for random draws", self._def_line()))
 
     def backend_name(self):
         b = self.backend
@@ -808,6 +823,27 @@ def _perturbed(x, rng):
 
 def _same_rng(a, b):
     return a[2] == b[2] and np.array_equal(a[1], b[1])
+
+
+def warn_at(message, line):
+    """A JitWarning shown at the user's line ("file.py:12  text", as tracing.user_line
+    gives it), not at tracejit's frame that noticed."""
+    m = re.match(r"(?:grad of )?(.+?):(\d+)(?:\s|$)", line or "")
+    if m is None:
+        warnings.warn(message, JitWarning, stacklevel=3)
+        return
+    fname = m.group(1)
+    warnings.warn_explicit(message, JitWarning, fname, int(m.group(2)),
+                           module=fname[:-3] if fname.endswith(".py") else fname)
+
+
+def _diverging_guard_line(variants):
+    """The line of the first guard on which the variants' outcomes differ."""
+    outcomes = [v.guard_outcomes for v in variants]
+    for i in range(min(len(o) for o in outcomes)):
+        if any(o[i] != outcomes[0][i] for o in outcomes):
+            return variants[0].guard_line(i)
+    return None
 
 
 def _graph_inputs(v, leaves):

@@ -41,6 +41,34 @@ def user_line(skip=2):
     return None
 
 
+def def_line(fn):
+    """'file.py:3  def f(x):' of the user's function behind fn (looking through jit,
+    grad / value_and_grad wrappers, functools.partial, methods and callable objects):
+    where a warning points when no line inside the function caused it."""
+    import functools
+    import types
+    for _ in range(8):
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif getattr(fn, "__wrapped__", None) is not None:
+            fn = fn.__wrapped__
+        elif getattr(fn, "_tracejit_wrapper", False):
+            inner = [c.cell_contents for c in fn.__closure__ or ()
+                     if callable(c.cell_contents) and not isinstance(c.cell_contents, type)]
+            if not inner:
+                break
+            fn = inner[0]
+        elif not isinstance(fn, (types.FunctionType, types.MethodType)) and callable(fn):
+            fn = getattr(type(fn), "forward", None) or getattr(type(fn), "__call__")
+        else:
+            break
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    if code is None:
+        return None
+    text = linecache.getline(code.co_filename, code.co_firstlineno).strip()
+    return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}  {text}"
+
+
 # -------------------------------------------------------------------- tracer values
 
 class _Pending:
@@ -547,11 +575,29 @@ def _tracing_print(*args, **kwargs):
     return _original_print(*args, **kwargs)
 
 
+_original_seed = np.random.seed
+
+
+def _tracing_seed(seed=None):
+    """np.random.seed while some thread traces: recorded (arrayops.RandomSeed) when
+    this thread traces and the seed is a plain integer; else NumPy's own."""
+    tr = core._state.trace
+    if tr is None or tr.abstract:
+        return _original_seed(seed)
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0:
+        from tracejit.arrayops import RandomSeed
+        RandomSeed(int(seed))()
+        return None
+    tr.escape(f"np.random.seed({type(seed).__name__}): only an integer seed is replayed")
+    return _original_seed(seed)
+
+
 def start(trace):
     global _print_users
     with _print_lock:
         if _print_users == 0:
             builtins.print = _tracing_print
+            np.random.seed = _tracing_seed
         _print_users += 1
     return core.set_trace(trace)
 
@@ -565,3 +611,4 @@ def stop(trace, prev):
         _print_users -= 1
         if _print_users == 0:
             builtins.print = _original_print
+            np.random.seed = _original_seed

@@ -13,7 +13,7 @@ import weakref
 import numpy as np
 
 from tracejit import core, interpret
-from tracejit.core import Config, Function, Variable
+from tracejit.core import Config, Constant, Function, Variable
 from tracejit.ir import Graph
 from tracejit.pytree import FLT, VAR, structure_source
 from tracejit.signature import matcher_lines
@@ -94,7 +94,7 @@ class CompiledFunction(Function):
                 f"numbers: the region cannot be replayed with the same draws. Unchain an "
                 f"eager Variable instead, or run the function eagerly (tj.disable_jit()).")
         diff_pos = {i: k for k, i in enumerate(v.bwd["joint_diff_inputs"])}
-        env = [self.inputs[diff_pos[i]] if i in diff_pos else Variable(self.arrays[i])
+        env = [self.inputs[diff_pos[i]] if i in diff_pos else Constant(self.arrays[i])
                for i in range(len(g.inputs))]
         user = Graph(g.name, g.inputs, g.nodes, g.outputs[:v.n_user_outs], g.input_names)
         with core.using_config("enable_backprop", True):
@@ -269,12 +269,12 @@ class Variant:
             elif idx in self.bwd["joint_gy_inputs"]:
                 k = self.bwd["joint_gy_inputs"][idx]
                 g = gys[k]
-                env_vars.append(g if g is not None else Variable(
+                env_vars.append(g if g is not None else Constant(
                     np.zeros(self.out_specs[k].shape, self.out_specs[k].dtype)))
             elif idx in self.bwd["joint_captures"]:
-                env_vars.append(Variable(read_capture(*self.bwd["joint_captures"][idx])))
+                env_vars.append(Constant(read_capture(*self.bwd["joint_captures"][idx])))
             else:
-                env_vars.append(Variable(arrays[idx]))
+                env_vars.append(Constant(arrays[idx]))
         outs = interpret.run_with_variables(j, env_vars)
         return tuple(outs[s] if s is not None else None for s in self.bwd["joint_grad_slots"])
 
