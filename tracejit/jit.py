@@ -799,7 +799,7 @@ class Jitted:
         return os.environ.get("TRACEJIT_BACKEND", "numba") if b == "auto" else b
 
     def backend_compile(self, g):
-        return compile_graph(g, self.backend, self.parallel, self.cache)
+        return compile_graph(g, self.backend, self.parallel, self.cache, self._def_line())
 
 
 _PERTURB = 1e-3   # relative: far above the checks' tolerance, small for control flow

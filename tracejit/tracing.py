@@ -13,6 +13,7 @@ import builtins
 import copy
 import linecache
 import os
+import random
 import sys
 import threading
 
@@ -592,12 +593,28 @@ def _tracing_seed(seed=None):
     return _original_seed(seed)
 
 
+_original_py_seed = random.seed
+
+
+def _tracing_py_seed(*args, **kwargs):
+    # Python's random draws are never replayed; a seed inside the function would hide
+    # them from jit's after-trace comparison of the stream's state (seed, then draw the
+    # same numbers the warm-up drew: the state ends where it started).
+    tr = core._state.trace
+    if tr is not None and not tr.abstract:
+        tr.escape("random.seed() inside the function: Python's random stream cannot be "
+                  "replayed by compiled calls; draw with tracejit functions (F.dropout) "
+                  "after np.random.seed")
+    return _original_py_seed(*args, **kwargs)
+
+
 def start(trace):
     global _print_users
     with _print_lock:
         if _print_users == 0:
             builtins.print = _tracing_print
             np.random.seed = _tracing_seed
+            random.seed = _tracing_py_seed
         _print_users += 1
     return core.set_trace(trace)
 
@@ -612,3 +629,4 @@ def stop(trace, prev):
         if _print_users == 0:
             builtins.print = _original_print
             np.random.seed = _original_seed
+            random.seed = _original_py_seed

@@ -7,7 +7,6 @@ compiled backward graph. The per-variant Python that does this is generated sour
 (build_runner), so the hot path is straight-line code.
 """
 import os
-import warnings
 import weakref
 
 import numpy as np
@@ -542,9 +541,10 @@ class Stale(Exception):
     """A captured input changed shape or dtype, or died: this variant no longer applies."""
 
 
-def compile_graph(g, backend="auto", parallel=None, cache=True):
+def compile_graph(g, backend="auto", parallel=None, cache=True, where=None):
     """backend: "numba" (fused kernels), "interpret" (the reference), or "auto"
-    (TRACEJIT_BACKEND, else numba; a graph numba fails on runs interpreted, warned)."""
+    (TRACEJIT_BACKEND, else numba; a graph numba fails on runs interpreted, warned at
+    `where`, the user's line)."""
     if parallel is None and any(n.kind == core.MATMUL for n in g.nodes):
         # Measured (MLP 784-256-10 step, 2 cores): prange kernels between BLAS calls
         # run 8.4 ms a step, serial ones 0.99 ms. Numba's OpenMP threads and OpenBLAS's
@@ -557,9 +557,10 @@ def compile_graph(g, backend="auto", parallel=None, cache=True):
             try:
                 return codegen.compile(g, parallel=parallel, cache=cache)
             except Exception as e:  # noqa: BLE001 - any codegen failure: still correct
-                warnings.warn(f"jit({g.name}): the numba backend failed ({type(e).__name__}: "
-                              f"{e}); this graph runs on the interpret backend", JitWarning,
-                              stacklevel=2)
+                from tracejit.jit import warn_at
+                warn_at(f"jit({g.name}): the numba backend failed ({type(e).__name__}: {e}); "
+                        f"this graph runs on the interpret backend"
+                        + (f", at {where}" if where else ""), where)
                 return interpret.compile(g)
     if backend == "numba":
         from tracejit import codegen
