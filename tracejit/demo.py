@@ -49,7 +49,8 @@ def demo_while_loop():
         print(f"x={xv}: jit y={float(y.data):6.1f} dy/dx={float(x.grad.data):4.1f}   "
               f"eager y={float(ye.data):6.1f} dy/dx={float(xe.grad.data):4.1f}")
     print("graph for x=7 (the loop unrolled behind one guard per iteration):")
-    print("\n".join(str(grow_jit.trace(tj.Variable(np.array(7.0)))).splitlines()[:8]
+    print("\n".join(str(grow_jit.trace(tj.Variable(np.array(7.0)), optimized=False))
+                    .splitlines()[:8]
                     + ["  ..."]))
     print("cache_info:", _info(grow_jit))
 
@@ -74,7 +75,8 @@ def demo_goldstein_price():
     print(f"at (1, 1): value {float(vg_jit(np.array(1.0), np.array(1.0))[0].data)}, "
           f"gradient {[float(g.data) for g in vg_jit(np.array(1.0), np.array(1.0))[1]]}")
     g = vg_jit.trace(np.array(1.0), np.array(1.0))
-    print(f"graph: {len(g.nodes)} nodes; first lines:")
+    print(f"optimized graph: {len(g.nodes)} nodes, {g.summary()['kernels']} kernel; "
+          f"first lines:")
     print("\n".join(str(g).splitlines()[:6] + ["  ..."]))
     x, y = np.array(0.3), np.array(-0.2)
     t_eager = median_us(lambda: vg(x, y))
