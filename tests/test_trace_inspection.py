@@ -179,3 +179,17 @@ def test_trace_of_a_signature_that_runs_eagerly_says_why():
             _close(jf(x), f(x))
         with pytest.raises(RuntimeError, match="runs eagerly.*tolist"):
             jf.trace(x)
+
+
+def test_arguments_of_a_transformed_function_print_under_its_names():
+    def gp(x, y):
+        return (x + y) ** 2 * x
+
+    jf = tj.jit(tj.value_and_grad(gp, argnums=(0, 1)))
+    vg = tj.value_and_grad(gp, argnums=(0, 1))
+    for k in range(3):
+        x, y = np.array(0.5 + k), np.array(-1.0 - k)
+        (v, (gx, gy)), (ve, (gxe, gye)) = jf(x, y), vg(x, y)
+        for a, b in ((v, ve), (gx, gxe), (gy, gye)):
+            _close(a, b)
+    assert str(jf.trace(x, y)).startswith("graph value_and_grad_gp(x: f64[], y: f64[]")

@@ -25,7 +25,7 @@ from tracejit.core import Config, Parameter, Variable
 from tracejit.pytree import (ARR, FLT, VAR, arg_names, flatten_args, flatten_result, leaf_key,
                              strip_tracers, unflatten)
 from tracejit.signature import PAR, alias_pattern, key_change, key_distance
-from tracejit.tracing import TracedArray, TracedFloat, Trace
+from tracejit.tracing import TracedArray, TracedFloat, Trace, wrapped_function
 from tracejit.trace_ops import GuardFailure
 from tracejit.variant import (MISS, SLOW, InplaceAlias, JitWarning, Stale, Variant,
                               compile_graph)
@@ -767,7 +767,10 @@ class Jitted:
                 return {k: convert(y, f"{name}_{k}") for k, y in x.items()}
             return x
 
-        names = arg_names(self.fn, len(args))
+        named = self.fn
+        while getattr(named, "_tracejit_wrapper", False) and wrapped_function(named):
+            named = wrapped_function(named)    # grad(f)'s arguments are f's: f's names
+        names = arg_names(named, len(args))
         targs = [a if i in self.static_argnums else convert(a, names[i])
                  for i, a in enumerate(args)]
         tkwargs = {k: (a if k in self.static_argnames else convert(a, k))

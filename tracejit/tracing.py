@@ -42,6 +42,13 @@ def user_line(skip=2):
     return None
 
 
+def wrapped_function(fn):
+    """The function a grad / value_and_grad wrapper differentiates (same arguments)."""
+    inner = [c.cell_contents for c in getattr(fn, "__closure__", None) or ()
+             if callable(c.cell_contents) and not isinstance(c.cell_contents, type)]
+    return inner[0] if inner else None
+
+
 def def_line(fn):
     """'file.py:3  def f(x):' of the user's function behind fn (looking through jit,
     grad / value_and_grad wrappers, functools.partial, methods and callable objects):
@@ -54,11 +61,10 @@ def def_line(fn):
         elif getattr(fn, "__wrapped__", None) is not None:
             fn = fn.__wrapped__
         elif getattr(fn, "_tracejit_wrapper", False):
-            inner = [c.cell_contents for c in fn.__closure__ or ()
-                     if callable(c.cell_contents) and not isinstance(c.cell_contents, type)]
-            if not inner:
+            inner = wrapped_function(fn)
+            if inner is None:
                 break
-            fn = inner[0]
+            fn = inner
         elif not isinstance(fn, (types.FunctionType, types.MethodType)) and callable(fn):
             fn = getattr(type(fn), "forward", None) or getattr(type(fn), "__call__")
         else:
