@@ -155,8 +155,9 @@ class Jitted:
         fusion: what runs) or, optimized=False, as traced. Runs no effect of the function:
         the variant is chosen by running its graph's guards on these arguments (effects
         are replayed by the runner, not the graph), and a signature not traced yet is
-        warmed up and traced with the state it touches put back afterwards. Not a call:
-        cache_info()'s calls do not count it."""
+        warmed up and traced with the state it touches put back afterwards (a debugging
+        tool: other threads calling f meanwhile may see that state change and change
+        back). Not a call: cache_info()'s calls do not count it."""
         v = self._variant_for(args, kwargs)
         g = v.forward_graph
         if optimized:
