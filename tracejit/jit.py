@@ -74,6 +74,8 @@ class disable_jit:
 
 
 _RETRACE = object()
+_SCALAR = "S"     # a result leaf eager NumPy returns as a scalar (a 0-d reduction)
+_PYTHON_SCALAR = "I"    # ... as a Python scalar (np.allclose)
 # cache_info()'s counters besides calls (README, Debugging): hits + misses + fallbacks
 # == calls; the others count events, not calls.
 _COUNTED = ("hits", "misses", "fallbacks", "traces", "retraces", "guard_failures")
@@ -82,8 +84,6 @@ _COUNTED = ("hits", "misses", "fallbacks", "traces", "retraces", "guard_failures
 def _read(counter):
     # An itertools.count's next value, without taking it: its repr is "count(n)".
     return int(repr(counter)[6:-1])
-_SCALAR = "S"     # a result leaf eager NumPy returns as a scalar (a 0-d reduction)
-_PYTHON_SCALAR = "I"    # ... as a Python scalar (np.allclose)
 
 
 class Jitted:

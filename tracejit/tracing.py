@@ -44,9 +44,14 @@ def user_line(skip=2):
 
 def wrapped_function(fn):
     """The function a grad / value_and_grad wrapper differentiates (same arguments)."""
-    inner = [c.cell_contents for c in getattr(fn, "__closure__", None) or ()
-             if callable(c.cell_contents) and not isinstance(c.cell_contents, type)]
-    return inner[0] if inner else None
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:          # an empty cell
+            continue
+        if callable(v) and not isinstance(v, type):
+            return v
+    return None
 
 
 def def_line(fn):
