@@ -193,3 +193,90 @@ def test_arguments_of_a_transformed_function_print_under_its_names():
         for a, b in ((v, ve), (gx, gxe), (gy, gye)):
             _close(a, b)
     assert str(jf.trace(x, y)).startswith("graph value_and_grad_gp(x: f64[], y: f64[]")
+
+
+def test_a_cold_trace_whose_warm_up_creates_state_keeps_it_as_a_call():
+    import tracejit.models as M
+    import tracejit.optimizers as O
+
+    def make():
+        model = M.MLP((8, 3))                        # lazy: W is made by the first call
+        opt = O.MomentumSGD(0.1).setup(model)        # its buffers too
+
+        def step(x, t):
+            loss = F.softmax_cross_entropy(model(x), t)
+            model.cleargrads()
+            loss.backward()
+            opt.update()
+            return loss
+        return model, step
+
+    mj, sj = make()
+    me, se = make()
+    js = tj.jit(sj)
+    x, t = np.linspace(0, 1, 24).reshape(6, 4), np.array([0, 1, 2, 0, 1, 2])
+    np.random.seed(5)
+    js.trace(x, t)          # the warm-up (a real step, counted as one) stays: W exists
+    np.random.seed(5)
+    se(x, t)
+    assert js.cache_info()["calls"] == 1
+    for k in range(4):
+        xk = x + k
+        _close(js(xk, t), se(xk, t))
+        for p, q in zip(mj.params(), me.params()):
+            np.testing.assert_allclose(p.data, q.data, rtol=1e-5, atol=1e-6)
+        if k == 1:
+            js.trace(xk, t)          # warm now: no effect
+            js.backward_graph(xk, t)
+    info = js.cache_info()
+    assert info["calls"] == 5 and info["fallbacks"] == 0
+
+
+def test_trace_puts_back_nested_parameters_and_optimizer_buffers():
+    import tracejit.models as M
+    import tracejit.optimizers as O
+
+    class Block(M.Model):
+        def __init__(self):
+            super().__init__()
+            self.l1 = L.Linear(3, in_size=4)
+
+    class Net(M.Model):
+        def __init__(self):
+            super().__init__()
+            self.enc = Block()                       # net.enc.l1.W: three levels down
+            self.l2 = L.Linear(2, in_size=3)
+
+        def forward(self, x):
+            return self.l2(F.tanh(self.enc.l1(x)))
+
+    def make():
+        np.random.seed(3)
+        net = Net()
+        opt = O.MomentumSGD(0.1).setup(net)
+
+        def step(x):
+            loss = F.sum(net(x) ** 2)
+            net.cleargrads()
+            loss.backward()
+            opt.update()
+            return loss
+        return net, opt, step
+
+    nj, oj, sj = make()
+    ne, oe, se = make()
+    js = tj.jit(sj)
+    for k in range(5):
+        x = np.linspace(-1, 1, 20).reshape(5, 4) * (k + 1)
+        _close(js(x), se(x))
+        params = [p.data.copy() for p in nj.params()]
+        bufs = {i: b.data.copy() for i, b in oj.vs.items()}
+        js.trace(x * 0.5)
+        js.trace(x * 0.5, optimized=False)
+        for a, p in zip(params, nj.params()):
+            np.testing.assert_array_equal(a, p.data)
+        for i, b in oj.vs.items():
+            np.testing.assert_array_equal(bufs[i], b.data)
+        for p, q in zip(nj.params(), ne.params()):
+            np.testing.assert_allclose(p.data, q.data, rtol=1e-5, atol=1e-6)
+    assert js.cache_info()["fallbacks"] == 0

@@ -187,13 +187,21 @@ class Jitted:
                     v = self._select(key, leaves)
                     if v is None and key not in self._eager_keys:
                         if key not in self._warm:
-                            # As a call would: lazy state (a Linear's W) is created before
-                            # tracing; it stays, in the state the warm-up left it.
+                            # The warm-up a first call makes: state created lazily (a
+                            # Linear's W, an optimizer's buffers) exists before tracing.
                             self._warm.add(key)
                             with disable_jit(), warnings.catch_warnings():
                                 warnings.simplefilter("ignore", JitWarning)
                                 self.fn(*args, **kwargs)
-                            put_back.restore()
+                            if put_back.created_state():
+                                # That state cannot be put back without undoing it: the
+                                # warm-up stays, a real call (README, Debugging).
+                                log.info("jit(%s).trace(): the warm-up created state; "
+                                         "kept, as a call", self.__name__)
+                                next(self._n_calls)
+                                self._count("misses")
+                            else:
+                                put_back.restore()
                             put_back = _StatePutBack(self.fn, leaves)
                         self._trace_and_compile(key, args, kwargs)
                         self._changed()
@@ -883,7 +891,11 @@ class _StatePutBack:
     def __init__(self, fn, leaves):
         import types
         objs, self.values, self.containers = [], [], []
-        for loc in pystate.locations(fn):
+        locs = pystate.locations(fn)
+        self.labels = {loc.label for loc in locs}
+        from tracejit.layers import Layer
+        from tracejit.optimizers import Optimizer
+        for loc in locs:
             val = loc.read()
             if isinstance(val, Variable):
                 objs.append(("var", val, None))
@@ -891,12 +903,34 @@ class _StatePutBack:
                 objs.append(("array", val, None))
             elif type(val) in (list, dict):
                 self.containers.append((val, val.copy()))
+            elif isinstance(val, Layer):
+                # Nested deeper than locations reach (model.block.l1.W): all its params.
+                objs += [("var", p, None) for p in val.params()]
+            elif isinstance(val, Optimizer):
+                # Its per-parameter buffers (vs[id(p)]), one level below its dicts.
+                bufs = [b for d in vars(val).values() if type(d) is dict for b in d.values()]
+                objs += [("var", b, None) for b in bufs if isinstance(b, Variable)]
+                objs += [("array", b, None) for b in bufs if type(b) is np.ndarray]
             if val is not pystate._MISSING and loc.kind != "default" \
                     and not isinstance(loc.container, tuple):
                 self.values.append((loc, val))
         self.live = LiveState(types.SimpleNamespace(sources=objs, effects=(),
                                                     grad_effects=()), leaves)
         self.rng, self.py_rng = np.random.get_state(), random.getstate()
+        self.fn = fn
+
+    def created_state(self):
+        """Did the function create state since (a lazy Linear's W, an optimizer's
+        buffers, a new attribute)? That state cannot be put back without undoing what
+        the next trace needs to see."""
+        if any(var._data is not None for var, (data, *_) in
+               zip(self.live.vars, self.live.initial[0]) if data is None):
+            return True
+        # A list that grows (a log) is a side effect, put back; a new attribute or dict
+        # entry (opt.vs[id(p)]) is state the next call expects to find.
+        return any(loc.label not in self.labels and not (
+            loc.kind == "item" and type(loc.container) is list)
+            for loc in pystate.locations(self.fn))
 
     def restore(self):
         self.live.restore_initial()
