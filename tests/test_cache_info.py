@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import tracejit as tj
-import tracejit.functions as F
 from tracejit import Variable
 
 
