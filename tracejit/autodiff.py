@@ -20,7 +20,9 @@ def _as_diff_variable(x):
     tr = core.active_trace()
     if isinstance(x, Variable):
         return Variable(x.data)   # a fresh leaf: the user's Variable keeps its .grad
-    if isinstance(x, float) and tr is not None and hasattr(x, "_tv"):
+    if isinstance(x, core.ScalarTracer) and tr is not None:
+        # A float argument (or a number computed from traced data) under jit: a traced
+        # 0-d float64 leaf, as eager makes Variable(np.asarray(x, float64)) below.
         return tr.scalar_var(x)
     if isinstance(x, (float, int, np.generic)):
         return Variable(np.asarray(x, dtype=np.result_type(x, np.float64)))

@@ -471,6 +471,14 @@ class Constant(Variable):
     wrapped by the op. Nothing can read its gradient, so backward stores none: a
     create_graph gradient there (whose creator reaches the graph that reads the
     constant) would be a reference cycle no one can clear, which DeZero leaks."""
+
+    __slots__ = ()
+
+
+class ScalarTracer:
+    """Base of tracejit.tracers.TracedScalar (a Python number while tracing): the type
+    test core and functions use (a bare `hasattr(x, "_tv")` also matches Variables)."""
+
     __slots__ = ()
 
 
@@ -495,7 +503,7 @@ def scalar_variable(value, like_dtype):
     DeZero's as_array(2.0) would make a float64 array and promote the result.
     """
     tr = _state.trace
-    if tr is not None and hasattr(value, "_tv"):
+    if tr is not None and isinstance(value, ScalarTracer):
         return tr.scalar_input(value, like_dtype)
     dtype = np.result_type(like_dtype, value)
     var = Constant(np.asarray(value, dtype=dtype))
@@ -510,8 +518,8 @@ def to_operand(other, like):
         return other
     if isinstance(other, np.ndarray):
         return Constant(other)
-    if hasattr(other, "_tv") and hasattr(other, "_trace"):
-        return scalar_variable(other, like.dtype)       # a traced float argument
+    if isinstance(other, ScalarTracer):
+        return scalar_variable(other, like.dtype)       # a traced Python number
     if isinstance(other, (bool, int, float, np.generic)) and not isinstance(other, np.ndarray):
         if isinstance(other, np.generic):
             return Constant(np.asarray(other))

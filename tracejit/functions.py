@@ -71,7 +71,7 @@ def neg(x):
 
 
 def pow(x, c):
-    if isinstance(c, (int, float)) and not hasattr(c, "_tv") and not isinstance(c, bool):
+    if isinstance(c, (int, float)) and not isinstance(c, bool):   # not a traced number
         return Pow(c)(x)
     return PowV()(*_as_operands(x, c))
 

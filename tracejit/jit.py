@@ -25,7 +25,7 @@ from tracejit.core import Config, Parameter, Variable
 from tracejit.pytree import (ARR, FLT, VAR, arg_names, flatten_args, flatten_result, leaf_key,
                              strip_tracers, unflatten)
 from tracejit.signature import PAR, alias_pattern, key_change, key_distance
-from tracejit.tracing import TracedArray, TracedFloat, Trace, wrapped_function
+from tracejit.tracing import TracedArray, TracedFloat, TracedScalar, Trace, wrapped_function
 from tracejit.trace_ops import GuardFailure
 from tracejit.variant import (MISS, SLOW, InplaceAlias, JitWarning, Stale, Variant,
                               compile_graph)
@@ -328,6 +328,8 @@ class Jitted:
                 _env_get(_ENV_KEY) is not None and _env_disabled()):
             # Off, or nested in another trace: the outer trace records our ops directly
             # (not a call of this cache: not counted).
+            if _state.trace is not None:
+                return tracing.symbolic_scalars(self.fn)(*args, **kwargs)
             return self.fn(*args, **kwargs)
         next(self._n_calls)
         key, leaves = self._call_key(args, kwargs)
@@ -641,7 +643,8 @@ class Jitted:
         swaps = pystate.swap_arrays(locs, tr.capture_view)
         try:
             try:
-                result = self.fn(*targs, **tkwargs)
+                # float()/int() in the function's own code give traced Python numbers.
+                result = tracing.symbolic_scalars(self.fn)(*targs, **tkwargs)
             finally:
                 pystate.unswap(swaps)
             out_leaves_raw = []
@@ -656,8 +659,10 @@ class Jitted:
                     out_leaves.append(("const", x, VAR))
                 elif isinstance(x, Variable):
                     out_leaves.append(("out", tr.value_of(x), VAR))
-                elif isinstance(x, TracedFloat):
-                    out_leaves.append(("out", x._tv, FLT))
+                elif isinstance(x, TracedScalar):
+                    # A Python number returned (float(loss) summed): one, as eager's.
+                    out_leaves.append(("out", x._tv, FLT if x.pytype is float else
+                                       _PYTHON_SCALAR))
                 elif isinstance(x, np.ndarray):
                     scalar = getattr(x, "_numpy_scalar", False)
                     out_leaves.append(("out", tr.array_value(x), ARR if not scalar else

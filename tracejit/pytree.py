@@ -8,7 +8,7 @@ import inspect
 import numpy as np
 
 from tracejit.core import Parameter, Variable
-from tracejit.tracing import TracedArray, TracedFloat
+from tracejit.tracing import TracedArray, TracedScalar
 
 VAR, ARR, FLT = "V", "A", "F"
 
@@ -78,7 +78,7 @@ def leaf_key(x):
 
 def flatten_result(obj, leaves):
     t = type(obj)
-    if isinstance(obj, (Variable, np.ndarray, TracedFloat)):
+    if isinstance(obj, (Variable, np.ndarray, TracedScalar)):
         leaves.append(obj)
         return VAR
     if t is tuple or t is list:
@@ -96,7 +96,7 @@ def strip_tracers(obj):
         a = np.array(obj.view(np.ndarray))
         scalar = obj._numpy_scalar
         return a if not scalar else a.item() if scalar == "python" else a[()]
-    if isinstance(obj, TracedFloat):
+    if isinstance(obj, TracedScalar):
         return obj._value
     if type(obj) in (tuple, list):
         return type(obj)(strip_tracers(x) for x in obj)

@@ -2,8 +2,9 @@
 
 TracedArray is a view of real data (an argument, a Variable's .data, a closure array)
 that reports NumPy ufuncs and functions applied to it, and Python's looks at it
-(bool, float, int, item: guards), to its Trace. TracedFloat is a float argument whose
-arithmetic is recorded, so a new value does not retrace. Both carry real values, so
+(bool: guards), to its Trace. TracedScalar (TracedFloat, TracedInt, TracedBool) is a
+Python number: a float argument, or float()/int()/.item() of traced data, whose
+arithmetic and comparisons are recorded, so a new value does not retrace. Both carry real values, so
 the traced call computes its real result.
 """
 import math
@@ -11,7 +12,7 @@ import math
 import numpy as np
 
 from tracejit import functions as F
-from tracejit.core import Variable
+from tracejit.core import ScalarTracer, Variable
 
 UFUNC_PRIMS = {
     np.add: F.Add, np.subtract: F.Sub, np.multiply: F.Mul, np.true_divide: F.Div,
@@ -49,6 +50,9 @@ class TracedArray(np.ndarray):
     def __bool__(self):
         return self._trace.guard(self, "bool")
 
+    # float() and int() must give real numbers: inside the jitted function itself they
+    # are intercepted (tracing.symbolic_scalars) and give TracedScalars; elsewhere
+    # (a helper it calls, math.*) the number is guarded by value.
     def __float__(self):
         return self._trace.guard(self, "float")
 
@@ -61,8 +65,9 @@ class TracedArray(np.ndarray):
     def item(self, *args):
         if args:
             return self[args].item() if len(args) > 1 else self.reshape(-1)[args[0]].item()
-        return self._trace.guard(self, "float" if self.dtype.kind in "fc" else
-                                 ("bool" if self.dtype.kind == "b" else "int"))
+        kind = self.dtype.kind
+        return self._trace.to_scalar(self, float if kind == "f" else bool if kind == "b"
+                                     else int if kind in "iu" else None)
 
     def tolist(self):
         self._trace.escape(".tolist() of traced data")
@@ -151,101 +156,115 @@ for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul"
     setattr(TracedArray, f"__i{_name}__", _augmented(_name))
 
 
-class TracedFloat:
-    """A float argument: a runtime input, so a new value does not retrace.
+class TracedScalar(ScalarTracer):
+    """A Python number the traced function holds: a float argument, or what `float()`,
+    `int()` and `.item()` gave for traced data, and what arithmetic and comparisons on
+    those gave. Recorded like arrays, so a new value does not retrace.
 
-    Not a float subclass on purpose: math.sqrt, round, //, % and str() then go
-    through __float__ (or the methods below), which record a guard on the value, so
+    Not a float/int subclass on purpose: math.sqrt, round, str() and hash() then go
+    through __float__ (or the methods below), which guard the value (Trace.freeze), so
     a use the tracer cannot record retraces on a new value instead of freezing it.
+    Each operation first computes what Python gives (raising what Python raises), then
+    records the graph op, which must reproduce it; a comparison gives a TracedBool
+    whose truth (`if`, `and`, `not`) is one guard on the outcome.
     """
 
     __slots__ = ("_value", "_tv", "_trace")
+    pytype = float
 
     def __init__(self, value, tv=None, trace=None):
-        self._value = float(value)
+        self._value = self.pytype(value)
         self._tv = tv
         self._trace = trace
 
-    # ---- recorded arithmetic
+    @property
+    def dtype(self):
+        return _PY_DTYPES[self.pytype]
 
-    def _op(self, other, fn, reverse=False):
-        tr = self._trace
-        if isinstance(other, TracedFloat):
-            b = tr.scalar_var(other)
-        elif isinstance(other, (int, float)) and not isinstance(other, bool):
-            b = other
-        else:
+    # ---- recorded arithmetic and comparisons
+
+    def _bin(self, other, name, reverse=False):
+        if not is_python_number(other):
             return NotImplemented     # Variables and arrays take it from here
-        a = tr.scalar_var(self)
-        out = fn(b, a) if reverse else fn(a, b)
-        return tr.make_float(out) if isinstance(out, Variable) else out
+        a, b = (other, self) if reverse else (self, other)
+        return self._trace.scalar_binary(name, a, b)
 
-    def __add__(self, o): return self._op(o, F.add)
-    def __radd__(self, o): return self._op(o, F.add, True)
-    def __sub__(self, o): return self._op(o, F.sub)
-    def __rsub__(self, o): return self._op(o, F.sub, True)
-    def __mul__(self, o): return self._op(o, F.mul)
-    def __rmul__(self, o): return self._op(o, F.mul, True)
-    def __truediv__(self, o): return self._op(o, F.div)
-    def __rtruediv__(self, o): return self._op(o, F.div, True)
-    def __pow__(self, o): return self._op(o, _powv)
-    def __rpow__(self, o): return self._op(o, _powv, True)
-    def __neg__(self): return self._trace.make_float(F.neg(self._trace.scalar_var(self)))
-    def __pos__(self): return self
-    def __abs__(self): return self._trace.make_float(F.abs(self._trace.scalar_var(self)))
+    def __add__(self, o): return self._bin(o, "add")
+    def __radd__(self, o): return self._bin(o, "add", True)
+    def __sub__(self, o): return self._bin(o, "sub")
+    def __rsub__(self, o): return self._bin(o, "sub", True)
+    def __mul__(self, o): return self._bin(o, "mul")
+    def __rmul__(self, o): return self._bin(o, "mul", True)
+    def __truediv__(self, o): return self._bin(o, "truediv")
+    def __rtruediv__(self, o): return self._bin(o, "truediv", True)
+    def __floordiv__(self, o): return self._bin(o, "floordiv")
+    def __rfloordiv__(self, o): return self._bin(o, "floordiv", True)
+    def __mod__(self, o): return self._bin(o, "mod")
+    def __rmod__(self, o): return self._bin(o, "mod", True)
+    def __pow__(self, o, mod=None):
+        return self._bin(o, "pow") if mod is None else pow(self._seen(), o, mod)
+    def __rpow__(self, o): return self._bin(o, "pow", True)
+    def __and__(self, o): return self._bin(o, "and")
+    def __rand__(self, o): return self._bin(o, "and", True)
+    def __or__(self, o): return self._bin(o, "or")
+    def __ror__(self, o): return self._bin(o, "or", True)
+    def __xor__(self, o): return self._bin(o, "xor")
+    def __rxor__(self, o): return self._bin(o, "xor", True)
+    def __gt__(self, o): return self._bin(o, "gt")
+    def __ge__(self, o): return self._bin(o, "ge")
+    def __lt__(self, o): return self._bin(o, "lt")
+    def __le__(self, o): return self._bin(o, "le")
+    def __eq__(self, o): return self._bin(o, "eq")
+    def __ne__(self, o): return self._bin(o, "ne")
 
-    def _cmp(self, o, fn):
-        if isinstance(o, TracedFloat):
-            o = self._trace.scalar_var(o)
-        elif not isinstance(o, (int, float)):
-            return NotImplemented
-        return bool(fn(self._trace.scalar_var(self), o).data)
+    def __divmod__(self, o):
+        return (self // o, self % o) if is_python_number(o) else NotImplemented
 
-    def __gt__(self, o): return self._cmp(o, F.greater)
-    def __ge__(self, o): return self._cmp(o, F.greater_equal)
-    def __lt__(self, o): return self._cmp(o, F.less)
-    def __le__(self, o): return self._cmp(o, F.less_equal)
-    def __eq__(self, o): return self._cmp(o, F.equal)
-    def __ne__(self, o): return self._cmp(o, F.not_equal)
+    def __rdivmod__(self, o):
+        return (o // self, o % self) if is_python_number(o) else NotImplemented
+
+    def __neg__(self): return self._trace.scalar_unary("neg", self)
+    def __pos__(self): return self._trace.scalar_unary("pos", self)
+    def __abs__(self): return self._trace.scalar_unary("abs", self)
+
+    def __bool__(self):
+        return self._trace.scalar_truth(self)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        # np.sqrt(lr), array * lr: the float as a traced 0-d value of the other
-        # operands' float dtype (a Python float is weak in NumPy 2).
-        arrays = [x for x in inputs if isinstance(x, np.ndarray) and x.dtype.kind == "f"]
-        like = np.result_type(*arrays) if arrays else np.float64
+        # np.sqrt(lr), array * lr: the number as a traced 0-d value of the other
+        # operands' dtype (a Python scalar is weak in NumPy 2).
+        arrays = [x for x in inputs if isinstance(x, (np.ndarray, np.generic))]
+        like = np.result_type(*arrays) if arrays else None
         tr = self._trace
-        ins = tuple(tr.scalar_input(x, like).data if isinstance(x, TracedFloat) else x
+        ins = tuple(tr.scalar_input(x, like).data if isinstance(x, TracedScalar) else x
                     for x in inputs)
         return tr.ufunc(ufunc, method, ins, kwargs)
 
     # ---- everything else sees the value, behind a guard on it
 
-    def _seen(self):
-        return float(self._trace.scalar_var(self).data)   # a float guard, then the value
+    def _seen(self, what="a use the tracer cannot follow"):
+        return self._trace.freeze(self, what)
 
-    def __float__(self): return self._seen()
-    def __bool__(self): return bool(self._trace.scalar_var(self).data)
-    def __int__(self): return int(self._seen())
-    def __trunc__(self): return int(self._seen())
-    def __round__(self, n=None): return round(self._seen(), n)
-    def __floor__(self): return math.floor(self._seen())
-    def __ceil__(self): return math.ceil(self._seen())
-    def __floordiv__(self, o): return self._seen() // _value_of(o)
-    def __rfloordiv__(self, o): return _value_of(o) // self._seen()
-    def __mod__(self, o): return self._seen() % _value_of(o)
-    def __rmod__(self, o): return _value_of(o) % self._seen()
-    def __divmod__(self, o): return divmod(self._seen(), _value_of(o))
-    def __rdivmod__(self, o): return divmod(_value_of(o), self._seen())
-    def __hash__(self): return hash(self._seen())
-    def __repr__(self): return repr(self._seen())
-    def __str__(self): return str(self._seen())
-    def __format__(self, spec): return format(self._seen(), spec)
+    def __float__(self): return float(self._seen("float() by a C function (math.*)"))
+    def __int__(self): return int(self._seen("int() by a C function"))
+    def __trunc__(self): return math.trunc(self._seen("math.trunc"))
+    def __round__(self, n=None): return round(self._seen("round()"), n)
+    def __floor__(self): return math.floor(self._seen("math.floor"))
+    def __ceil__(self): return math.ceil(self._seen("math.ceil"))
+    def __hash__(self): return hash(self._seen("hash() (a dict key or set member)"))
+    def __repr__(self): return repr(self._seen("repr()"))
+    def __str__(self): return str(self._seen("str()"))
+    def __format__(self, spec): return format(self._seen("string formatting"), spec)
+    def __complex__(self): return complex(self._seen("complex()"))
 
     def __array__(self, dtype=None, copy=None):
-        return np.asarray(self._seen(), dtype=dtype)
+        return np.asarray(self._seen("conversion to an array (np.asarray)"), dtype=dtype)
 
     def is_integer(self):
-        return self._seen().is_integer()
+        return float(self._seen("is_integer()")).is_integer()
+
+    def conjugate(self):
+        return self
 
     @property
     def real(self):
@@ -253,15 +272,58 @@ class TracedFloat:
 
     @property
     def imag(self):
-        return 0.0
+        return self.pytype(0)
 
 
-def _value_of(o):
-    return o._seen() if isinstance(o, TracedFloat) else o
+class TracedFloat(TracedScalar):
+    """A Python float: a float argument, float(traced), or arithmetic giving a float."""
+
+    __slots__ = ()
+    pytype = float
 
 
-def _powv(a, b):
-    return F.PowV()(*F._as_operands(a, b))
+class TracedInt(TracedScalar):
+    """A Python int: int(traced), .item() of integer data, arithmetic giving an int."""
+
+    __slots__ = ()
+    pytype = int
+
+    def __index__(self):
+        # A trip count (range), an index or a shape: the value shapes the graph.
+        return self._trace.freeze(self, "use as an index, shape or trip count")
+
+    def __invert__(self):
+        return self._trace.scalar_unary("invert", self)
+
+    def __lshift__(self, o): return int(self) << o
+    def __rshift__(self, o): return int(self) >> o
+
+    @property
+    def numerator(self):
+        return self
+
+    @property
+    def denominator(self):
+        return 1
+
+
+class TracedBool(TracedInt):
+    """A Python bool: a comparison of Python numbers, or .item() of bool data."""
+
+    __slots__ = ()
+    pytype = bool
+
+
+_PY_DTYPES = {float: np.dtype(np.float64), int: np.dtype(np.int64), bool: np.dtype(bool)}
+SCALAR_TYPES = {float: TracedFloat, int: TracedInt, bool: TracedBool}
+
+
+def is_python_number(x):
+    return type(x) in (bool, int, float) or isinstance(x, TracedScalar)
+
+
+def python_value(x):
+    return x._value if isinstance(x, TracedScalar) else x
 
 
 # -------------------------------------------------------------------- the trace

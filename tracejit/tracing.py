@@ -5,17 +5,25 @@ records. Three kinds of tracer stand in for what the function receives:
   - Variables (arguments and captured Parameters) get `_tv`, the IR value they are;
   - `.data` of a Variable, and ndarray arguments, are TracedArray views: NumPy
     operations on them become nodes, and `bool()/float()/int()` on them become guards;
-  - float arguments are TracedFloat, a float whose arithmetic is recorded.
+  - float arguments are TracedFloat, a float whose arithmetic is recorded; float(),
+    int() and .item() of traced data give TracedScalars too (symbolic Python numbers:
+    a comparison of them is one guard on its outcome, not on the number).
 What the tracer cannot follow (`.tolist()`, a write into a value computed inside the
 function, an untracked random draw) is an escape: the variant then runs eagerly.
 """
 import builtins
 import copy
+import dis
+import functools
 import linecache
+import logging
+import math
+import operator
 import os
 import random
 import sys
 import threading
+import types
 
 import numpy as np
 
@@ -23,8 +31,12 @@ from tracejit import core
 from tracejit import functions as F
 from tracejit.core import Variable
 from tracejit.ir import Graph, Lit, Node, Value
-from tracejit.tracers import REDUCE_PRIMS, UFUNC_PRIMS, TracedArray, TracedFloat
+from tracejit.tracers import (REDUCE_PRIMS, SCALAR_TYPES, UFUNC_PRIMS, TracedArray,
+                              TracedBool, TracedFloat, TracedInt, TracedScalar,
+                              is_python_number, python_value)
 from tracejit.trace_ops import Guard, NumpyCall
+
+log = logging.getLogger("tracejit")
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -190,7 +202,7 @@ class Trace:
     def operand(self, x):
         if isinstance(x, Variable):
             return self.value_of(x)
-        if isinstance(x, TracedFloat):
+        if isinstance(x, TracedScalar):
             return x._tv
         if isinstance(x, np.ndarray):
             return self.array_value(x)
@@ -229,22 +241,37 @@ class Trace:
         var._tv = Lit(value, var.dtype)
 
     def scalar_input(self, value, like_dtype):
-        raw = value._value   # float(value) would record a guard
-        dtype = np.result_type(like_dtype, raw)
-        var = Variable(np.asarray(raw, dtype=dtype))
-        if dtype == np.float64:
-            var._tv = value._tv
-        else:
-            out = self.new_value((), dtype)
-            self.graph.nodes.append(Node(F.Cast(dtype), [value._tv], [out], user_line(3)))
-            var._tv = out
+        """A traced Python number as an operand of arrays of like_dtype: a Variable of
+        the dtype NumPy 2 gives (a Python scalar is weak: float32 array * float stays
+        float32, also for a float computed from arguments, `K / (1.0 + lr)`)."""
+        tv = self.weak_operand(value, like_dtype)
+        var = Variable(np.asarray(value._value, dtype=tv.dtype))
+        var._tv = tv
         return var
 
+    def weak_operand(self, value, like_dtype):
+        """The IR value of a TracedScalar operand of arrays of like_dtype (None: alone)."""
+        if like_dtype is None:
+            return value._tv
+        dtype = np.result_type(like_dtype, value._value)
+        if dtype.kind in "iu" and dtype != np.int64:
+            # A narrow integer array: NumPy raises when the number does not fit, which
+            # the graph cannot check. The value it is, then.
+            return Lit(self.freeze(value, f"an operand of a {dtype} array"), dtype)
+        return self.scalar_cast_value(value, dtype)
+
+    def scalar_cast_value(self, value, dtype):
+        if value.dtype == dtype:
+            return value._tv
+        _, v = self._scalar_node(F.Cast(dtype), [value._tv],
+                                 [np.asarray(value._value, value.dtype)])
+        return v
+
     def scalar_var(self, value):
-        """A Variable for a float (traced or not), as a 0-d float64."""
-        if isinstance(value, TracedFloat):
-            var = Variable(np.asarray(value._value))
-            var._tv = value._tv
+        """A Variable for a Python number (traced or not), as a 0-d float64."""
+        if isinstance(value, TracedScalar):
+            var = Variable(np.asarray(value._value, dtype=np.float64))
+            var._tv = self.scalar_cast_value(value, np.dtype(np.float64))
             return var
         var = Variable(np.asarray(float(value)))
         var._tv = Lit(float(value), np.float64)
@@ -252,6 +279,145 @@ class Trace:
 
     def make_float(self, var):
         return TracedFloat(float(var._data), self.value_of(var), self)
+
+    # ---- Python numbers computed from traced values (TracedScalar)
+
+    def _scalar_node(self, fn, ins, vals):
+        """Record fn on 0-d operands (IR values, with their values now): (value, Value)."""
+        y = np.asarray(fn.forward(*vals))
+        self.own(y)
+        v = self.new_value(y.shape, y.dtype)
+        self.graph.nodes.append(Node(fn, ins, [v], user_line(2)))
+        return y, v
+
+    def _scalar_operand(self, x, dtype):
+        """(IR value, value now) of a Python number, traced or literal, as a 0-d dtype."""
+        if isinstance(x, TracedScalar):
+            return self.scalar_cast_value(x, dtype), np.asarray(x._value, dtype)
+        return Lit(x, dtype), np.asarray(x, dtype)
+
+    def _check_guard(self, fn, operands, dtype, expected):
+        """A guard that `fn(*operands)` (0-d, in dtype) is `expected` as it is now."""
+        ins, vals = zip(*[self._scalar_operand(x, dtype) for x in operands])
+        y, v = self._scalar_node(fn, list(ins), list(vals))
+        self.graph.nodes.append(Node(Guard("bool", bool(y)), [v], [], user_line(2)))
+        return bool(y) == expected
+
+    def freeze(self, x, what):
+        """A use of a traced Python number the tracer cannot follow: its value, behind a
+        guard on it (a new value retraces). Logged with the user's line."""
+        if not isinstance(x, TracedScalar):
+            return x
+        if x._trace is not self:
+            return x._value     # a number left over from another trace: a constant now
+        conv = "float" if x.pytype is float else "bool" if x.pytype is bool else "int"
+        line = user_line(2)
+        self.graph.nodes.append(Node(Guard(conv, x._value), [x._tv], [], line))
+        if log.isEnabledFor(logging.INFO):
+            log.info("jit: %s of a Python number computed from traced values, at %s: "
+                     "guarded by its value %r (a new value retraces)", what, line, x._value)
+        return x._value
+
+    def to_scalar(self, x, pytype):
+        """`x.item()` (pytype by dtype), and float(x)/int(x) in the jitted function: a
+        TracedScalar of x's value, not a guard on it."""
+        plain = x.view(np.ndarray)
+        if pytype is None or x.ndim != 0 or plain.dtype.kind not in "biuf":
+            # Complex, or an array of ndim > 0 (NumPy's own rules and errors): by value.
+            return self.guard(x, "float" if pytype is float else "int" if pytype is int
+                              else "bool" if pytype is bool else "item")
+        value = pytype(plain)     # raises what Python raises (int(nan))
+        src = self.array_value(x)
+        if pytype is int and plain.dtype.kind == "f":
+            # int() truncates; Python's int is unbounded, int64 is not: in range at every
+            # call, or by value.
+            a, av = self._scalar_node(F.Abs(), [src], [plain])
+            lim = np.asarray(2.0 ** 63, plain.dtype)
+            ok, c = self._scalar_node(F.Less(), [av, Lit(lim, plain.dtype)], [a, lim])
+            self.graph.nodes.append(Node(Guard("bool", bool(ok)), [c], [], user_line(2)))
+            if not ok:
+                return self.guard(x, "int")
+        elif pytype is int and plain.dtype == np.uint64 and value >= 2 ** 63:
+            return self.guard(x, "int")
+        dtype = _DTYPE_OF[pytype]
+        if plain.dtype != dtype:
+            _, src = self._scalar_node(F.Cast(dtype), [src], [plain])
+        return SCALAR_TYPES[pytype](value, src, self)
+
+    def scalar_convert(self, x, pytype):
+        """float(x) / int(x) of a traced Python number, in the jitted function."""
+        if x.pytype is pytype:
+            return x
+        value = pytype(x._value)       # raises what Python raises (int(inf))
+        if pytype is int and x.pytype is float:
+            if not self._check_guard(F.Less, [abs(x), 2.0 ** 63], np.dtype(np.float64),
+                                     True):
+                self.freeze(x, "int() of a float beyond int64")
+                return value
+        return SCALAR_TYPES[pytype](value, self.scalar_cast_value(x, _DTYPE_OF[pytype]),
+                                    self)
+
+    def scalar_binary(self, name, a, b):
+        """a <op> b for Python numbers, at least one traced: what Python gives, recorded."""
+        va, vb = python_value(a), python_value(b)
+        result = _PY_OPS[name](va, vb)      # raises what Python raises (ZeroDivisionError)
+        rt = type(result)
+        if rt not in _DTYPE_OF:       # complex: a negative base to a fractional power
+            self.freeze(a, "a power giving a complex number")
+            self.freeze(b, "a power giving a complex number")
+            return result
+        if name in _CMP_OPS:
+            work = np.dtype(np.float64) if float in (type(va), type(vb)) else \
+                np.dtype(np.int64)
+        else:
+            work = _DTYPE_OF[rt]       # / and int ** -n compute in float64
+        if name in ("truediv", "floordiv", "mod") and isinstance(b, TracedScalar):
+            # Python raises on a zero divisor where NumPy gives inf or nan.
+            self._check_guard(F.NotEqual, [b, 0], work if work.kind != "b" else
+                              np.dtype(np.int64), True)
+        if name == "pow" and rt is int and isinstance(b, TracedScalar):
+            self._check_guard(F.GreaterEqual, [b, 0], np.dtype(np.int64), True)
+        (ia, xa), (ib, xb) = self._scalar_operand(a, work), self._scalar_operand(b, work)
+        fn = _SCALAR_FNS[name]()
+        y, v = self._scalar_node(fn, [ia, ib], [xa, xb])
+        if name == "pow" and rt is float:
+            # Python raises (0.0 ** -1, overflow) or gives a complex number where NumPy
+            # gives inf or nan: a finite result now, and at every call, or by value.
+            out = TracedFloat(result, v, self)
+            finite = math.isfinite(result) and self._check_guard(
+                F.Less, [abs(out), math.inf], np.dtype(np.float64), True)
+            if not finite:
+                self.freeze(a, "a power with a non-finite result")
+                self.freeze(b, "a power with a non-finite result")
+                return result
+        if not _same_number(y, result):
+            # The graph would not reproduce Python here (int64 overflow, rounding).
+            self.freeze(a, f"{name} that NumPy computes differently")
+            self.freeze(b, f"{name} that NumPy computes differently")
+            return result
+        return SCALAR_TYPES[rt](result, v, self)
+
+    def scalar_unary(self, name, x):
+        result = _PY_UNARY[name](x._value)
+        rt = type(result)
+        if name == "pos" and rt is x.pytype:
+            return x
+        ix, xv = self._scalar_operand(x, _DTYPE_OF[rt])
+        if name == "pos":
+            return SCALAR_TYPES[rt](result, ix, self)
+        y, v = self._scalar_node(_SCALAR_UNARY_FNS[name](), [ix], [xv])
+        if not _same_number(y, result):
+            self.freeze(x, f"{name} that NumPy computes differently")
+            return result
+        return SCALAR_TYPES[rt](result, v, self)
+
+    def scalar_truth(self, x):
+        """`if x:` / `not x` / `and` on a traced Python number: a guard on the outcome."""
+        outcome = bool(x._value)
+        if x._trace is not self:
+            return outcome
+        self.graph.nodes.append(Node(Guard("bool", outcome), [x._tv], [], user_line(2)))
+        return outcome
 
     def capture_view(self, arr):
         """A traced view of a closure/global array, captured when first used."""
@@ -321,8 +487,8 @@ class Trace:
     def _np_operand(self, x, like_dtype):
         if isinstance(x, (TracedArray, Variable)):
             return self.operand(x)
-        if isinstance(x, TracedFloat):
-            return x._tv
+        if isinstance(x, TracedScalar):
+            return self.weak_operand(x, like_dtype)
         if isinstance(x, np.ndarray):
             return self.array_value(x)
         if isinstance(x, (bool, int, float)):
@@ -344,7 +510,7 @@ class Trace:
     def ufunc(self, ufunc, method, inputs, kwargs):
         out = kwargs.pop("out", None)
         plain = [np.asarray(x).view(np.ndarray) if isinstance(x, np.ndarray) else
-                 (x._value if isinstance(x, TracedFloat) else x) for x in inputs]
+                 (x._value if isinstance(x, TracedScalar) else x) for x in inputs]
         arrays = [x for x in inputs if isinstance(x, np.ndarray)]
         like = np.result_type(*arrays) if arrays else None
         if kwargs.get("where", True) is not True:
@@ -372,8 +538,10 @@ class Trace:
             ins = [self._np_operand(x, None)]
         else:
             return self.numpy_call(ufunc, inputs, kwargs, method=method, out=out)
-        y = fn.forward(*[(i.value if isinstance(i, Lit) else np.asarray(p).view(np.ndarray))
-                         for i, p in zip(ins, plain)])
+        # A traced Python number enters in the dtype its node has (weak, as in NumPy).
+        y = fn.forward(*[(i.value if isinstance(i, Lit) else
+                          np.asarray(p, dtype=i.dtype) if type(p) in (bool, int, float) else
+                          np.asarray(p).view(np.ndarray)) for i, p in zip(ins, plain)])
         t = self._emit(fn, ins, y, out)
         if out is None and isinstance(t, TracedArray) and t.ndim == 0:
             t._numpy_scalar = True     # a 0-d ufunc or reduction result is a NumPy scalar
@@ -438,9 +606,13 @@ class Trace:
             return self._escaped_ufunc(f"np.{name} with out=", func, method, plain, kwargs,
                                        out)
         ins = []
+        arrays = [a for a in args if isinstance(a, np.ndarray)]
+        like = np.result_type(*arrays) if arrays else None
         for a in args:
-            if isinstance(a, (np.ndarray, Variable, TracedFloat)):
-                ins.append(self.operand(a) if not isinstance(a, TracedFloat) else a._tv)
+            if isinstance(a, (np.ndarray, Variable, TracedScalar)):
+                # A Python number weak, as NumPy takes it (plain holds its Python value).
+                ins.append(self.operand(a) if not isinstance(a, TracedScalar) else
+                           self.weak_operand(a, like))
             else:
                 return self._escaped_ufunc(f"np.{name} with a non-array positional "
                                            f"argument", func, method, plain, kwargs, None)
@@ -507,7 +679,13 @@ class Trace:
             outcome = float(plain)
         else:
             outcome = plain.__index__() if conv == "index" else int(plain)
-        self.graph.nodes.append(Node(Guard(conv, outcome), [tv], [], user_line(3)))
+        line = user_line(3)
+        self.graph.nodes.append(Node(Guard(conv, outcome), [tv], [], line))
+        if conv in ("float", "int") and log.isEnabledFor(logging.INFO):
+            log.info("jit: %s() of traced data outside the jitted function's own code (a "
+                     "helper it calls, or a C function) at %s: guarded by its value %r (a "
+                     "new value retraces; .item() is followed everywhere)", conv, line,
+                     outcome)
         return outcome
 
     def escape(self, reason):
@@ -537,18 +715,57 @@ class Trace:
         self.side_effects.append((what, user_line(3)))
 
 
+_DTYPE_OF = {float: np.dtype(np.float64), int: np.dtype(np.int64), bool: np.dtype(bool)}
+_PY_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
+           "truediv": operator.truediv, "floordiv": operator.floordiv, "mod": operator.mod,
+           "pow": operator.pow, "and": operator.and_, "or": operator.or_,
+           "xor": operator.xor, "gt": operator.gt, "ge": operator.ge, "lt": operator.lt,
+           "le": operator.le, "eq": operator.eq, "ne": operator.ne}
+_CMP_OPS = ("gt", "ge", "lt", "le", "eq", "ne")
+# The node each computes with. // and % are NumPy's, which follow Python's floor
+# semantics (sign of the divisor); a zero divisor is guarded against (Python raises).
+_SCALAR_FNS = {"add": F.Add, "sub": F.Sub, "mul": F.Mul, "truediv": F.Div, "pow": F.PowV,
+               "floordiv": lambda: NumpyCall(np.floor_divide),
+               "mod": lambda: NumpyCall(np.remainder),
+               "and": lambda: NumpyCall(np.bitwise_and),
+               "or": lambda: NumpyCall(np.bitwise_or),
+               "xor": lambda: NumpyCall(np.bitwise_xor),
+               "gt": F.Greater, "ge": F.GreaterEqual, "lt": F.Less, "le": F.LessEqual,
+               "eq": F.Equal, "ne": F.NotEqual}
+_PY_UNARY = {"neg": operator.neg, "pos": operator.pos, "abs": builtins.abs,
+             "invert": operator.invert}
+_SCALAR_UNARY_FNS = {"neg": F.Neg, "abs": F.Abs, "invert": lambda: NumpyCall(np.invert)}
+
+
+def _same_number(y, result):
+    got = y.item()
+    return type(got) is type(result) and (got == result or (got != got and
+                                                            result != result))
+
+
 def _detached(fn):
     """A copy of a Function for a graph node: same parameters, no inputs or outputs,
     so a variant keeps no traced argument or intermediate alive."""
     if type(fn).__module__.startswith("tracejit"):
         try:
-            return type(fn)(*fn.param_values())
+            # A traced Python number as a static parameter (an axis, a clip bound) is
+            # the value it is: guarded, so the node holds a plain number.
+            return type(fn)(*[_static(p) for p in fn.param_values()])
         except TypeError:
             pass
     clone = copy.copy(fn)
     for attr in ("inputs", "outputs", "generation"):
         clone.__dict__.pop(attr, None)
     return clone
+
+
+def _static(p):
+    if isinstance(p, TracedScalar):
+        return p._trace.freeze(p, "a static parameter of a tracejit function") \
+            if p._trace is not None else p._value
+    if type(p) in (tuple, list):
+        return type(p)(_static(x) for x in p)
+    return p
 
 
 def _root(a):
@@ -560,7 +777,7 @@ def _root(a):
 def _plain(a):
     if isinstance(a, Variable):
         return a._data
-    if isinstance(a, TracedFloat):
+    if isinstance(a, TracedScalar):
         return a._value
     if isinstance(a, np.ndarray):
         return a.view(np.ndarray)
@@ -584,6 +801,9 @@ def _tracing_print(*args, **kwargs):
     tr = core._state.trace
     if tr is not None and not tr.abstract:
         tr.side_effect("print()")
+        # A traced number printed is shown, not guarded: print runs only while tracing
+        # (the side-effect warning says so), so what it shows cannot change a result.
+        args = [a._value if isinstance(a, TracedScalar) else a for a in args]
     return _original_print(*args, **kwargs)
 
 
@@ -617,6 +837,99 @@ def _tracing_py_seed(*args, **kwargs):
                   "replayed by compiled calls; draw with tracejit functions (F.dropout) "
                   "after np.random.seed")
     return _original_py_seed(*args, **kwargs)
+
+
+# ---- float() and int() in the jitted function give TracedScalars
+
+def _traced_float(*args, **kwargs):
+    if len(args) == 1 and not kwargs:
+        x, tr = args[0], core._state.trace
+        if tr is not None and not tr.abstract:
+            if isinstance(x, TracedScalar) and x._trace is tr:
+                return tr.scalar_convert(x, float)
+            if isinstance(x, TracedArray) and x._trace is tr:
+                return tr.to_scalar(x, float)
+    return float(*args, **kwargs)
+
+
+def _traced_int(*args, **kwargs):
+    if len(args) == 1 and not kwargs:
+        x, tr = args[0], core._state.trace
+        if tr is not None and not tr.abstract:
+            if isinstance(x, TracedScalar) and x._trace is tr:
+                return tr.scalar_convert(x, int)
+            if isinstance(x, TracedArray) and x._trace is tr and x.dtype.kind in "biuf":
+                return tr.to_scalar(x, int)
+    return int(*args, **kwargs)
+
+
+# Python's float() and int() must return real numbers (CPython converts whatever
+# __float__ returns to an exact float), so the calls themselves are redirected: in the
+# code the trace runs, a call `float(...)` / `int(...)` of the builtin (LOAD_GLOBAL with
+# the call bit) loads these instead. Outside a trace they are float and int.
+_INTERCEPT = {"float": "__tracejit_float__", "int": "__tracejit_int__"}
+builtins.__tracejit_float__ = _traced_float
+builtins.__tracejit_int__ = _traced_int
+_LOAD_GLOBAL = dis.opmap.get("LOAD_GLOBAL")
+_EXTENDED_ARG = dis.opmap.get("EXTENDED_ARG")
+_patched_codes = {}
+
+
+def _patched_code(code):
+    done = _patched_codes.get(code)
+    if done is not None:
+        return done
+    new = code
+    if (3, 11) <= sys.version_info < (3, 14):
+        raw = bytearray(code.co_code)
+        names = list(code.co_names)
+        changed = False
+        for ins in dis.get_instructions(code):
+            if ins.opcode != _LOAD_GLOBAL or ins.argval not in _INTERCEPT or \
+                    not ins.arg & 1:          # not loaded to be called
+                continue
+            if ins.offset >= 2 and raw[ins.offset - 2] == _EXTENDED_ARG:
+                continue
+            name = _INTERCEPT[ins.argval]
+            if name not in names:
+                names.append(name)
+            arg = (names.index(name) << 1) | 1
+            if arg > 255:
+                continue        # would need an EXTENDED_ARG: leave this call alone
+            raw[ins.offset + 1] = arg
+            changed = True
+        consts = tuple(_patched_code(c) if isinstance(c, types.CodeType) else c
+                       for c in code.co_consts)
+        if changed or any(a is not b for a, b in zip(consts, code.co_consts)):
+            try:
+                new = code.replace(co_code=bytes(raw), co_names=tuple(names),
+                                   co_consts=consts)
+            except (ValueError, TypeError):
+                new = code
+    _patched_codes[code] = new
+    return new
+
+
+def symbolic_scalars(fn):
+    """fn, or a copy of it (same globals, closure and defaults) whose float()/int()
+    calls give TracedScalars of traced values: what a trace runs."""
+    if isinstance(fn, types.MethodType):
+        f = symbolic_scalars(fn.__func__)
+        return fn if f is fn.__func__ else types.MethodType(f, fn.__self__)
+    if isinstance(fn, functools.partial):
+        f = symbolic_scalars(fn.func)
+        return fn if f is fn.func else functools.partial(f, *fn.args, **fn.keywords)
+    if type(fn) is not types.FunctionType:
+        return fn
+    code = _patched_code(fn.__code__)
+    if code is fn.__code__:
+        return fn
+    g = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__,
+                           fn.__closure__)
+    g.__kwdefaults__ = fn.__kwdefaults__
+    g.__qualname__ = fn.__qualname__
+    g.__dict__.update(fn.__dict__)
+    return g
 
 
 def start(trace):
