@@ -299,7 +299,7 @@ class Trace:
     def _check_guard(self, fn, operands, dtype, expected):
         """A guard that `fn(*operands)` (0-d, in dtype) is `expected` as it is now."""
         ins, vals = zip(*[self._scalar_operand(x, dtype) for x in operands])
-        y, v = self._scalar_node(fn, list(ins), list(vals))
+        y, v = self._scalar_node(fn(), list(ins), list(vals))
         self.graph.nodes.append(Node(Guard("bool", bool(y)), [v], [], user_line(2)))
         return bool(y) == expected
 
