@@ -331,3 +331,46 @@ def test_python_number_semantics_match_eager(vals, c):
     same(got, want)
     for g, w in zip(got[1], want[1]):
         assert type(g) is type(w) and (g == w or (g != g and w != w)), (got[1], want[1])
+
+
+# ------------------------------------------------------------------ Python's types
+
+def test_float_of_a_float_argument_and_types_are_python_types():
+    def f(x, lr):
+        lr = float(lr)                       # no value guard: a new lr does not retrace
+        s = float(F.sum(x))                  # float() of a Variable
+        n = int(x.data.sum() * 1000)
+        kinds = (isinstance(s, float), isinstance(n, int), type(s) is float,
+                 type(n) is int, isinstance(s > 0, bool), isinstance(lr, (int, float)),
+                 isinstance(n, float))
+        return x * lr, kinds, n ** 2 * 3 - n, s
+    args = [(tj.Variable(np.array([0.3 + i * 0.7, 0.1])), 0.1 * i) for i in range(6)]
+    info = run(f, args)
+    assert info["variants"] == 1 and info["retraces"] == 0 and info["fallbacks"] == 0, info
+
+
+def test_ints_beyond_int64_are_exact():
+    def f(x):
+        n = int(x.sum())
+        return n ** 9, n * 10 ** 17, -(n << 70)
+    jf = tj.jit(f, max_variants=16)
+    for v in (3.0, 4.0, 90.0, 3.0, 700.0, -55.0):
+        got, want = jf(np.array([v])), f(np.array([v]))
+        assert got == want and all(type(g) is int for g in got), (got, want)
+    assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_a_traced_number_stored_on_an_object_is_a_plain_number_after_the_trace():
+    class Box:
+        pass
+    box = Box()
+    box.last = 0.0
+
+    def f(x):
+        box.last = float(x.sum())       # a Python value the function changes: eager
+        return x * 2
+    jf = tj.jit(f)
+    with pytest.warns(tj.JitWarning, match="changes the Python value"):
+        for v in (1.0, 2.0, 3.0, 4.0):
+            same(jf(np.full(2, v)), f(np.full(2, v)), creator=False)
+            assert type(box.last) is float and box.last == 2 * v

@@ -679,6 +679,7 @@ class Jitted:
                 bwd_info, diff_vars = trace_backward(tr, out_leaves_raw, out_leaves)
         finally:
             tracing.stop(tr, prev)
+            tracing.plain_numbers(locs)
             for x in leaves:
                 if isinstance(x, Variable):
                     x._tv = None

@@ -7,10 +7,13 @@ Python number: a float argument, or float()/int()/.item() of traced data, whose
 arithmetic and comparisons are recorded, so a new value does not retrace. Both carry real values, so
 the traced call computes its real result.
 """
+import builtins
 import math
+import operator
 
 import numpy as np
 
+from tracejit import core
 from tracejit import functions as F
 from tracejit.core import ScalarTracer, Variable
 
@@ -186,8 +189,16 @@ class TracedScalar(ScalarTracer):
     def _bin(self, other, name, reverse=False):
         if not is_python_number(other):
             return NotImplemented     # Variables and arrays take it from here
+        tr = self._trace
+        if tr is None or tr is not core._state.trace:
+            # Kept past its trace (stored on an object), or seen by another thread's
+            # trace: the plain number it was.
+            a, b = (other, self._value) if reverse else (self._value, other)
+            return _PY_OPS[name](python_value(a), python_value(b))
+        if isinstance(other, TracedScalar) and other._trace is not tr:
+            other = other._value
         a, b = (other, self) if reverse else (self, other)
-        return self._trace.scalar_binary(name, a, b)
+        return tr.scalar_binary(name, a, b)
 
     def __add__(self, o): return self._bin(o, "add")
     def __radd__(self, o): return self._bin(o, "add", True)
@@ -223,12 +234,21 @@ class TracedScalar(ScalarTracer):
     def __rdivmod__(self, o):
         return (o // self, o % self) if is_python_number(o) else NotImplemented
 
-    def __neg__(self): return self._trace.scalar_unary("neg", self)
-    def __pos__(self): return self._trace.scalar_unary("pos", self)
-    def __abs__(self): return self._trace.scalar_unary("abs", self)
+    def _unary(self, name):
+        tr = self._trace
+        if tr is None or tr is not core._state.trace:
+            return _PY_UNARY[name](self._value)
+        return tr.scalar_unary(name, self)
+
+    def __neg__(self): return self._unary("neg")
+    def __pos__(self): return self._unary("pos")
+    def __abs__(self): return self._unary("abs")
 
     def __bool__(self):
-        return self._trace.scalar_truth(self)
+        tr = self._trace
+        if tr is None or tr is not core._state.trace:
+            return bool(self._value)
+        return tr.scalar_truth(self)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         # np.sqrt(lr), array * lr: the number as a traced 0-d value of the other
@@ -243,7 +263,10 @@ class TracedScalar(ScalarTracer):
     # ---- everything else sees the value, behind a guard on it
 
     def _seen(self, what="a use the tracer cannot follow"):
-        return self._trace.freeze(self, what)
+        tr = self._trace
+        if tr is None or tr is not core._state.trace:
+            return self._value
+        return tr.freeze(self, what)
 
     def __float__(self): return float(self._seen("float() by a C function (math.*)"))
     def __int__(self): return int(self._seen("int() by a C function"))
@@ -290,10 +313,10 @@ class TracedInt(TracedScalar):
 
     def __index__(self):
         # A trip count (range), an index or a shape: the value shapes the graph.
-        return self._trace.freeze(self, "use as an index, shape or trip count")
+        return int(self._seen("use as an index, shape or trip count"))
 
     def __invert__(self):
-        return self._trace.scalar_unary("invert", self)
+        return self._unary("invert")
 
     def __lshift__(self, o): return int(self) << o
     def __rshift__(self, o): return int(self) >> o
@@ -315,6 +338,13 @@ class TracedBool(TracedInt):
 
 
 _PY_DTYPES = {float: np.dtype(np.float64), int: np.dtype(np.int64), bool: np.dtype(bool)}
+_PY_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
+           "truediv": operator.truediv, "floordiv": operator.floordiv, "mod": operator.mod,
+           "pow": operator.pow, "and": operator.and_, "or": operator.or_,
+           "xor": operator.xor, "gt": operator.gt, "ge": operator.ge, "lt": operator.lt,
+           "le": operator.le, "eq": operator.eq, "ne": operator.ne}
+_PY_UNARY = {"neg": operator.neg, "pos": operator.pos, "abs": builtins.abs,
+             "invert": operator.invert}
 SCALAR_TYPES = {float: TracedFloat, int: TracedInt, bool: TracedBool}
 
 

@@ -18,7 +18,6 @@ import functools
 import linecache
 import logging
 import math
-import operator
 import os
 import random
 import sys
@@ -31,9 +30,9 @@ from tracejit import core
 from tracejit import functions as F
 from tracejit.core import Variable
 from tracejit.ir import Graph, Lit, Node, Value
-from tracejit.tracers import (REDUCE_PRIMS, SCALAR_TYPES, UFUNC_PRIMS, TracedArray,
-                              TracedBool, TracedFloat, TracedInt, TracedScalar,
-                              is_python_number, python_value)
+from tracejit.tracers import (_PY_OPS, _PY_UNARY, REDUCE_PRIMS, SCALAR_TYPES, UFUNC_PRIMS,
+                              TracedArray, TracedBool, TracedFloat, TracedInt,  # noqa: F401
+                              TracedScalar, is_python_number, python_value)
 from tracejit.trace_ops import Guard, NumpyCall
 
 log = logging.getLogger("tracejit")
@@ -390,12 +389,31 @@ class Trace:
                 self.freeze(a, "a power with a non-finite result")
                 self.freeze(b, "a power with a non-finite result")
                 return result
+        if rt is int and name in ("add", "sub", "mul", "pow") and \
+                not self._int_fits(_SCALAR_FNS[name](), (a, b)):
+            # Python's int is unbounded: beyond int64 at this call, by value.
+            self.freeze(a, f"{name} of ints beyond int64")
+            self.freeze(b, f"{name} of ints beyond int64")
+            return result
         if not _same_number(y, result):
-            # The graph would not reproduce Python here (int64 overflow, rounding).
+            # The graph would not reproduce Python here (rounding).
             self.freeze(a, f"{name} that NumPy computes differently")
             self.freeze(b, f"{name} that NumPy computes differently")
             return result
         return SCALAR_TYPES[rt](result, v, self)
+
+    def _int_fits(self, fn, operands):
+        """A guard that the int op, done in float64, stays below 2**62 in magnitude (so
+        int64 computes it exactly, at every call); whether it does now."""
+        f8 = np.dtype(np.float64)
+        ins, vals = zip(*[self._scalar_operand(x, f8) for x in operands])
+        with np.errstate(all="ignore"):
+            y, v = self._scalar_node(fn, list(ins), list(vals))
+            ya, va = self._scalar_node(F.Abs(), [v], [y])
+            lim = np.asarray(2.0 ** 62)
+            ok, c = self._scalar_node(F.Less(), [va, Lit(lim, f8)], [ya, lim])
+        self.graph.nodes.append(Node(Guard("bool", bool(ok)), [c], [], user_line(2)))
+        return bool(ok)
 
     def scalar_unary(self, name, x):
         result = _PY_UNARY[name](x._value)
@@ -716,11 +734,6 @@ class Trace:
 
 
 _DTYPE_OF = {float: np.dtype(np.float64), int: np.dtype(np.int64), bool: np.dtype(bool)}
-_PY_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
-           "truediv": operator.truediv, "floordiv": operator.floordiv, "mod": operator.mod,
-           "pow": operator.pow, "and": operator.and_, "or": operator.or_,
-           "xor": operator.xor, "gt": operator.gt, "ge": operator.ge, "lt": operator.lt,
-           "le": operator.le, "eq": operator.eq, "ne": operator.ne}
 _CMP_OPS = ("gt", "ge", "lt", "le", "eq", "ne")
 # The node each computes with. // and % are NumPy's, which follow Python's floor
 # semantics (sign of the divisor); a zero divisor is guarded against (Python raises).
@@ -732,8 +745,6 @@ _SCALAR_FNS = {"add": F.Add, "sub": F.Sub, "mul": F.Mul, "truediv": F.Div, "pow"
                "xor": lambda: NumpyCall(np.bitwise_xor),
                "gt": F.Greater, "ge": F.GreaterEqual, "lt": F.Less, "le": F.LessEqual,
                "eq": F.Equal, "ne": F.NotEqual}
-_PY_UNARY = {"neg": operator.neg, "pos": operator.pos, "abs": builtins.abs,
-             "invert": operator.invert}
 _SCALAR_UNARY_FNS = {"neg": F.Neg, "abs": F.Abs, "invert": lambda: NumpyCall(np.invert)}
 
 
@@ -847,6 +858,8 @@ def _traced_float(*args, **kwargs):
         if tr is not None and not tr.abstract:
             if isinstance(x, TracedScalar) and x._trace is tr:
                 return tr.scalar_convert(x, float)
+            if isinstance(x, Variable) and x._data is not None:
+                x = x.data        # float(loss): Variable.__float__ is float(loss.data)
             if isinstance(x, TracedArray) and x._trace is tr:
                 return tr.to_scalar(x, float)
     return float(*args, **kwargs)
@@ -858,6 +871,8 @@ def _traced_int(*args, **kwargs):
         if tr is not None and not tr.abstract:
             if isinstance(x, TracedScalar) and x._trace is tr:
                 return tr.scalar_convert(x, int)
+            if isinstance(x, Variable) and x._data is not None:
+                x = x.data
             if isinstance(x, TracedArray) and x._trace is tr and x.dtype.kind in "biuf":
                 return tr.to_scalar(x, int)
     return int(*args, **kwargs)
@@ -867,9 +882,26 @@ def _traced_int(*args, **kwargs):
 # __float__ returns to an exact float), so the calls themselves are redirected: in the
 # code the trace runs, a call `float(...)` / `int(...)` of the builtin (LOAD_GLOBAL with
 # the call bit) loads these instead. Outside a trace they are float and int.
-_INTERCEPT = {"float": "__tracejit_float__", "int": "__tracejit_int__"}
+def _traced_isinstance(obj, classinfo):
+    # A traced Python number is an instance of what its value is (float, int, bool,
+    # numbers.Real): its type is fixed by the operations that made it, not its value.
+    if isinstance(obj, TracedScalar):
+        return isinstance(obj._value, classinfo)
+    return isinstance(obj, classinfo)
+
+
+def _traced_type(*args):
+    if len(args) == 1 and isinstance(args[0], TracedScalar):
+        return args[0].pytype
+    return type(*args)
+
+
+_INTERCEPT = {"float": "__tracejit_float__", "int": "__tracejit_int__",
+              "isinstance": "__tracejit_isinstance__", "type": "__tracejit_type__"}
 builtins.__tracejit_float__ = _traced_float
 builtins.__tracejit_int__ = _traced_int
+builtins.__tracejit_isinstance__ = _traced_isinstance
+builtins.__tracejit_type__ = _traced_type
 _LOAD_GLOBAL = dis.opmap.get("LOAD_GLOBAL")
 _EXTENDED_ARG = dis.opmap.get("EXTENDED_ARG")
 _patched_codes = {}
@@ -908,6 +940,15 @@ def _patched_code(code):
                 new = code
     _patched_codes[code] = new
     return new
+
+
+def plain_numbers(locs):
+    """A traced Python number the function stored in state it reads (`self.loss =
+    float(loss.data)`) is the plain number after the trace, as after an eager call."""
+    for loc in locs:
+        v = loc.read()
+        if isinstance(v, TracedScalar):
+            loc.write(v._value)
 
 
 def symbolic_scalars(fn):
