@@ -460,3 +460,18 @@ def _same_number(g, w, rel=1e-12):
     if type(w) is float:
         return math.isclose(g, w, rel_tol=rel, abs_tol=1e-300) or (g != g and w != w)
     return g == w
+
+
+def test_float_in_a_differentiated_function_under_jit_is_symbolic():
+    def loss(x):
+        y = F.sum(x ** 2)
+        return y * 2 if float(y.data) > 1.0 else y
+    g = tj.grad(loss)
+    jg = tj.jit(g)
+    rng = np.random.default_rng(13)
+    for i in range(10):
+        xv = rng.standard_normal(3) * (2.0 if (i // 2) % 2 else 0.3)
+        same(jg(tj.Variable(xv.copy())), g(tj.Variable(xv.copy())), creator=False)
+    info = jg.cache_info()
+    assert info["fallbacks"] == 0 and info["variants"] <= 2, info
+    assert info["hits"] >= 10 - 1 - 2 * 2, info

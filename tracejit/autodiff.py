@@ -20,10 +20,12 @@ def _as_diff_variable(x):
     tr = core.active_trace()
     if isinstance(x, Variable):
         return Variable(x.data)   # a fresh leaf: the user's Variable keeps its .grad
-    if isinstance(x, core.ScalarTracer) and tr is not None:
-        # A float argument (or a number computed from traced data) under jit: a traced
-        # 0-d float64 leaf, as eager makes Variable(np.asarray(x, float64)) below.
-        return tr.scalar_var(x)
+    if isinstance(x, core.ScalarTracer):
+        if tr is not None and x._trace is tr:
+            # A float argument (or a number computed from traced data) under jit: a
+            # traced 0-d float64 leaf, as eager makes Variable(np.asarray(x, float64)).
+            return tr.scalar_var(x)
+        x = x._value        # left over from another trace: the number it is
     if isinstance(x, (float, int, np.generic)):
         return Variable(np.asarray(x, dtype=np.result_type(x, np.float64)))
     if isinstance(x, np.ndarray):
@@ -45,8 +47,14 @@ def value_and_grad(fn, argnums=0):
         xs = [_as_diff_variable(args[i]) for i in nums]
         for i, x in zip(nums, xs):
             args[i] = x
+        f = fn
+        if core.active_trace() is not None:
+            # Under jit: float()/int() in the differentiated function's own code give
+            # traced numbers, as in a jitted function's (one guard per outcome).
+            from tracejit.tracing import symbolic_scalars
+            f = symbolic_scalars(fn)
         with core.using_config("enable_backprop", True):
-            y = fn(*args, **kwargs)
+            y = f(*args, **kwargs)
         if not isinstance(y, Variable):
             raise TypeError(f"grad: the function must return a Variable, got "
                             f"{type(y).__name__}")
