@@ -4,8 +4,8 @@ TracedArray is a view of real data (an argument, a Variable's .data, a closure a
 that reports NumPy ufuncs and functions applied to it, and Python's looks at it
 (bool: guards), to its Trace. TracedScalar (TracedFloat, TracedInt, TracedBool) is a
 Python number: a float argument, or float()/int()/.item() of traced data, whose
-arithmetic and comparisons are recorded, so a new value does not retrace. Both carry real values, so
-the traced call computes its real result.
+arithmetic and comparisons are recorded, so a new value does not retrace. Both carry
+real values, so the traced call computes its real result.
 """
 import builtins
 import math
@@ -15,7 +15,7 @@ import numpy as np
 
 from tracejit import core
 from tracejit import functions as F
-from tracejit.core import ScalarTracer, Variable
+from tracejit.core import ScalarTracer
 
 UFUNC_PRIMS = {
     np.add: F.Add, np.subtract: F.Sub, np.multiply: F.Mul, np.true_divide: F.Div,

@@ -31,8 +31,7 @@ from tracejit import functions as F
 from tracejit.core import Variable
 from tracejit.ir import Graph, Lit, Node, Value
 from tracejit.tracers import (_PY_OPS, _PY_UNARY, REDUCE_PRIMS, SCALAR_TYPES, UFUNC_PRIMS,
-                              TracedArray, TracedBool, TracedFloat, TracedInt,  # noqa: F401
-                              TracedScalar, is_python_number, python_value)
+                              TracedArray, TracedFloat, TracedScalar, python_value)
 from tracejit.trace_ops import Guard, NumpyCall
 
 log = logging.getLogger("tracejit")
