@@ -261,16 +261,41 @@ def test_escapes_guard_the_value_and_log_where(caplog):
 
 
 def _helper_mean(h):
-    return float(h.mean())      # not the jitted function's own code: by value
+    return float(h.mean())      # a module-level helper: followed too
 
 
-def test_float_in_a_helper_function_is_guarded_by_value_and_logged(caplog):
+class _Scaled(tj.Model):
+    def __init__(self):
+        super().__init__()
+        self.l1 = tj.layers.Linear(2)
+
+    def forward(self, x):
+        h = self.l1(x)
+        return h * 2 if float(h.data.mean()) > 0 else h - 1
+
+
+def test_float_in_helpers_and_a_model_forward_is_symbolic():
+    model = _Scaled()
+
     def f(x):
-        return x * 2 if _helper_mean(x) > 0 else x
-    jf = tj.jit(f, max_variants=16)
+        y = model(x)
+        return y * 2 if _helper_mean(x.data) > 0 else y
+    rng = np.random.default_rng(14)
+    xs = [tj.Variable(rng.standard_normal((3, 4)) + (1.0 if (i // 2) % 2 else -1.0))
+          for i in range(14)]
+    model(xs[0])           # the Linear layer's lazy weight, before jit sees it
+    info = run(f, [(x,) for x in xs])
+    assert_compiled(info, 14, 4)
+
+
+def test_float_in_a_function_passed_as_an_argument_is_by_value_and_logged(caplog):
+    def f(x, helper):
+        return x * 2 if helper(x) > 0 else x
+    jf = tj.jit(f, static_argnums=1, max_variants=16)
     with caplog.at_level(logging.INFO, logger="tracejit"):
         for v in (0.5, 0.5, 1.5, -2.0, 0.5):
-            same(jf(np.full(2, v)), f(np.full(2, v)), creator=False)
+            same(jf(np.full(2, v), _helper_mean), f(np.full(2, v), _helper_mean),
+                 creator=False)
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "return float(h.mean())" in logged and "outside the jitted function" in logged
     info = jf.cache_info()

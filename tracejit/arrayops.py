@@ -6,12 +6,14 @@ import builtins
 import numpy as np
 
 from tracejit import functions as F
-from tracejit.core import MATMUL, MOVEMENT, RANDOM, REDUCTION, Function, ShapeDtype, Variable
+from tracejit.core import (MATMUL, MOVEMENT, RANDOM, REDUCTION, Function, ShapeDtype, Variable,
+                           static_value)
 from tracejit.primitive import primitive, probe_dtype, sum_to_shape
 
 # ---------------------------------------------------------------- reductions
 
 def _normalize_axis(axis, ndim, name):
+    axis = static_value(axis)       # int(...) as an axis: its value
     if axis is None:
         return None
     axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
@@ -224,6 +226,7 @@ class _ArrayIndex(int):
 
 def _split_index(key):
     """Split an index into a hashable template and the index arrays it uses."""
+    key = static_value(key, "an index")
     if not isinstance(key, tuple):
         key = (key,)
     template, arrays = [], []

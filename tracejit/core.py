@@ -482,6 +482,21 @@ class ScalarTracer:
     __slots__ = ()
 
 
+def static_value(v, what="a static argument (an axis, shape, index or bound)"):
+    """v with the traced Python numbers in it (int(...) as an axis, in a slice, a
+    shape) replaced by their values, each guarded: static parameters of the graph."""
+    if isinstance(v, ScalarTracer):
+        return v._seen(what)
+    t = type(v)
+    if t is tuple or t is list:
+        return t(static_value(x, what) for x in v) if any(
+            isinstance(x, (ScalarTracer, tuple, list, slice)) for x in v) else v
+    if t is slice:
+        return slice(static_value(v.start, what), static_value(v.stop, what),
+                     static_value(v.step, what))
+    return v
+
+
 def as_array(x, array_module=np):
     if np.isscalar(x):
         return np.array(x)
@@ -544,6 +559,13 @@ class Function:
         tr = _state.trace
         if tr is not None and tr.abstract:
             return tr.call(self, inputs)
+        if tr is not None and self.params:
+            # A traced Python number as a static parameter (F.clip(x, 0, float(m))):
+            # the value it is, guarded, before forward uses it.
+            for p in self.params:
+                v = getattr(self, p, None)
+                if isinstance(v, (ScalarTracer, tuple, list, slice)):
+                    setattr(self, p, static_value(v))
         xs = [x._data for x in inputs]
         try:
             ys = self.forward(*xs)

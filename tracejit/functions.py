@@ -13,7 +13,7 @@ import builtins
 
 import numpy as np
 
-from tracejit.core import Config, Variable, as_array, as_variable, to_operand
+from tracejit.core import Config, Variable, as_array, as_variable, static_value, to_operand
 # The primitives, re-exported: DeZero programs use F.Tanh, F.Sum and subclass them.
 from tracejit.primitive import PRIMITIVES, Elementwise, primitive  # noqa: F401
 from tracejit.elementwise import (  # noqa: F401
@@ -204,7 +204,7 @@ def min(x, axis=None, keepdims=False):
 
 def sum_to(x, shape):
     x = as_variable(x)
-    shape = tuple(shape)
+    shape = tuple(static_value(tuple(shape)))
     if x.shape == shape:
         return x
     return SumTo(shape)(x)
@@ -212,7 +212,7 @@ def sum_to(x, shape):
 
 def broadcast_to(x, shape):
     x = as_variable(x)
-    shape = tuple(shape)
+    shape = tuple(static_value(tuple(shape)))
     if x.shape == shape:
         return x
     return BroadcastTo(shape)(x)

@@ -641,11 +641,14 @@ class Jitted:
         sizes_before = pystate.sizes(locs)
         prev = tracing.start(tr)
         swaps = pystate.swap_arrays(locs, tr.capture_view)
+        # float()/int() in the function's own code, and in the user functions it reads
+        # (helpers, a Model's forward), give traced Python numbers.
+        code_swaps = tracing.swap_scalar_code(locs)
         try:
             try:
-                # float()/int() in the function's own code give traced Python numbers.
                 result = tracing.symbolic_scalars(self.fn)(*targs, **tkwargs)
             finally:
+                tracing.unswap_scalar_code(code_swaps)
                 pystate.unswap(swaps)
             out_leaves_raw = []
             out_tree = flatten_result(result, out_leaves_raw)

@@ -82,6 +82,7 @@ class TracedArray(np.ndarray):
         self.view(np.ndarray)[key] = value
 
     def __getitem__(self, key):
+        key = core.static_value(key, "an index")   # x[int(...)]: NumPy's scalar, as eager
         y = self._trace.record_data_op(F.get_item, self, key)
         k = key if isinstance(key, tuple) else (key,)
         if isinstance(y, TracedArray) and y.ndim == 0 and \

@@ -941,6 +941,65 @@ def _patched_code(code):
     return new
 
 
+_swap_lock = threading.Lock()
+_swapped = {}      # id(function) -> [function, its own code, traces using the swap]
+
+
+def _user_functions(v):
+    """The user functions behind a value the traced function reads."""
+    if isinstance(v, types.MethodType):
+        v = v.__func__
+    if isinstance(v, functools.partial):
+        return _user_functions(v.func)
+    if type(v) is types.FunctionType:
+        mod = getattr(v, "__module__", "") or ""
+        return [] if mod.startswith(("tracejit", "numpy", "numba")) else [v]
+    cls = type(v)
+    if cls.__module__.startswith(("tracejit", "numpy", "numba", "builtins")) or \
+            not isinstance(getattr(v, "__dict__", None), dict) or isinstance(v, type):
+        return []
+    # An object of a user class (a Model): what calling it runs.
+    return [f for name in ("forward", "__call__")
+            for f in _user_functions(getattr(cls, name, None))]
+
+
+def swap_scalar_code(locs):
+    """Give the user functions at these locations code whose float()/int() calls give
+    traced numbers, while a trace runs. Other threads running them see no difference:
+    outside a trace the redirected names are float and int themselves."""
+    funcs = {}
+    for loc in locs:
+        for f in _user_functions(loc.read()):
+            funcs[id(f)] = f
+    done = []
+    with _swap_lock:
+        for f in funcs.values():
+            entry = _swapped.get(id(f))
+            if entry is None:
+                own = f.__code__
+                code = _patched_code(own)
+                if code is own:
+                    continue
+                try:
+                    f.__code__ = code
+                except (TypeError, ValueError):
+                    continue
+                entry = _swapped[id(f)] = [f, own, 0]
+            entry[2] += 1
+            done.append(f)
+    return done
+
+
+def unswap_scalar_code(done):
+    with _swap_lock:
+        for f in done:
+            entry = _swapped[id(f)]
+            entry[2] -= 1
+            if entry[2] == 0:
+                f.__code__ = entry[1]
+                del _swapped[id(f)]
+
+
 def plain_numbers(locs):
     """A traced Python number the function stored in state it reads (`self.loss =
     float(loss.data)`) is the plain number after the trace, as after an eager call."""
