@@ -877,10 +877,6 @@ def _traced_int(*args, **kwargs):
     return int(*args, **kwargs)
 
 
-# Python's float() and int() must return real numbers (CPython converts whatever
-# __float__ returns to an exact float), so the calls themselves are redirected: in the
-# code the trace runs, a call `float(...)` / `int(...)` of the builtin (LOAD_GLOBAL with
-# the call bit) loads these instead. Outside a trace they are float and int.
 def _traced_isinstance(obj, classinfo):
     # A traced Python number is an instance of what its value is (float, int, bool,
     # numbers.Real): its type is fixed by the operations that made it, not its value.
@@ -895,6 +891,11 @@ def _traced_type(*args):
     return type(*args)
 
 
+# Python's float() and int() must return real numbers (CPython converts whatever
+# __float__ returns to an exact float), so the calls themselves are redirected: in the
+# code the trace runs, a call `float(...)` / `int(...)` of the builtin (LOAD_GLOBAL with
+# the call bit) loads these instead. Outside a trace they are float, int,
+# isinstance and type.
 _INTERCEPT = {"float": "__tracejit_float__", "int": "__tracejit_int__",
               "isinstance": "__tracejit_isinstance__", "type": "__tracejit_type__"}
 builtins.__tracejit_float__ = _traced_float
@@ -907,9 +908,11 @@ _patched_codes = {}
 
 
 def _patched_code(code):
-    done = _patched_codes.get(code)
-    if done is not None:
-        return done
+    # By identity: equal code objects may come from different files (co_filename is
+    # not part of code equality), and the patched one keeps its original's.
+    done = _patched_codes.get(id(code))
+    if done is not None and done[0] is code:
+        return done[1]
     new = code
     if (3, 11) <= sys.version_info < (3, 14):
         raw = bytearray(code.co_code)
@@ -937,7 +940,9 @@ def _patched_code(code):
                                    co_consts=consts)
             except (ValueError, TypeError):
                 new = code
-    _patched_codes[code] = new
+    if len(_patched_codes) > 4096:
+        _patched_codes.clear()      # code made at run time (exec): bounded, not a leak
+    _patched_codes[id(code)] = (code, new)
     return new
 
 
