@@ -500,3 +500,20 @@ def test_float_in_a_differentiated_function_under_jit_is_symbolic():
     info = jg.cache_info()
     assert info["fallbacks"] == 0 and info["variants"] <= 2, info
     assert info["hits"] >= 10 - 1 - 2 * 2, info
+
+
+def test_traced_ints_as_static_arguments_are_their_values():
+    def f(x):
+        n = int(x.data[0, 0] > 0)           # 0 or 1
+        k = int(x.data[0, 1] > 0) + 1       # 1 or 2
+        return (x[n], x.data[n], x[:k], F.sum(x, axis=n - 1), F.reshape(x, 4 * k // k),
+                F.reshape(x, (k, -1)), x.reshape(k * 2, -1), F.broadcast_to(x[0], (k, 2)))
+    rng = np.random.default_rng(15)
+    args = []
+    for i in range(12):
+        xv = rng.standard_normal(4) + 0.2
+        xv[0], xv[1] = abs(xv[0]) * (-1) ** (i // 3), abs(xv[1]) * (-1) ** (i // 2)
+        args.append((tj.Variable(xv.reshape(2, 2)),))
+    info = run(f, args)
+    assert info["fallbacks"] == 0 and info["variants"] <= 4, info
+    assert info["hits"] >= 12 - 1 - 2 * 4, info

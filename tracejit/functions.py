@@ -220,6 +220,7 @@ def broadcast_to(x, shape):
 
 def reshape(x, shape):
     x = as_variable(x)
+    shape = static_value(shape)         # int(...) as a size: its value
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
     shape = _resolve_reshape(x.shape, tuple(int(d) for d in shape))
