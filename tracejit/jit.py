@@ -23,9 +23,9 @@ from tracejit.autodiff import trace_backward
 from tracejit.checking import LiveState, first_difference
 from tracejit.core import Config, Parameter, Variable
 from tracejit.pytree import (ARR, FLT, VAR, arg_names, flatten_args, flatten_result, leaf_key,
-                             strip_tracers, unflatten)
+                             result_leaves, unflatten)
 from tracejit.signature import PAR, alias_pattern, key_change, key_distance
-from tracejit.tracing import TracedArray, TracedFloat, TracedScalar, Trace, wrapped_function
+from tracejit.tracing import TracedArray, TracedFloat, Trace, wrapped_function
 from tracejit.trace_ops import GuardFailure
 from tracejit.variant import (MISS, SLOW, InplaceAlias, JitWarning, Stale, Variant,
                               compile_graph)
@@ -74,8 +74,6 @@ class disable_jit:
 
 
 _RETRACE = object()
-_SCALAR = "S"     # a result leaf eager NumPy returns as a scalar (a 0-d reduction)
-_PYTHON_SCALAR = "I"    # ... as a Python scalar (np.allclose)
 # cache_info()'s counters besides calls (README, Debugging): hits + misses + fallbacks
 # == calls; the others count events, not calls.
 _COUNTED = ("hits", "misses", "fallbacks", "traces", "retraces", "guard_failures")
@@ -628,6 +626,7 @@ class Jitted:
         tr.arg_inputs = []
         tr.arg_leaf = {}
         tr.leaf_kinds = []
+        tr.arg_views = {}     # id(tracer of an ndarray/float argument) -> (tracer, leaf, arg)
         leaves = []
         targs, tkwargs = self._tracer_args(tr, args, kwargs, leaves)
         rng_before = np.random.get_state()
@@ -652,26 +651,7 @@ class Jitted:
                 pystate.unswap(swaps)
             out_leaves_raw = []
             out_tree = flatten_result(result, out_leaves_raw)
-            out_leaves = []
-            for x in out_leaves_raw:
-                if isinstance(x, Variable) and id(x) in tr.arg_leaf:
-                    out_leaves.append(("arg", tr.arg_leaf[id(x)], VAR))
-                elif isinstance(x, Variable) and tr.captured_vars.get(id(x), (None,))[0] is x:
-                    # A captured Variable returned is that object, as in eager (its data
-                    # as the call's effects leave it).
-                    out_leaves.append(("const", x, VAR))
-                elif isinstance(x, Variable):
-                    out_leaves.append(("out", tr.value_of(x), VAR))
-                elif isinstance(x, TracedScalar):
-                    # A Python number returned (float(loss) summed): one, as eager's.
-                    out_leaves.append(("out", x._tv, FLT if x.pytype is float else
-                                       _PYTHON_SCALAR))
-                elif isinstance(x, np.ndarray):
-                    scalar = getattr(x, "_numpy_scalar", False)
-                    out_leaves.append(("out", tr.array_value(x), ARR if not scalar else
-                                       _PYTHON_SCALAR if scalar == "python" else _SCALAR))
-                else:
-                    out_leaves.append(("const", x, None))
+            out_leaves, result_objects = result_leaves(tr, out_leaves_raw)
             tr.grad_effects = [(var, None if var._grad is None else tr.value_of(var._grad))
                                for var in tr.grad_writes.values()]
             n_fwd_inputs = len(tr.graph.inputs)
@@ -680,13 +660,28 @@ class Jitted:
             diff_vars = []
             if Config.enable_backprop:
                 bwd_info, diff_vars = trace_backward(tr, out_leaves_raw, out_leaves)
+            made = [x for x, leaf in zip(out_leaves_raw, out_leaves)
+                    if leaf[0] == "out" and leaf[2] == VAR]
+            # Which result Variables eager gives a creator (computed by a recorded op, not
+            # under no_grad, not a new Variable of plain data): only those get the
+            # CompiledFunction as theirs. And a result that is the .grad the call sets
+            # is that .grad (`loss.backward(); return x.grad`).
+            grad_of = {id(var._grad): k for k, var in enumerate(tr.grad_writes.values())
+                       if var._grad is not None}
+            result_info = dict(
+                has_creator=[x.creator is not None and x.creator in tr.functions
+                             for x in made],
+                grad_alias={grad_of[id(x)]: k for k, x in enumerate(made)
+                            if id(x) in grad_of})
         finally:
             tracing.stop(tr, prev)
             tracing.plain_numbers(locs)
             for x in leaves:
                 if isinstance(x, Variable):
                     x._tv = None
-        result = strip_tracers(result)
+        # The traced call's own result: eager's objects (an argument, a captured array,
+        # one object twice), computed arrays as plain copies.
+        result = unflatten(out_tree, result_objects)
         self._check_rng(tr, rng_before)
         if random.getstate() != py_rng_before:
             # Seen after the call: no line inside the function to name but its def.
@@ -721,7 +716,7 @@ class Jitted:
                     f"calls, at {line}", line)
         t1 = time.perf_counter()
         variant = Variant(self, tr, n_fwd_inputs, n_fwd_nodes, out_tree, out_leaves,
-                          diff_vars, bwd_info)
+                          diff_vars, bwd_info, result_info)
         self.stats["compile_seconds"] += time.perf_counter() - t1
         variant.state = pystate.snapshot(locs)
         variant.state_changed = pystate.compile_check(variant.state)
@@ -770,15 +765,21 @@ class Jitted:
                 t._tv = v
                 t._trace = tr
                 tr.arg_arrays[id(x)] = (x, v)
+                tr.arg_views[id(t)] = (t, len(leaves) - 1, x)
                 return t
             if type(x) is float:
                 leaves.append(x)
                 tr.leaf_kinds.append(FLT)
                 v = tr.add_input((), np.float64, name)
                 tr.arg_inputs.append((v, len(leaves) - 1))
-                return TracedFloat(x, v, tr)
+                t = TracedFloat(x, v, tr)
+                tr.arg_views[id(t)] = (t, len(leaves) - 1, x)
+                return t
             if isinstance(x, np.generic) and x.dtype.kind == "f":
-                return convert(np.asarray(x), name)
+                t = convert(np.asarray(x), name)
+                # Its leaf is a new 0-d array each call, not the scalar eager returns.
+                tr.arg_views.pop(id(t), None)
+                return t
             if type(x) in (tuple, list):
                 return type(x)(convert(y, f"{name}_{i}") for i, y in enumerate(x))
             if type(x) is dict:

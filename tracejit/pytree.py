@@ -11,6 +11,8 @@ from tracejit.core import Parameter, Variable
 from tracejit.tracing import TracedArray, TracedScalar
 
 VAR, ARR, FLT = "V", "A", "F"
+SCALAR = "S"           # a result leaf eager NumPy returns as a scalar (a 0-d reduction)
+PYTHON_SCALAR = "I"    # ... as a Python scalar (np.allclose)
 
 
 def flatten_args(obj, leaves):
@@ -88,6 +90,109 @@ def flatten_result(obj, leaves):
         return ("dict", keys) + tuple(flatten_result(obj[k], leaves) for k in keys)
     leaves.append(obj)
     return VAR
+
+
+def _same_array(a, b):
+    """a and b are the same array in all but the Python object: one buffer, one layout."""
+    return (b is not None and a.shape == b.shape and a.dtype == b.dtype
+            and a.strides == b.strides
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
+def result_leaves(tr, raw):
+    """What each leaf of a traced result is, as eager would return it.
+
+    Returns (leaves, objects). leaves[i] describes raw[i] for the variant's runner, as
+    (kind, what, leaf kind):
+      ("out", Value, kind)      computed by the graph: a fresh object each call (kind
+                                VAR, ARR, FLT, SCALAR or PYTHON_SCALAR)
+      ("arg", i, kind)          the call's argument leaf i itself (an ndarray argument
+                                updated in place too: eager returns that object)
+      ("argdata", i, None)      `.data` of argument i (eager returns its array object)
+      ("const", obj, kind)      a captured Variable or array itself (the same object
+                                every call, as eager), or a constant
+      ("capdata", var, None)    `.data` of a captured Variable, read after the call
+      ("capgrad", var, None)    the `.grad` of a captured Variable, read after the call
+      ("vardata", j, None)      `.data` of the Variable result leaf j
+      ("same", j, None)         the object of leaf j again (`return y, y`)
+    objects[i] is what the traced call itself returns for raw[i] (tracers replaced).
+    One object returned twice is one leaf: a variant returns it once, so the gradients
+    from both uses add up in its one Variable, as they do in eager.
+    """
+    var_pos = {}
+    for i, x in enumerate(raw):
+        if isinstance(x, Variable):
+            var_pos.setdefault(id(x), i)
+    grad_owner = {id(v): o for v, (k, o) in tr.captures if k == "grad"}
+    first = {}
+    leaves, objects = [], []
+    for i, x in enumerate(raw):
+        obj, leaf = _eager_object(tr, x, var_pos, grad_owner)
+        j = first.setdefault(id(obj), i)
+        if j != i:
+            leaves.append(("same", j, None))
+            objects.append(objects[j])
+            continue
+        if leaf is None:
+            leaf = _computed_leaf(tr, x)
+        leaves.append(leaf)
+        objects.append(strip_tracers(x) if leaf[0] == "out" else obj)
+    return leaves, objects
+
+
+def _eager_object(tr, x, var_pos, grad_owner):
+    """(the object eager returns for result leaf x, its leaf if not computed)."""
+    if isinstance(x, Variable):
+        entry = tr.captured_vars.get(id(x))
+        if id(x) in tr.arg_leaf:
+            return x, ("arg", tr.arg_leaf[id(x)], VAR)
+        if entry is not None and entry[0] is x:
+            owner = grad_owner.get(id(entry[1]))
+            if owner is None:
+                # A captured Variable returned is that object, as in eager (its data
+                # as the call's effects leave it).
+                return x, ("const", x, VAR)
+            if owner._grad is x:
+                return x, ("capgrad", owner, VAR)
+        elif x._tv is None:
+            return x, ("const", x, VAR)      # from outside and never used: itself
+        return x, None
+    if isinstance(x, TracedArray):
+        view = tr.arg_views.get(id(x))
+        if view is not None and view[0] is x:
+            return view[2], ("arg", view[1], ARR)
+        if x._capture is not None:
+            return x._capture, ("const", x._capture, ARR)
+        owner = x._owner
+        if owner is not None and _same_array(x, owner._data):
+            # `v.data`: eager returns the Variable's array object itself.
+            entry = tr.captured_vars.get(id(owner))
+            if id(owner) in tr.arg_leaf:
+                return owner._data, ("argdata", tr.arg_leaf[id(owner)], None)
+            if entry is not None and entry[0] is owner:
+                return owner._data, ("capdata", owner, None)
+            if id(owner) in var_pos:
+                return owner._data, ("vardata", var_pos[id(owner)], None)
+            return owner._data, None    # computed; `h.data` twice is one object
+        return x, None
+    if isinstance(x, TracedScalar):
+        view = tr.arg_views.get(id(x))
+        if view is not None and view[0] is x:
+            return view[2], ("arg", view[1], FLT)
+    return x, None
+
+
+def _computed_leaf(tr, x):
+    if isinstance(x, Variable):
+        return ("out", tr.value_of(x), VAR)
+    if isinstance(x, TracedScalar):
+        # A Python number returned (float(loss) summed): one, as eager's.
+        return ("out", x._tv, FLT if x.pytype is float else PYTHON_SCALAR)
+    if isinstance(x, np.ndarray):
+        scalar = getattr(x, "_numpy_scalar", False)
+        return ("out", tr.array_value(x), ARR if not scalar else
+                PYTHON_SCALAR if scalar == "python" else SCALAR)
+    return ("const", x, None)
 
 
 def strip_tracers(obj):

@@ -13,7 +13,7 @@ import numpy as np
 
 from tracejit import core, interpret
 from tracejit.core import Config, Constant, Function, Variable
-from tracejit.ir import Graph
+from tracejit.ir import Graph, Lit
 from tracejit.pytree import FLT, VAR, structure_source
 from tracejit.signature import matcher_lines
 from tracejit.trace_ops import GUARD, GuardFailure
@@ -35,6 +35,10 @@ class CompiledFunction(Function):
 
     def backward(self, *gys):
         v = self.variant
+        if v.check_backward:
+            # The trace-time check against eager: the backward graph interpreted on
+            # what this call saved (wiring and graph checked, no compile it may not need).
+            return _backward_other_gy(self, gys)
         if not Config.enable_backprop and core._state.trace is None:
             run = v.backward_runner or v.build_backward_runner()
             return run(self, gys)
@@ -113,7 +117,7 @@ class Variant:
     """One traced graph for one signature and one sequence of guard outcomes."""
 
     def __init__(self, jitted, trace, n_fwd_inputs, n_fwd_nodes, out_tree, out_leaves,
-                 diff_vars, bwd_info):
+                 diff_vars, bwd_info, result_info=None):
         self.jitted = jitted
         g = trace.graph
         self.guard_outcomes = [n.fn.expected for n in g.nodes[:n_fwd_nodes] if n.kind == GUARD]
@@ -132,7 +136,12 @@ class Variant:
                 kind, obj = cap_src[id(v)]
                 self.sources.append((kind, obj, (v.shape, v.dtype)))
         self.out_tree = out_tree
-        self.out_leaves = out_leaves         # ('out', index, kind) or ('const', obj)
+        self.out_leaves = out_leaves         # as pytree.result_leaves describes them
+        info = result_info or {}
+        # Per output Variable: whether eager gives it a creator (it gets ours), and
+        # the grad effects whose new .grad is one of them (the same object).
+        self.has_creator = info.get("has_creator")
+        self.grad_alias = info.get("grad_alias", {})
         user_outs = [v for kind, v, _ in out_leaves if kind == "out"]
         # Effects on live state, replayed after the graph ran and every guard held.
         effect_values = []
@@ -175,9 +184,6 @@ class Variant:
             self.bwd_sources = bwd_info["sources"]
             self.bwd_grad_slots = bwd_info["grad_slots"]
             self.joint_graph = bwd_info["joint"]
-        in_ids = {id(x) for x in fwd_inputs}
-        # Fresh results: a user output that is an input array is copied.
-        self.copy_outputs = [i for i, x in enumerate(user_outs) if id(x) in in_ids]
         leaf_pos = {id(x): i for i, x in enumerate(fwd_inputs)}
         mutated = set()
         if bwd_info:
@@ -189,6 +195,8 @@ class Variant:
         self.state_changed = _unchanged
         self.checks_left = 3 if jitted.check else 1
         self.exe = jitted.backend_compile(self.forward_graph)
+        self.copy_outputs = fresh_copies(self.forward_graph, self.exe, self.n_user_outs)
+        self.check_backward = False     # the trace-time check: backward interpreted
         self.leaf_kinds = trace.leaf_kinds
         self.runner = build_runner(self, trace.leaf_kinds)
         self._hot_runner = None
@@ -282,6 +290,31 @@ def _unchanged():
     return False
 
 
+def fresh_copies(g, exe, n):
+    """The user outputs (of the first n of g) a runner copies so that each computed
+    result is a fresh array of its own, as eager's are: one the backend returns as an
+    input array (the interpret backend does; numba's plans copy), and one that is the
+    same array as an earlier output (the optimizer merged two equal computations:
+    `return F.exp(x), F.exp(x)` gives two arrays in eager)."""
+    opt = getattr(exe, "graph", None)
+    outs = g.outputs[:n] if opt is None or len(opt.outputs) != len(g.outputs) \
+        else opt.outputs[:n]
+    ins = {id(x) for x in g.inputs} if opt is None else set()
+    seen, copies = set(), []
+    for i, x in enumerate(outs):
+        if isinstance(x, Lit):
+            continue         # made into a new array at each return
+        if id(x) in ins or id(x) in seen:
+            copies.append(i)
+        seen.add(id(x))
+    return copies
+
+
+def _dead_ref():
+    """The creator's entry for an output it did not make (eager gives it no creator)."""
+    return None
+
+
 def _backward_other_gy(cf, gys):
     """The backward of a call whose output gradient has another dtype or shape than the
     traced output (a float64 gradient into a float32 call): the backward graph run by
@@ -334,7 +367,7 @@ def build_runner(v, leaf_kinds, key=None):
     env = {"np": np, "exe": v.exe, "v": v, "Stale": Stale, "GuardFailure": GuardFailure,
            "CompiledFunction": CompiledFunction, "Config": Config, "wrap": core.wrap_array,
            "ref": weakref.ref, "new": object.__new__, "Variable": Variable,
-           "MISS": MISS, "SLOW": SLOW}
+           "MISS": MISS, "SLOW": SLOW, "dead": _dead_ref}
     consts = []
 
     def const(obj):
@@ -443,31 +476,57 @@ def build_runner(v, leaf_kinds, key=None):
         else:
             body.append(f"val = {out(slot)}")
             body.append(f"{t}._data = val.copy() if any(val is x for x in arrays) else val")
-    for (where, var), slot in v.grad_effects:
+    aliased = {}      # made index -> grad effect targets whose .grad it is
+    for gi, ((where, var), slot) in enumerate(v.grad_effects):
         t = target(where, var)
-        body.append(f"{t}._grad = None" if slot is None else f"{t}._grad = wrap({out(slot)})")
-    # Outputs: each leaf's expression, then the user's structure around them.
-    exprs, made = [], []
-    k = 0
-    for kind, a, b in v.out_leaves:
-        if kind == "arg":
-            exprs.append(f"leaves[{a}]")
-        elif kind == "const":
-            exprs.append(const(a))
+        if gi in v.grad_alias:
+            aliased.setdefault(v.grad_alias[gi], []).append(t)
         else:
+            body.append(f"{t}._grad = None" if slot is None else f"{t}._grad = wrap({out(slot)})")
+    # Outputs: each leaf's expression, then the user's structure around them.
+    leaves_ = v.out_leaves
+    exprs, made = [None] * len(leaves_), []
+    k = 0
+    for i, (kind, a, b) in enumerate(leaves_):
+        if kind == "arg":
+            exprs[i] = f"leaves[{a}]"
+        elif kind == "argdata":
+            exprs[i] = f"leaves[{a}]._data"
+        elif kind == "const":
+            exprs[i] = const(a)
+        elif kind == "capdata":
+            exprs[i] = f"{const(a)}._data"
+        elif kind == "capgrad":
+            exprs[i] = f"{const(a)}._grad"
+        elif kind == "out":
             if b == VAR:
                 name = f"y{len(made)}"
-                made.append((name, k, v.out_specs[len(made)].dtype.kind in "fc"))
-                exprs.append(name)
+                spec = v.out_specs[len(made)]
+                creator = spec.dtype.kind in "fc" and (
+                    v.has_creator is None or v.has_creator[len(made)])
+                made.append((name, k, creator))
+                exprs[i] = name
             elif b == FLT:
-                exprs.append(f"float({out(k)})")
+                exprs[i] = f"float({out(k)})"
             elif b == "I":                     # a Python scalar, as eager returns
-                exprs.append(f"{out(k)}.item()")
+                exprs[i] = f"{out(k)}.item()"
             elif b == "S":                     # NumPy's own scalar, as eager returns
-                exprs.append(f"{out(k)}[()]")
+                exprs[i] = f"{out(k)}[()]"
             else:
-                exprs.append(out(k))
+                exprs[i] = out(k)
             k += 1
+    for i, (kind, a, b) in enumerate(leaves_):
+        if kind == "vardata":
+            exprs[i] = f"{exprs[a]}._data"
+    # One object in several places (`return y, y`, `return h.data, h.data`): made once.
+    late = []
+    for j in sorted({a for kind, a, b in leaves_ if kind == "same"}):
+        if not exprs[j].isidentifier():
+            late.append(f"r{j} = {exprs[j]}")
+            exprs[j] = f"r{j}"
+    for i, (kind, a, b) in enumerate(leaves_):
+        if kind == "same":
+            exprs[i] = exprs[a]
     structure = structure_source(v.out_tree, iter(exprs), const)
     # core.wrap_array written out: three calls of it were a tenth of a 0-d call.
     plain = [f"{name} = new(Variable); {name}._data = {out(slot)}; {name}._tv = None; "
@@ -487,14 +546,20 @@ def build_runner(v, leaf_kinds, key=None):
                  f"cf.inputs = ins = [{diff}]",
                  "cf.generation = max([x.generation for x in ins])" if v.diff_sources
                  else "cf.generation = 0"]
-        inner += [f"{name} = wrap({out(slot)}, cf)" if is_float else
-                  f"{name} = wrap({out(slot)})" for name, slot, is_float in made]
-        inner.append(f"cf.outputs = [{', '.join(f'ref({n})' for n, _, _ in made)}]")
+        inner += [f"{name} = wrap({out(slot)}, cf)" if creator else
+                  f"{name} = wrap({out(slot)})" for name, slot, creator in made]
+        # An output eager gives no creator is not ours either: a dead entry keeps the
+        # creator's output slots numbered as the backward graph's gys.
+        refs = [f"ref({n})" if c else "dead" for n, _, c in made]
+        inner.append(f"cf.outputs = [{', '.join(refs)}]")
         body += ["    " + line for line in inner]
         body.append("else:")
         body += ["    " + line for line in plain] or ["    pass"]
     else:
         body += plain
+    for m, targets in aliased.items():
+        body += [f"{t}._grad = {made[m][0]}" for t in targets]
+    body += late
     body.append(f"return {structure}")
     src = "def run(leaves):\n" + "\n".join("    " + line for line in body) + "\n"
     exec(compile(src, f"<tracejit-runner {v.forward_graph.name}>", "exec"), env)
