@@ -2,10 +2,14 @@
 
 Every variant's first call (check=True: its first three) runs the eager function and
 the compiled variant from the same state; a difference demotes the variant to eager.
+Results are compared on values (floats within a tolerance, NumPy scalars as arrays),
+kinds, dtypes and identity; the trace-time check compares gradients too.
 """
 import numpy as np
 
-from tracejit.core import Variable
+from tracejit.core import DictGrads, Variable, backprop
+
+RTOL, ATOL = 1e-5, 1e-7
 
 class LiveState:
     """Snapshot and restore of everything a variant reads or writes outside its args."""
@@ -69,7 +73,10 @@ class LiveState:
         return None
 
 
-def array_difference(expected, got, what):
+def array_difference(expected, got, what, scaled=False):
+    """Where two arrays (or scalars) differ: dtype and shape exactly, values within
+    RTOL/ATOL (floats), exactly (the rest). scaled: atol relative to the largest
+    expected magnitude (gradients: sums whose order differs between backends)."""
     if expected is None or got is None:
         return None if expected is got else f"{what} is None in one run"
     expected, got = np.asarray(expected), np.asarray(got)
@@ -77,7 +84,12 @@ def array_difference(expected, got, what):
         return (f"{what}: eager {expected.dtype}{list(expected.shape)}, compiled "
                 f"{got.dtype}{list(got.shape)}")
     if expected.dtype.kind in "fc":
-        ok = np.isclose(got, expected, rtol=1e-5, atol=1e-7, equal_nan=True)
+        atol = ATOL
+        if scaled and expected.size:
+            with np.errstate(all="ignore"):
+                big = np.max(np.abs(expected[np.isfinite(expected)]), initial=0.0)
+            atol = max(ATOL, RTOL * float(big))
+        ok = np.isclose(got, expected, rtol=RTOL, atol=atol, equal_nan=True)
     else:
         ok = got == expected
     if np.all(ok):
@@ -106,12 +118,100 @@ def first_difference(expected, got, path="output"):
                 return d
         return None
     if isinstance(expected, dict):
+        if list(expected) != list(got):
+            return f"{path}: eager gives the keys {list(expected)}, compiled {list(got)}"
         for k in expected:
             d = first_difference(expected[k], got[k], f"{path}[{k!r}]")
             if d:
                 return d
         return None
-    if isinstance(expected, float):
-        return None if np.isclose(expected, got, rtol=1e-5, equal_nan=True) else \
-            f"{path}: eager {expected!r}, compiled {got!r}"
+    if isinstance(expected, (np.generic, float, complex)):
+        # A NumPy scalar (a reduction's `.sum()`) or a Python float: the arrays'
+        # tolerance, not equality (one ulp apart in float32 is a match); the same
+        # dtype exactly (the type is the same already).
+        return array_difference(expected, got, path)
     return None if expected == got else f"{path}: eager {expected!r}, compiled {got!r}"
+
+
+def result_leaves(obj, path="output", out=None):
+    """(path, leaf) for each leaf of a result tree of tuples, lists and dicts."""
+    out = [] if out is None else out
+    if type(obj) in (tuple, list):
+        for i, x in enumerate(obj):
+            result_leaves(x, f"{path}[{i}]", out)
+    elif type(obj) is dict:
+        for k, x in obj.items():
+            result_leaves(x, f"{path}[{k!r}]", out)
+    else:
+        out.append((path, obj))
+    return out
+
+
+def identity_difference(expected, got, known=()):
+    """Where the results' identities differ (the values and the structure are the same
+    already): eager returns an object that existed before the call (`known`: the
+    arguments, their arrays, captured state) and compiled another, or one object (a
+    Variable, an array, a Variable's .data) in two places where compiled has two
+    different ones, or the reverse."""
+    known = {id(x) for x in known}
+
+    def objects(result):
+        objs = []
+        for path, x in result_leaves(result):
+            if isinstance(x, Variable):
+                objs.append((path, x))
+                objs.append((f"{path}.data", x._data))
+            elif isinstance(x, np.ndarray):
+                objs.append((path, x))
+        return objs
+
+    eo, go = objects(expected), objects(got)
+    if len(eo) != len(go):
+        return None
+    first_e, first_g = {}, {}
+    for i, ((path, e), (_, g)) in enumerate(zip(eo, go)):
+        if e is None:
+            continue
+        if id(e) in known and e is not g and not path.endswith(".data"):
+            return f"{path}: eager returns an object it was given, compiled a new one"
+        je, jg = first_e.setdefault(id(e), i), first_g.setdefault(id(g), i)
+        if je != jg:
+            if je < i:
+                return (f"{path}: eager returns the object of {eo[je][0]} again, compiled "
+                        f"a different one")
+            return f"{path}: compiled returns the object of {go[jg][0]} again, eager not"
+    return None
+
+
+def gradient_difference(expected, got, wrt, seed=0):
+    """Backward from both results with the same random cotangents (each result leaf
+    that is a float Variable, a leaf used twice getting both), gradients kept aside
+    (no .grad is touched); the first gradient of `wrt` [(name, Variable)] that
+    differs, None-ness included. None also when there is nothing to differentiate."""
+    rng = np.random.default_rng(seed)
+    seeds_e, seeds_g = DictGrads(), DictGrads()
+    roots_e, roots_g = [], []
+    for (_, e), (_, g) in zip(result_leaves(expected), result_leaves(got)):
+        if not isinstance(e, Variable) or not isinstance(g, Variable) or e._data is None \
+                or e._data.dtype.kind not in "fc":
+            continue
+        c = np.asarray(rng.standard_normal(e._data.shape), dtype=e._data.dtype)
+        for store, roots, y in ((seeds_e, roots_e, e), (seeds_g, roots_g, g)):
+            old = store.get(y)
+            if old is None:
+                roots.append(y)
+            store.set(y, Variable(c if old is None else old._data + c))
+    if not any(y.creator is not None for y in roots_e + roots_g):
+        return None
+    backprop(roots_e, grads=seeds_e)
+    backprop(roots_g, grads=seeds_g)
+    for name, var in wrt:
+        a, b = seeds_e.get(var), seeds_g.get(var)
+        if (a is None) != (b is None):
+            return (f"the gradient of {name} is {'None' if b is None else 'set'} compiled, "
+                    f"{'None' if a is None else 'set'} in eager")
+        if a is not None:
+            d = array_difference(a._data, b._data, f"the gradient of {name}", scaled=True)
+            if d:
+                return d
+    return None

@@ -20,7 +20,8 @@ import numpy as np
 
 from tracejit import core, pystate, tracing
 from tracejit.autodiff import trace_backward
-from tracejit.checking import LiveState, first_difference
+from tracejit.checking import (LiveState, first_difference, gradient_difference,
+                               identity_difference)
 from tracejit.core import Config, Parameter, Variable
 from tracejit.pytree import (ARR, FLT, VAR, arg_names, flatten_args, flatten_result, leaf_key,
                              result_leaves, unflatten)
@@ -515,8 +516,12 @@ class Jitted:
         A value the tracer froze (data copied out of its sight, a draw from a private
         generator) matches at the traced values but not at perturbed ones. Both runs
         start from the same live state, which is then put back (effects included).
-        Returns the first difference, or None (also when the perturbation changes the
-        control flow).
+        Where the results are Variables requiring grad, both also run backward with
+        the same random cotangents (gradients kept aside, the compiled backward graph
+        interpreted: nothing is compiled for it), and the gradients of the arguments
+        and captured Variables are compared.
+        Returns (what, first difference): what is "value", "identity" or "gradient";
+        None when they agree (also when the perturbation changes the control flow).
         """
         rng = np.random.default_rng(0)
         leaves = []       # in the order _key flattens them (the runner's leaf indices)
@@ -539,6 +544,9 @@ class Jitted:
         # closure's w), which the eager run on the copies then changes.
         originals = LiveState(v, leaves)
         perturbed = state.capture()
+        # What existed before the call: eager returning one of these, compiled must too.
+        known = p_leaves + [x._data for x in p_leaves if isinstance(x, Variable)]
+        known += state.arrays + state.vars + [x._data for x in state.vars]
         np_state, py_state = np.random.get_state(), random.getstate()
         try:
             with disable_jit(), warnings.catch_warnings():
@@ -550,14 +558,40 @@ class Jitted:
             np.random.set_state(np_state)
             with np.errstate(all="ignore"):
                 got = self._run(v, p_leaves)
-            return first_difference(expected, got) or state.difference(eager_state)
+            diff = first_difference(expected, got) or state.difference(eager_state)
+            if diff is not None:
+                return "value", diff
+            diff = identity_difference(expected, got, known)
+            if diff is not None:
+                return "identity", diff
+            v.check_backward = True
+            with np.errstate(all="ignore"):
+                diff = gradient_difference(expected, got, self._gradient_names(v, p_leaves))
+            return None if diff is None else ("gradient", diff)
         except Exception:  # noqa: BLE001 - inconclusive: the perturbed call itself failed
             return None
         finally:
+            v.check_backward = False
             state.restore_initial()
             originals.restore_initial()
             np.random.set_state(np_state)
             random.setstate(py_state)
+
+    @staticmethod
+    def _gradient_names(v, leaves):
+        """(name, Variable) for the float Variables a variant's gradients go to: its
+        Variable arguments and captured Variables, named as the trace names them."""
+        names = v.forward_graph.input_names
+        out, seen = [], set()
+        for pos, (kind, obj, _) in enumerate(v.sources):
+            var = leaves[obj] if kind == "arg" else obj if kind == "var" else None
+            if isinstance(var, Variable) and id(var) not in seen and var._data is not None \
+                    and var._data.dtype.kind in "fc":
+                seen.add(id(var))
+                name = names[pos] if pos < len(names) and names[pos] else var.name
+                what = "argument" if kind == "arg" else "captured Variable"
+                out.append((f"{what} {name or '?'}", var))
+        return out
 
     def _run_checked(self, key, v, args, kwargs, leaves):
         """Run eager and compiled side by side from the same state; keep eager's on a
@@ -566,6 +600,8 @@ class Jitted:
         mutates) demotes the variant instead of replaying a frozen constant."""
         v.checks_left -= 1
         state = LiveState(v, leaves)
+        known = list(leaves) + [x._data for x in leaves if isinstance(x, Variable)]
+        known += state.arrays + state.vars + [x._data for x in state.vars]
         rng = np.random.get_state()
         with disable_jit():
             expected = self.fn(*args, **kwargs)
@@ -590,7 +626,8 @@ class Jitted:
             self._fallback(key, f"the compiled variant raised {type(e).__name__}: {e}")
             self._count("fallbacks")
             return expected
-        diff = first_difference(expected, got) or state.difference(eager_state)
+        diff = first_difference(expected, got) or identity_difference(
+            expected, got, known) or state.difference(eager_state)
         if diff is None:
             self._count("hits")
             return got
@@ -722,7 +759,15 @@ class Jitted:
         variant.state_changed = pystate.compile_check(variant.state)
         if not tr.side_effects:
             frozen = self._perturbation_check(variant, args, kwargs)
+            if frozen is not None and frozen[0] != "value":
+                self._fallback(key, f"the compiled backward differs from eager's (with "
+                                    f"slightly changed inputs, random cotangents: "
+                                    f"{frozen[1]})" if frozen[0] == "gradient" else
+                               f"the compiled call's results are not the objects eager "
+                               f"returns ({frozen[1]})")
+                return result
             if frozen is not None:
+                frozen = frozen[1]
                 self._fallback(key, f"the traced graph froze a value: with slightly changed "
                                     f"inputs it differs from eager ({frozen}); something "
                                     f"the function reads escaped the tracer")
