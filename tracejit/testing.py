@@ -291,13 +291,18 @@ def _check_float32(problem, f, cotangents, numeric):
 # ---------------------------------------------------------------- jit vs eager
 
 def assert_jit_matches_eager(f, *args, calls=4, rtol=1e-6, atol=1e-9, seed=0, **jit_options):
-    """Assert that tracejit.jit(f) gives eager's values and gradients, call after call.
+    """Assert that tracejit.jit(f) gives eager's results and gradients, call after call.
 
     The jitted function is called `calls` times beyond its warm-up and trace, each
-    time with new values (the float arguments perturbed, shapes kept), and each
-    result and the gradients of sum(output * random cotangent) with respect to the
-    float Variable / ndarray arguments are compared with the eager function's. A
-    fallback to eager (a JitWarning) fails the assertion: it would hide what jit does.
+    time with new values (the float arguments perturbed, shapes kept). Each result, in
+    any tree of tuples, lists and dicts, is compared with the eager function's on its
+    kind (Variable, ndarray, NumPy or Python scalar, anything else by ==), dtype,
+    shape and value; on identity (an argument returned is that argument, or its
+    `.data`; one object in two places is one object in both); and on whether a float
+    Variable has a creator. Then the gradients of sum(output * random cotangent) over
+    the float Variable results with a creator, with respect to the float Variable /
+    ndarray arguments, are compared (None where eager gives None). A fallback to eager
+    (a JitWarning) fails the assertion: it would hide what jit does.
     """
     import warnings
 
@@ -308,12 +313,9 @@ def assert_jit_matches_eager(f, *args, calls=4, rtol=1e-6, atol=1e-9, seed=0, **
         warnings.simplefilter("error", tracejit.JitWarning)
         for call in range(calls + 2):
             new_args = [_perturb(a, rng) if call else a for a in args]
-            jit_vals, jit_grads = _values_and_grads(jitted, new_args, rng, seed + call)
-            eager_vals, eager_grads = _values_and_grads(f, new_args, rng, seed + call)
-            for k, (got, want) in enumerate(zip(jit_vals, eager_vals)):
-                _assert_close(got, want, rtol, atol, f"call {call}: output {k}")
-            for k, (got, want) in enumerate(zip(jit_grads, eager_grads)):
-                _assert_close(got, want, rtol, atol, f"call {call}: gradient of argument {k}")
+            got = _results_and_grads(jitted, new_args, seed + call)
+            want = _results_and_grads(f, new_args, seed + call)
+            _assert_results_match(got, want, rtol, atol, f"call {call}")
     info = jitted.cache_info()
     if info["fallbacks"]:
         raise AssertionError(f"jit fell back to eager: {info}")
@@ -328,25 +330,76 @@ def _perturb(a, rng):
     return a
 
 
-def _values_and_grads(fn, args, rng, seed):
+def _results_and_grads(fn, args, seed):
+    """What a call gives, in terms two calls on different copies can compare: per
+    result leaf (path, kind, value, identity), and the gradients of the arguments."""
+    from tracejit.checking import result_leaves
     args = [Variable(a.data.copy()) if isinstance(a, Variable) else a for a in args]
     wrt = [Variable(a) if isinstance(a, np.ndarray) and _is_float(a) else a for a in args]
-    ys = _outputs(fn(*wrt))
-    values = [np.array(y.data) for y in ys]
+    out = fn(*wrt)
+    leaves = result_leaves(out)
+    first = {}
+    results = []
+    for i, (path, y) in enumerate(leaves):
+        # Identity: an argument (or its .data) by position; else the first leaf that is
+        # the same object (or whose Variable's .data it is).
+        arg = next((f"argument {j}" for j, w in enumerate(wrt) if y is w), None)
+        if arg is None and isinstance(y, np.ndarray):
+            arg = next((f"argument {j}.data" for j, w in enumerate(wrt)
+                        if isinstance(w, Variable) and y is w.data), None)
+        ident = arg
+        if isinstance(y, (Variable, np.ndarray)):    # identity matters for mutable ones
+            same = first.setdefault(id(y), path)
+            ident = arg or (f"the object of {same}" if same != path else None)
+        if isinstance(y, Variable) and y.data is not None:
+            dsame = first.setdefault(id(y.data), f"{path}.data")
+            if ident is None and dsame != f"{path}.data":
+                ident = f"its .data is the array of {dsame}"
+        if isinstance(y, Variable):
+            value = None if y.data is None else np.array(y.data)
+            creator = y.creator is not None if _is_float(y.data) else None
+        elif isinstance(y, np.ndarray):
+            value, creator = np.array(y), None
+        else:
+            value, creator = y, None
+        results.append((path, type(y), value, ident, creator))
     cot_rng = np.random.default_rng(seed)
-    cotangents = [cot_rng.standard_normal(y.shape).astype(y.dtype) for y in ys]
-    diff = [y for y in ys if y.creator is not None and _is_float(y.data)]
-    if diff:
-        loss = None
-        for y, c in zip(ys, cotangents):
-            if y.creator is None or not _is_float(y.data):
-                continue
+    loss = None
+    for path, y in leaves:
+        if isinstance(y, Variable) and y.creator is not None and _is_float(y.data):
+            c = np.asarray(cot_rng.standard_normal(y.shape), dtype=y.dtype)
             term = F.sum(y * c)
             loss = term if loss is None else loss + term
+    if loss is not None:
         loss.backward()
     grads = [None if not isinstance(w, Variable) or w.grad is None else np.array(w.grad.data)
              for w in wrt]
-    return values, grads
+    return results, grads
+
+
+def _assert_results_match(got, want, rtol, atol, what):
+    (got_res, got_grads), (want_res, want_grads) = got, want
+    got_paths = [r[0] for r in got_res]
+    want_paths = [r[0] for r in want_res]
+    if got_paths != want_paths:
+        raise AssertionError(f"{what}: jit returned the leaves {got_paths}, eager "
+                             f"{want_paths}")
+    for (path, gt, gv, gi, gc), (_, wt, wv, wi, wc) in zip(got_res, want_res):
+        where = f"{what}: {path}"
+        if gt is not wt:
+            raise AssertionError(f"{where}: jit gave a {gt.__name__}, eager a {wt.__name__}")
+        if gi != wi:
+            raise AssertionError(f"{where}: jit gave {gi or 'a new object'}, eager "
+                                 f"{wi or 'a new object'}")
+        if gc != wc:
+            raise AssertionError(f"{where}: jit's result {'has' if gc else 'has no'} "
+                                 f"creator, eager's {'has' if wc else 'has none'}")
+        if isinstance(wv, (np.ndarray, np.generic, float, complex)) or wv is None:
+            _assert_close(gv, wv, rtol, atol, where)
+        elif not (gv == wv):
+            raise AssertionError(f"{where}: jit gave {gv!r}, eager {wv!r}")
+    for k, (g, w) in enumerate(zip(got_grads, want_grads)):
+        _assert_close(g, w, rtol, atol, f"{what}: gradient of argument {k}")
 
 
 def _assert_close(got, want, rtol, atol, what):
@@ -358,7 +411,10 @@ def _assert_close(got, want, rtol, atol, what):
     if got.shape != want.shape or got.dtype != want.dtype:
         raise AssertionError(f"{what}: jit gave {got.dtype}{list(got.shape)}, eager "
                              f"{want.dtype}{list(want.shape)}")
-    ok = np.isclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+    if want.dtype.kind in "fc":
+        ok = np.isclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        ok = np.asarray(got == want)
     if not np.all(ok):
         i = np.unravel_index(np.argmin(ok), ok.shape) if ok.ndim else ()
         raise AssertionError(f"{what}: differs at {tuple(int(k) for k in i)}: jit "
