@@ -1,0 +1,388 @@
+"""A compiled call's results are eager's objects: identity, aliasing, creators, gradients.
+
+Eager returns an argument, a captured Variable/Parameter/array, or `.data`/`.grad` of
+one as that very object; one object returned in several places (`return y, y`) is one
+object, so a loss using both places gets both cotangents in the backward; computed
+values are fresh arrays of their own. Each test calls the jitted function at least three
+times after its trace with new values (and a mutated captured Parameter where there is
+one) and compares each call with eager on values, identity and gradients.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import tracejit as tj
+import tracejit.functions as F
+from tracejit import Parameter, Variable
+from tests.compare import same
+
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+CALLS = 6      # warm-up, trace, then four compiled calls
+
+
+def leaves_of(obj, out=None):
+    out = [] if out is None else out
+    if type(obj) in (tuple, list):
+        for x in obj:
+            leaves_of(x, out)
+    elif type(obj) is dict:
+        for x in obj.values():
+            leaves_of(x, out)
+    else:
+        out.append(obj)
+    return out
+
+
+def identities(result, args, captured):
+    """Each result leaf (and each Variable's .data) described by what it is: an
+    argument, an argument's .data, a captured object, or the object of an earlier leaf.
+    Two runs agree on identity when their descriptions are equal."""
+    known = []
+    for k, a in enumerate(args):
+        known.append((a, f"arg{k}"))
+        if isinstance(a, Variable):
+            known.append((a.data, f"arg{k}.data"))
+            known.append((a.grad, f"arg{k}.grad"))
+    for name, c in captured.items():
+        known.append((c, name))
+        if isinstance(c, Variable):
+            known.append((c.data, f"{name}.data"))
+            known.append((c.grad, f"{name}.grad"))
+    objs = []
+    for x in leaves_of(result):
+        objs.append(x)
+        if isinstance(x, Variable):
+            objs.append(x.data)
+    out, first = [], {}
+    for i, x in enumerate(objs):
+        if not isinstance(x, (Variable, np.ndarray)):
+            out.append(None)
+            continue
+        name = next((n for k, n in known if k is x), None)
+        out.append(name or f"leaf{first.setdefault(id(x), i)}")
+    return out
+
+
+def loss_of(result, seed):
+    """sum(leaf * w) over the float Variable leaves, one weight array per place."""
+    rng = np.random.default_rng(seed)
+    loss = None
+    for y in leaves_of(result):
+        if isinstance(y, Variable) and y.dtype.kind == "f":
+            term = F.sum(y * rng.standard_normal(y.shape).astype(y.dtype))
+            loss = term if loss is None else loss + term
+    return loss
+
+
+def grads(args, captured):
+    out = [a.grad for a in args if isinstance(a, Variable)]
+    out += [c.grad for c in captured.values() if isinstance(c, Variable)]
+    return [None if g is None else g.data.copy() for g in out]
+
+
+def compare_with_eager(f, make_args, captured=(), mutate=None, calls=CALLS, backward=True,
+                       **jit_options):
+    """jit(f) beside f, call after call, on equal copies of new arguments."""
+    captured = dict(captured)
+    jf = tj.jit(f, **jit_options)
+    rng = np.random.default_rng(0)
+    for call in range(calls):
+        if mutate is not None:
+            mutate(rng)
+        seed = int(rng.integers(1 << 30))
+        results = []
+        for fn in (f, jf):
+            for c in captured.values():
+                if isinstance(c, Variable):
+                    c.cleargrad()
+            args = make_args(np.random.default_rng(seed))
+            r = fn(*args)
+            ident = identities(r, args, captured)
+            g = None
+            loss = loss_of(r, seed) if backward else None
+            if loss is not None:
+                loss.backward()
+                g = grads(args, captured)
+            results.append((r, ident, g))
+        (re, ie, ge), (rj, ij, gj) = results
+        assert type(rj) is type(re)
+        for a, b in zip(leaves_of(rj), leaves_of(re)):
+            same(a, b)
+        assert ij == ie, (call, ij, ie)
+        assert (gj is None) == (ge is None)
+        for a, b in zip(gj or [], ge or []):
+            assert (a is None) == (b is None), (call, a, b)
+            if b is not None:
+                np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] + 1 >= calls - 2, info
+    return jf
+
+
+def var_arg(shape=(3,)):
+    return lambda rng: (Variable(rng.standard_normal(shape)),)
+
+
+# ---------------------------------------------------------------- one object, many places
+
+def test_fan_out_is_one_object_and_both_cotangents_reach_the_input():
+    def f(x):
+        y = F.exp(F.tanh(x))
+        return y, y
+
+    jf = compare_with_eager(f, var_arg())
+    for _ in range(3):
+        xv = np.random.randn(3)
+        grads_ = []
+        for fn in (f, jf):
+            x = Variable(xv.copy())
+            a, b = fn(x)
+            assert a is b
+            (F.sum(a * 2.0) + F.sum(b * 5.0)).backward()
+            grads_.append(x.grad.data)
+        np.testing.assert_allclose(grads_[1], grads_[0], rtol=1e-10)
+
+
+@pytest.mark.parametrize("shape", [(3,), (), (2, 3)])
+def test_repeats_nested_in_lists_dicts_and_tuples(shape):
+    def f(x):
+        y = F.tanh(x)
+        z = y * 2.0
+        return [y, {"a": y, "b": (y, x)}, (z, z, x)]
+
+    compare_with_eager(f, var_arg(shape))
+
+
+def test_an_output_that_another_output_is_computed_from():
+    def f(x):
+        y = F.exp(x)
+        z = F.sin(y) * y
+        return y, z, F.sum(z)
+
+    compare_with_eager(f, var_arg((4,)))
+
+
+def test_an_argument_returned_beside_a_value_computed_from_it():
+    def f(x):
+        return x, F.exp(x), x
+
+    compare_with_eager(f, var_arg())
+
+
+def test_repeated_python_and_numpy_scalars_are_one_object():
+    def f(x, lr):
+        h = F.tanh(x) * lr
+        s = h.data.sum()
+        return h, s, s, lr, lr
+
+    jf = compare_with_eager(f, lambda rng: (Variable(rng.standard_normal(3)),
+                                            float(rng.uniform(0.1, 1.0))))
+    lr = 0.25
+    r = jf(Variable(np.ones(3)), lr)
+    assert r[1] is r[2] and r[3] is lr and r[4] is lr
+    assert type(r[1]) is np.float64
+
+
+# ---------------------------------------------------------------- arguments and captures
+
+def test_returned_ndarray_argument_is_that_array():
+    def f(x, w):
+        return x, w * 2.0, x
+
+    compare_with_eager(f, lambda rng: (rng.standard_normal(3), Variable(rng.standard_normal(3))))
+
+
+def test_ndarray_argument_updated_in_place_and_returned_is_that_array():
+    def f(x):
+        x += 1.0
+        return x
+
+    jf = tj.jit(f)
+    for _ in range(CALLS):
+        xv = np.random.randn(3)
+        x = xv.copy()
+        r = jf(x)
+        assert r is x
+        np.testing.assert_allclose(x, xv + 1.0)
+
+
+def test_returned_data_of_an_argument_is_its_array():
+    def f(x):
+        return x.data, F.exp(x), x.data
+
+    compare_with_eager(f, var_arg())
+
+
+def test_data_updated_in_place_and_returned_is_the_arguments_array():
+    def f(x):
+        d = x.data
+        d -= 1.0
+        return d, F.sum(x)
+
+    jf = tj.jit(f)
+    for _ in range(CALLS):
+        xv = np.random.randn(3)
+        x = Variable(xv.copy())
+        d, s = jf(x)
+        assert d is x.data
+        np.testing.assert_allclose(d, xv - 1.0)
+        np.testing.assert_allclose(s.data, np.sum(xv - 1.0))
+    assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_returned_captured_parameter_array_and_data_are_those_objects():
+    P = Parameter(np.random.randn(3), name="P")
+    Q = Parameter(np.random.randn(3), name="Q")     # returned, never used in an op
+    A = np.random.randn(3)
+
+    def f(x):
+        return F.sum(P * x) + F.sum(A * x), P, Q, A, P.data, Q
+
+    def mutate(rng):
+        P.data += 0.1 * rng.standard_normal(3)      # in place: the same array object
+        Q.data = rng.standard_normal(3)             # rebound: a new one
+
+    compare_with_eager(f, var_arg(), captured={"P": P, "Q": Q, "A": A}, mutate=mutate)
+
+
+def test_returned_grad_of_a_captured_parameter_is_its_current_grad():
+    P = Parameter(np.random.randn(3), name="P")
+
+    def f(x):
+        return F.sum(P * x), P.grad
+
+    jf = tj.jit(f)
+    for k in range(CALLS):
+        P.cleargrad()
+        F.sum(P * P * float(k + 1)).backward()
+        g = P.grad
+        s, r = jf(Variable(np.random.randn(3)))
+        assert r is g
+    assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_returned_grad_set_by_a_backward_inside_is_that_grad():
+    def f(x):
+        loss = F.sum(F.exp(x) * x)
+        loss.backward()
+        return loss, x.grad, x.grad
+
+    jf = tj.jit(f)
+    for _ in range(CALLS):
+        xv = np.random.randn(3)
+        xe, xj = Variable(xv.copy()), Variable(xv.copy())
+        le, ge, _ = f(xe)
+        lj, gj, gj2 = jf(xj)
+        assert gj is xj.grad and gj2 is gj
+        np.testing.assert_allclose(gj.data, ge.data, rtol=1e-10)
+        same(lj, le)
+    assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_returned_float_argument_is_that_float():
+    def f(x, lr):
+        return x * lr, lr
+
+    jf = tj.jit(f)
+    for _ in range(CALLS):
+        lr = float(np.random.rand())
+        assert jf(Variable(np.ones(2)), lr)[1] is lr
+
+
+# ---------------------------------------------------------------- fresh arrays, aliasing
+
+def test_equal_computations_are_fresh_arrays_not_one_buffer():
+    def f(x):
+        return F.exp(x), F.exp(x), x * 1.0
+
+    jf = compare_with_eager(f, var_arg())
+    x = Variable(np.random.randn(3))
+    a, b, c = jf(x)
+    assert not np.shares_memory(a.data, b.data)
+    assert not np.shares_memory(c.data, x.data)
+    a.data[...] = 0.0
+    assert np.all(b.data != 0.0)
+
+
+def test_data_of_a_returned_variable_is_its_array():
+    def f(x):
+        h = F.tanh(x)
+        return h, h.data, h.data.sum()
+
+    jf = compare_with_eager(f, var_arg())
+    h, d, s = jf(Variable(np.random.randn(3)))
+    assert d is h.data
+
+
+def test_data_of_an_unreturned_variable_twice_is_one_array():
+    def f(x):
+        h = F.tanh(x)
+        return h.data, h.data
+
+    jf = compare_with_eager(f, var_arg(), backward=False)
+    a, b = jf(Variable(np.random.randn(3)))
+    assert a is b
+
+
+# ---------------------------------------------------------------- creators as eager
+
+def test_an_output_computed_under_no_grad_has_no_creator():
+    def f(x):
+        with tj.no_grad():
+            c = F.sigmoid(x)
+        return c, F.exp(x)
+
+    jf = compare_with_eager(f, var_arg())
+    c, e = jf(Variable(np.random.randn(3)))
+    assert c.creator is None and e.creator is not None
+
+
+def test_a_new_variable_of_plain_data_has_no_creator():
+    def f(x):
+        return Variable(np.ones(3)), F.exp(x)
+
+    compare_with_eager(f, var_arg())
+
+
+# ---------------------------------------------------------------- random result trees
+
+_POOL = ("x", "y", "z", "P", "A", "xd", "s")
+
+
+def _atoms(x, P, A):
+    y = F.exp(F.tanh(x))
+    z = y * P
+    return {"x": x, "y": y, "z": z, "P": P, "A": A, "xd": x.data, "s": F.sum(z)}
+
+
+_tree = st.recursive(
+    st.sampled_from(_POOL),
+    lambda children: st.one_of(
+        st.lists(children, min_size=1, max_size=3).map(tuple),
+        st.lists(children, min_size=1, max_size=3),
+        st.dictionaries(st.sampled_from("abc"), children, min_size=1, max_size=3)),
+    max_leaves=6)
+
+
+def _build(tree, atoms):
+    if isinstance(tree, str):
+        return atoms[tree]
+    if isinstance(tree, dict):
+        return {k: _build(v, atoms) for k, v in tree.items()}
+    return type(tree)(_build(v, atoms) for v in tree)
+
+
+@given(tree=_tree)
+def test_random_result_trees_with_repeats_match_eager(tree):
+    P = Parameter(np.random.randn(3), name="P")
+    A = np.random.randn(3)
+
+    def f(x):
+        return _build(tree, _atoms(x, P, A))
+
+    def mutate(rng):
+        P.data += 0.1 * rng.standard_normal(3)
+
+    compare_with_eager(f, var_arg(), captured={"P": P, "A": A}, mutate=mutate,
+                       backend="interpret")
