@@ -1,0 +1,226 @@
+"""The checks of a variant against eager (trace time and first call).
+
+They compare results on values (NumPy and Python scalars with the arrays' tolerance,
+dtypes exactly), kinds and identity, and at trace time gradients too: backward from
+both results with the same random cotangents. A difference demotes the variant with a
+warning that names it; a match within tolerance does not. The checks leave no trace
+in live state (.grad included) and compile no backward the program does not run.
+"""
+import importlib
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+import tracejit as tj
+import tracejit.functions as F
+from tracejit import Parameter, Variable
+from tracejit.checking import first_difference, gradient_difference, identity_difference
+from tracejit.testing import assert_jit_matches_eager
+from tests.compare import same
+
+jit_module = importlib.import_module("tracejit.jit")
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+
+def _nudged(obj, ulps):
+    """obj with each float scalar moved by `ulps` units in the last place."""
+    if isinstance(obj, tuple):
+        return tuple(_nudged(x, ulps) for x in obj)
+    if isinstance(obj, np.floating):
+        for _ in range(ulps):
+            obj = np.nextafter(obj, type(obj)(np.inf))
+        return obj
+    if type(obj) is float:
+        for _ in range(ulps):
+            obj = math.nextafter(obj, math.inf)
+        return obj
+    return obj
+
+
+@pytest.fixture
+def compiled_scalars_off_by(monkeypatch):
+    """Make the compiled runs the checks see give float scalars `n` ulps off."""
+    def set_ulps(n):
+        run = jit_module.Jitted._run
+        monkeypatch.setattr(jit_module.Jitted, "_run",
+                            lambda self, v, leaves: _nudged(run(self, v, leaves), n))
+    return set_ulps
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("check", [False, True])
+def test_a_one_ulp_scalar_difference_is_a_match(compiled_scalars_off_by, dtype, check):
+    compiled_scalars_off_by(1)
+
+    def f(x):
+        h = F.tanh(x)
+        return h, h.data.sum(), float(h.data.sum() > 0)
+
+    jf = tj.jit(f, check=check)
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        xv = rng.standard_normal(5).astype(dtype)
+        got, want = jf(Variable(xv.copy())), f(Variable(xv.copy()))
+        same(got[0], want[0])
+        assert type(got[1]) is type(want[1]) is dtype
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+    assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_a_scalar_far_off_demotes_the_variant(compiled_scalars_off_by):
+    compiled_scalars_off_by(1 << 20)
+
+    def f(x):
+        return F.exp(x), x.data.sum()
+
+    jf = tj.jit(f)
+    with pytest.warns(tj.JitWarning, match=r"output\[1\]"):
+        for _ in range(4):
+            xv = np.random.randn(3).astype(np.float32)
+            got, want = jf(Variable(xv.copy())), f(Variable(xv.copy()))
+            same(got[1], want[1])       # eager's, after the demotion
+
+
+def test_scalar_comparison_keeps_kind_and_dtype_exact():
+    a32 = np.float32(1.0)
+    assert first_difference(a32, np.nextafter(a32, np.float32(2))) is None
+    assert first_difference(a32, np.float64(1.0)) is not None
+    assert first_difference(np.float64(1.0), 1.0) is not None
+    assert first_difference(1.0, 1.0 + 1e-12) is None
+    assert first_difference(1.0, 1.001) is not None
+    assert first_difference(np.int64(3), np.int64(3)) is None
+    assert first_difference(np.int64(3), np.int64(4)) is not None
+    assert first_difference(np.bool_(True), np.bool_(False)) is not None
+    assert first_difference({"a": 1}, {"b": 1}) is not None
+
+
+def test_identity_difference_sees_repeats_arguments_and_data():
+    x = Variable(np.ones(3))
+    y = Variable(np.ones(3))
+    y2 = Variable(np.ones(3))
+    assert identity_difference((y, y), (y, y2)) is not None
+    assert identity_difference((y, y2), (y, y)) is not None
+    assert identity_difference((x, y), (Variable(np.ones(3)), y), known=[x]) is not None
+    assert identity_difference((x, y), (x, y2), known=[x]) is None
+    assert identity_difference((y, y.data), (y2, y2.data)) is None
+    assert identity_difference((y, y.data), (y2, y.data)) is not None
+
+
+def test_gradient_difference_compares_values_and_none():
+    x = Variable(np.array([0.5, -1.0]))
+    p = Variable(np.array([2.0, 3.0]))
+    y = F.exp(x) * p
+    assert gradient_difference((y, y), (y, y), [("x", x), ("p", p)]) is None
+    other = F.exp(x) * 2.0        # no path to p
+    d = gradient_difference(y, other, [("x", x), ("p", p)])
+    assert d is not None and "x" in d
+    d = gradient_difference(y, Variable(y.data.copy()), [("x", x)])
+    assert d is not None and "None compiled" in d
+    assert x.grad is None and p.grad is None     # gradients kept aside
+
+
+def _reintroduce_fan_out_bug(monkeypatch, identity_check=True):
+    """The variant of `return y, y` as before the fix: two Variables of one value, the
+    second output's cotangent dropped (and, optionally, no identity check)."""
+    real = jit_module.result_leaves
+
+    def buggy(tr, raw):
+        leaves, objs = real(tr, raw)
+        return [("out", tr.value_of(x), "V") if leaf[0] == "same" and isinstance(x, Variable)
+                else leaf for x, leaf in zip(raw, leaves)], objs
+
+    monkeypatch.setattr(jit_module, "result_leaves", buggy)
+    if not identity_check:
+        monkeypatch.setattr(jit_module, "identity_difference", lambda *a, **k: None)
+
+
+def _fan_out(x):
+    y = F.exp(F.tanh(x))
+    return y, y
+
+
+def _eager_after_warning(jf, match):
+    with pytest.warns(tj.JitWarning, match=match):
+        for _ in range(5):
+            xv = np.random.randn(3)
+            grads = []
+            for fn in (_fan_out, jf):
+                x = Variable(xv.copy())
+                a, b = fn(x)
+                assert a is b
+                (F.sum(a * 2.0) + F.sum(b * 5.0)).backward()
+                grads.append(x.grad.data)
+            np.testing.assert_allclose(grads[1], grads[0], rtol=1e-12)
+    assert jf.cache_info()["variants"] == 0
+
+
+def test_the_trace_check_compares_gradients(monkeypatch):
+    _reintroduce_fan_out_bug(monkeypatch, identity_check=False)
+    _eager_after_warning(tj.jit(_fan_out), r"backward differs .*gradient of argument x")
+
+
+def test_the_trace_check_compares_identity(monkeypatch):
+    _reintroduce_fan_out_bug(monkeypatch)
+    _eager_after_warning(tj.jit(_fan_out), r"not the objects eager returns .*output\[1\]")
+
+
+def test_the_gradient_check_leaves_live_state_and_compiles_no_backward():
+    P = Parameter(np.random.randn(3), name="P")
+    F.sum(P * P).backward()
+    g, gv = P.grad, P.grad.data.copy()
+
+    def f(x):
+        return F.sum(F.tanh(P * x)), P * 2.0
+
+    jf = tj.jit(f)
+    for _ in range(5):
+        x = Variable(np.random.randn(3))
+        want = f(Variable(x.data.copy()))
+        got = jf(x)
+        same(got, want)
+        assert x.grad is None and P.grad is g
+        np.testing.assert_array_equal(P.grad.data, gv)
+    (v,) = [v for vs in jf._variants.values() for v in vs]
+    assert v._bexe is None and v.backward_runner is None     # nothing ran backward yet
+    got[0].backward()
+    assert v._bexe is not None
+
+
+# ---------------------------------------------------------------- assert_jit_matches_eager
+
+def test_assert_jit_matches_eager_with_numpy_scalars():
+    def f(x):
+        return x, x.data.sum()
+
+    assert_jit_matches_eager(f, np.random.randn(3))
+
+
+def test_assert_jit_matches_eager_with_trees_and_repeats():
+    def f(x, w):
+        h = F.tanh(x * w)
+        return {"h": h, "again": (h, h.data), "s": float(h.data.sum() > 0), "x": x}
+
+    assert_jit_matches_eager(f, np.random.randn(3), Variable(np.random.randn(3)))
+
+
+def test_assert_jit_matches_eager_compares_kinds_identity_and_creators():
+    from tracejit.testing import _assert_results_match, _results_and_grads
+    x = Variable(np.random.randn(3))
+    runs = {
+        "arg": lambda x: x,
+        "copy": lambda x: Variable(x.data.copy()),
+        "twice": lambda x: (lambda y: (y, y))(F.exp(x)),
+        "two": lambda x: (F.exp(x), F.exp(x)),
+        "detached": lambda x: Variable(F.exp(x).data),
+        "computed": lambda x: F.exp(x),
+        "scalar": lambda x: x.data.sum(),
+        "float": lambda x: float(x.data.sum()),
+    }
+    results = {k: _results_and_grads(fn, [x], 0) for k, fn in runs.items()}
+    for got, want in [("copy", "arg"), ("two", "twice"), ("detached", "computed"),
+                      ("float", "scalar")]:
+        with pytest.raises(AssertionError):
+            _assert_results_match(results[got], results[want], 1e-6, 1e-9, "call")
+        _assert_results_match(results[want], results[want], 1e-6, 1e-9, "call")
