@@ -386,3 +386,34 @@ def test_random_result_trees_with_repeats_match_eager(tree):
 
     compare_with_eager(f, var_arg(), captured={"P": P, "A": A}, mutate=mutate,
                        backend="interpret")
+
+
+@pytest.mark.parametrize("which", [(0,), (1,), (2,), (0, 1), (1, 2)])
+def test_backward_from_some_outputs_leaves_the_others_inputs_grad_none(which):
+    # One creator makes all of a call's outputs; a backward from some of them must not
+    # give the inputs only the others depend on a gradient (eager leaves it None).
+    P = Parameter(np.random.randn(3), name="P")
+
+    def f(x, w):
+        return F.exp(x), F.sin(w), F.exp(x) * P
+
+    jf = tj.jit(f)
+    for call in range(CALLS):
+        P.data += 0.1
+        xv, wv = np.random.randn(3), np.random.randn(3)
+        got = []
+        for fn in (f, jf):
+            P.cleargrad()
+            x, w = Variable(xv.copy()), Variable(wv.copy())
+            outs = fn(x, w)
+            loss = None
+            for k in which:
+                term = F.sum(outs[k] * float(k + 1))
+                loss = term if loss is None else loss + term
+            loss.backward()
+            got.append([None if v.grad is None else v.grad.data.copy() for v in (x, w, P)])
+        for a, b in zip(*got):
+            assert (a is None) == (b is None), (call, which, got)
+            if a is not None:
+                np.testing.assert_allclose(a, b, rtol=1e-10)
+    assert jf.cache_info()["fallbacks"] == 0

@@ -705,11 +705,14 @@ class Jitted:
             # is that .grad (`loss.backward(); return x.grad`).
             grad_of = {id(var._grad): k for k, var in enumerate(tr.grad_writes.values())
                        if var._grad is not None}
+            has_creator = [x.creator is not None and x.creator in tr.functions
+                           for x in made]
             result_info = dict(
-                has_creator=[x.creator is not None and x.creator in tr.functions
-                             for x in made],
+                has_creator=has_creator,
                 grad_alias={grad_of[id(x)]: k for k, x in enumerate(made)
-                            if id(x) in grad_of})
+                            if id(x) in grad_of},
+                grad_reach=_grad_reach(tr, made, has_creator, diff_vars, leaves)
+                if isinstance(bwd_info, dict) else None)
         finally:
             tracing.stop(tr, prev)
             tracing.plain_numbers(locs)
@@ -867,6 +870,38 @@ class Jitted:
 
     def backend_compile(self, g):
         return compile_graph(g, self.backend, self.parallel, self.cache, self._def_line())
+
+
+def _grad_reach(tr, made, has_creator, diff_sources, leaves):
+    """Per input of a variant's creator (diff_sources order): the output Variables
+    whose eager graph reaches it. A backward from some outputs only leaves the others'
+    inputs' gradients None, as eager's does (not zeros). None when every input is
+    reached from every output (one output: always), the common case, which costs
+    nothing then."""
+    if sum(has_creator) < 2:
+        return None
+    pos = {}
+    for j, (kind, obj) in enumerate(diff_sources):
+        pos.setdefault(id(leaves[obj] if kind == "arg" else obj), j)
+    reach = [set() for _ in diff_sources]
+    for k, (y, c) in enumerate(zip(made, has_creator)):
+        if not c:
+            continue
+        stack, seen = [y.creator], {id(y.creator)}
+        while stack:
+            f = stack.pop()
+            for x in f.inputs:
+                j = pos.get(id(x))
+                if j is not None:
+                    reach[j].add(k)
+                elif x.creator is not None and x.creator in tr.functions \
+                        and id(x.creator) not in seen:
+                    seen.add(id(x.creator))
+                    stack.append(x.creator)
+    every = {k for k, c in enumerate(has_creator) if c}
+    if all(r == every for r in reach):
+        return None
+    return [frozenset(r) for r in reach]
 
 
 _PERTURB = 1e-3   # relative: far above the checks' tolerance, small for control flow

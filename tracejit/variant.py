@@ -33,7 +33,26 @@ class CompiledFunction(Function):
         self.saved = saved
         self.arrays = arrays      # the call's inputs, for a create_graph replay
 
+    def output_grads(self, store=core._AttrGrads):
+        """The outputs' gradients, None for one nobody used (not zeros: the backward
+        fills those in, and knows which outputs a backward started from)."""
+        gys = []
+        for ref in self.outputs:
+            y = ref()
+            gys.append(None if y is None else store.get(y))
+        return gys
+
     def backward(self, *gys):
+        reach = self.variant.grad_reach
+        grads = self._backward(gys)
+        if reach is not None and any(g is None for g in gys):
+            # Eager leaves None the gradient of an input that no output with a gradient
+            # depends on; the backward graph gave it zeros.
+            live = {k for k, g in enumerate(gys) if g is not None}
+            grads = tuple(None if not (r & live) else g for g, r in zip(grads, reach))
+        return grads
+
+    def _backward(self, gys):
         v = self.variant
         if v.check_backward:
             # The trace-time check against eager: the backward graph interpreted on
@@ -142,6 +161,7 @@ class Variant:
         # the grad effects whose new .grad is one of them (the same object).
         self.has_creator = info.get("has_creator")
         self.grad_alias = info.get("grad_alias", {})
+        self.grad_reach = info.get("grad_reach")    # jit._grad_reach
         user_outs = [v for kind, v, _ in out_leaves if kind == "out"]
         # Effects on live state, replayed after the graph ran and every guard held.
         effect_values = []
