@@ -133,15 +133,15 @@ def first_difference(expected, got, path="output"):
     return None if expected == got else f"{path}: eager {expected!r}, compiled {got!r}"
 
 
-def result_leaves(obj, path="output", out=None):
+def leaves_with_paths(obj, path="output", out=None):
     """(path, leaf) for each leaf of a result tree of tuples, lists and dicts."""
     out = [] if out is None else out
     if type(obj) in (tuple, list):
         for i, x in enumerate(obj):
-            result_leaves(x, f"{path}[{i}]", out)
+            leaves_with_paths(x, f"{path}[{i}]", out)
     elif type(obj) is dict:
         for k, x in obj.items():
-            result_leaves(x, f"{path}[{k!r}]", out)
+            leaves_with_paths(x, f"{path}[{k!r}]", out)
     else:
         out.append((path, obj))
     return out
@@ -157,7 +157,7 @@ def identity_difference(expected, got, known=()):
 
     def objects(result):
         objs = []
-        for path, x in result_leaves(result):
+        for path, x in leaves_with_paths(result):
             if isinstance(x, Variable):
                 objs.append((path, x))
                 objs.append((f"{path}.data", x._data))
@@ -191,7 +191,7 @@ def gradient_difference(expected, got, wrt, seed=0):
     rng = np.random.default_rng(seed)
     seeds_e, seeds_g = DictGrads(), DictGrads()
     roots_e, roots_g = [], []
-    for (_, e), (_, g) in zip(result_leaves(expected), result_leaves(got)):
+    for (_, e), (_, g) in zip(leaves_with_paths(expected), leaves_with_paths(got)):
         if not isinstance(e, Variable) or not isinstance(g, Variable) or e._data is None \
                 or e._data.dtype.kind not in "fc":
             continue

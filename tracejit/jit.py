@@ -882,7 +882,7 @@ def _grad_reach(tr, made, has_creator, diff_sources, leaves):
         return None
     pos = {}
     for j, (kind, obj) in enumerate(diff_sources):
-        pos.setdefault(id(leaves[obj] if kind == "arg" else obj), j)
+        pos.setdefault(id(leaves[obj] if kind == "arg" else obj), []).append(j)
     reach = [set() for _ in diff_sources]
     for k, (y, c) in enumerate(zip(made, has_creator)):
         if not c:
@@ -891,9 +891,10 @@ def _grad_reach(tr, made, has_creator, diff_sources, leaves):
         while stack:
             f = stack.pop()
             for x in f.inputs:
-                j = pos.get(id(x))
-                if j is not None:
-                    reach[j].add(k)
+                js = pos.get(id(x))
+                if js is not None:
+                    for j in js:
+                        reach[j].add(k)
                 elif x.creator is not None and x.creator in tr.functions \
                         and id(x.creator) not in seen:
                     seen.add(id(x.creator))

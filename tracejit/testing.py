@@ -333,11 +333,11 @@ def _perturb(a, rng):
 def _results_and_grads(fn, args, seed):
     """What a call gives, in terms two calls on different copies can compare: per
     result leaf (path, kind, value, identity), and the gradients of the arguments."""
-    from tracejit.checking import result_leaves
+    from tracejit.checking import leaves_with_paths
     args = [Variable(a.data.copy()) if isinstance(a, Variable) else a for a in args]
     wrt = [Variable(a) if isinstance(a, np.ndarray) and _is_float(a) else a for a in args]
     out = fn(*wrt)
-    leaves = result_leaves(out)
+    leaves = leaves_with_paths(out)
     first = {}
     results = []
     for i, (path, y) in enumerate(leaves):
