@@ -545,8 +545,7 @@ class Jitted:
         originals = LiveState(v, leaves)
         perturbed = state.capture()
         # What existed before the call: eager returning one of these, compiled must too.
-        known = p_leaves + [x._data for x in p_leaves if isinstance(x, Variable)]
-        known += state.arrays + state.vars + [x._data for x in state.vars]
+        known = _known_objects(p_leaves, state)
         np_state, py_state = np.random.get_state(), random.getstate()
         try:
             with disable_jit(), warnings.catch_warnings():
@@ -600,8 +599,7 @@ class Jitted:
         mutates) demotes the variant instead of replaying a frozen constant."""
         v.checks_left -= 1
         state = LiveState(v, leaves)
-        known = list(leaves) + [x._data for x in leaves if isinstance(x, Variable)]
-        known += state.arrays + state.vars + [x._data for x in state.vars]
+        known = _known_objects(leaves, state)
         rng = np.random.get_state()
         with disable_jit():
             expected = self.fn(*args, **kwargs)
@@ -870,6 +868,18 @@ class Jitted:
 
     def backend_compile(self, g):
         return compile_graph(g, self.backend, self.parallel, self.cache, self._def_line())
+
+
+def _known_objects(leaves, state):
+    """What exists before a call: arguments and captured state, their arrays and grads.
+    Eager returning one of these, the compiled call must return it too."""
+    out = list(leaves) + state.arrays + state.vars
+    for x in list(leaves) + state.vars:
+        if isinstance(x, Variable):
+            out.append(x._data)
+            if x._grad is not None:
+                out.append(x._grad)
+    return out
 
 
 def _grad_reach(tr, made, has_creator, diff_sources, leaves):
