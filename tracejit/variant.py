@@ -43,16 +43,6 @@ class CompiledFunction(Function):
         return gys
 
     def backward(self, *gys):
-        reach = self.variant.grad_reach
-        grads = self._backward(gys)
-        if reach is not None and any(g is None for g in gys):
-            # Eager leaves None the gradient of an input that no output with a gradient
-            # depends on; the backward graph gave it zeros.
-            live = {k for k, g in enumerate(gys) if g is not None}
-            grads = tuple(None if not (r & live) else g for g, r in zip(grads, reach))
-        return grads
-
-    def _backward(self, gys):
         v = self.variant
         if v.check_backward:
             # The trace-time check against eager: the backward graph interpreted on
@@ -130,6 +120,21 @@ class CompiledFunction(Function):
             f = twin.creator
             f.outputs = [weakref.ref(mine) if r() is twin else r for r in f.outputs]
             mine.creator, mine.generation = f, twin.generation
+
+
+class PartialCompiledFunction(CompiledFunction):
+    """The creator of a call whose outputs do not all depend on all its inputs
+    (Variant.grad_reach): a backward from some outputs leaves None the gradients of
+    inputs only the others depend on, as eager's does; the backward graph gives zeros.
+    A class of its own so that the common call pays nothing for it."""
+
+    def backward(self, *gys):
+        grads = CompiledFunction.backward(self, *gys)
+        if any(g is None for g in gys):
+            live = {k for k, g in enumerate(gys) if g is not None}
+            grads = tuple(None if not (r & live) else g
+                          for g, r in zip(grads, self.variant.grad_reach))
+        return grads
 
 
 class Variant:
@@ -385,7 +390,8 @@ def build_runner(v, leaf_kinds, key=None):
     differ, SLOW when the variant has checks left or the Python state it read may have
     changed (jit.py's dispatch sorts those out)."""
     env = {"np": np, "exe": v.exe, "v": v, "Stale": Stale, "GuardFailure": GuardFailure,
-           "CompiledFunction": CompiledFunction, "Config": Config, "wrap": core.wrap_array,
+           "CompiledFunction": CompiledFunction if v.grad_reach is None else
+           PartialCompiledFunction, "Config": Config, "wrap": core.wrap_array,
            "ref": weakref.ref, "new": object.__new__, "Variable": Variable,
            "MISS": MISS, "SLOW": SLOW, "dead": _dead_ref}
     consts = []
