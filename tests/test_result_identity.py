@@ -440,3 +440,36 @@ def test_second_order_through_a_repeated_output_matches_eager():
         for got, want in zip(res[1], res[0]):
             np.testing.assert_allclose(got, want, rtol=1e-10)
     assert jf.cache_info()["fallbacks"] == 0
+
+
+@pytest.mark.parametrize("case", ["result", "result_first", "argument", "captured", "twice"])
+def test_a_new_variable_of_an_array_eager_returns_holds_that_array(case):
+    # `Variable(y.data)` (a detached copy of the graph, not of the data): eager's new
+    # Variable holds y's array object itself, and has no creator.
+    P = Parameter(np.random.randn(3), name="P")
+
+    def f(x):
+        y = F.exp(x) * P
+        if case == "result":
+            return y, Variable(y.data)
+        if case == "result_first":
+            return Variable(y.data), y
+        if case == "argument":
+            return y, Variable(x.data)
+        if case == "captured":
+            return y, Variable(P.data)
+        z = Variable(y.data)
+        return z, z, y
+
+    def mutate(rng):
+        P.data += 0.1 * rng.standard_normal(3)
+
+    compare_with_eager(f, var_arg(), captured={"P": P}, mutate=mutate)
+
+
+def test_a_variable_of_an_ndarray_argument_holds_that_array():
+    def f(x, w):
+        return Variable(x), F.exp(w) * Variable(x)
+
+    compare_with_eager(f, lambda rng: (rng.standard_normal(3),
+                                       Variable(rng.standard_normal(3))))

@@ -115,6 +115,8 @@ def result_leaves(tr, raw):
       ("capgrad", var, None)    the `.grad` of a captured Variable, read after the call
       ("vardata", j, None)      `.data` of the Variable result leaf j
       ("same", j, None)         the object of leaf j again (`return y, y`)
+      ("wrap", leaf, VAR)       a new Variable (no creator) of the array `leaf` (one of
+                                the kinds above) is: `Variable(y.data)`
     objects[i] is what the traced call itself returns for raw[i] (tracers replaced).
     One object returned twice is one leaf: a variant returns it once, so the gradients
     from both uses add up in its one Variable, as they do in eager.
@@ -127,7 +129,7 @@ def result_leaves(tr, raw):
     first = {}
     leaves, objects = [], []
     for i, x in enumerate(raw):
-        obj, leaf = _eager_object(tr, x, var_pos, grad_owner)
+        obj, leaf = _eager_object(tr, x, var_pos, grad_owner, raw)
         j = first.setdefault(id(obj), i)
         if j != i:
             leaves.append(("same", j, None))
@@ -135,12 +137,15 @@ def result_leaves(tr, raw):
             continue
         if leaf is None:
             leaf = _computed_leaf(tr, x)
+        elif leaf[0] == "wrap":
+            # The traced call's own result holds that array object too, as eager's.
+            x._data = _wrapped_array(tr, leaf[1], raw)
         leaves.append(leaf)
         objects.append(strip_tracers(x) if leaf[0] == "out" else obj)
     return leaves, objects
 
 
-def _eager_object(tr, x, var_pos, grad_owner):
+def _eager_object(tr, x, var_pos, grad_owner, raw):
     """(the object eager returns for result leaf x, its leaf if not computed)."""
     if isinstance(x, Variable):
         entry = tr.captured_vars.get(id(x))
@@ -156,6 +161,11 @@ def _eager_object(tr, x, var_pos, grad_owner):
                 return x, ("capgrad", owner, VAR)
         elif x._tv is None:
             return x, ("const", x, VAR)      # from outside and never used: itself
+        elif x.creator is None and x._data is not None:
+            # `Variable(y.data)`: a new Variable of an array eager returns elsewhere.
+            inner = _array_of(tr, x, var_pos, raw)
+            if inner is not None:
+                return x, ("wrap", inner, VAR)
         return x, None
     if isinstance(x, TracedArray):
         view = tr.arg_views.get(id(x))
@@ -180,6 +190,44 @@ def _eager_object(tr, x, var_pos, grad_owner):
         if view is not None and view[0] is x:
             return view[2], ("arg", view[1], FLT)
     return x, None
+
+
+def _array_of(tr, x, var_pos, raw):
+    """The leaf (as result_leaves describes them) of the array a creator-less Variable
+    x made inside the function holds, when eager would have given it that very array
+    object: the same buffer and the same traced value (no operation between), of an
+    argument, a captured Variable or array, or a Variable result."""
+    d, tv = x._data, x._tv
+    for var, v in tr.arg_vars.values():
+        if var._tv is tv and _same_array(d, var._data):
+            return ("argdata", tr.arg_leaf[id(var)], None)
+    for arr, v in tr.arg_arrays.values():
+        if v is tv and _same_array(d, arr) and id(arr) in tr.arg_leaf:
+            return ("arg", tr.arg_leaf[id(arr)], ARR)
+    for var, v in tr.captured_vars.values():
+        if var._tv is tv and _same_array(d, var._data):
+            return ("capdata", var, None)
+    for arr, v in tr.captured_arrays.values():
+        if v is tv and _same_array(d, arr):
+            return ("const", arr, ARR)
+    for j in var_pos.values():
+        y = raw[j]
+        if y is not x and y._tv is tv and _same_array(d, y._data):
+            return ("vardata", j, None)
+    return None
+
+
+def _wrapped_array(tr, inner, raw):
+    kind, a, _ = inner
+    if kind == "argdata":
+        return next(var._data for var, _ in tr.arg_vars.values() if tr.arg_leaf[id(var)] == a)
+    if kind == "arg":
+        return next(arr for arr, _ in tr.arg_arrays.values() if tr.arg_leaf.get(id(arr)) == a)
+    if kind == "capdata":
+        return a._data
+    if kind == "const":
+        return a
+    return raw[a]._data
 
 
 def _computed_leaf(tr, x):

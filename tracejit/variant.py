@@ -541,9 +541,27 @@ def build_runner(v, leaf_kinds, key=None):
             else:
                 exprs[i] = out(k)
             k += 1
-    for i, (kind, a, b) in enumerate(leaves_):
-        if kind == "vardata":
-            exprs[i] = f"{exprs[a]}._data"
+    def array_expr(kind, a):
+        if kind == "argdata":
+            return f"leaves[{a}]._data"
+        if kind == "arg":
+            return f"leaves[{a}]"
+        if kind == "capdata":
+            return f"{const(a)}._data"
+        if kind == "const":
+            return const(a)
+        return f"{expr_of(a)}._data"      # vardata: a made or returned Variable's
+
+    def expr_of(i):
+        if exprs[i] is None:
+            kind, a, _ = leaves_[i]
+            if kind == "vardata":
+                exprs[i] = array_expr(kind, a)
+            elif kind == "wrap":          # Variable(y.data): a new Variable, y's array
+                exprs[i] = f"wrap({array_expr(*a[:2])})"
+        return exprs[i]
+    for i in range(len(leaves_)):
+        expr_of(i)
     # One object in several places (`return y, y`, `return h.data, h.data`): made once.
     late = []
     for j in sorted({a for kind, a, b in leaves_ if kind == "same"}):
