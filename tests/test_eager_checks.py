@@ -224,3 +224,31 @@ def test_assert_jit_matches_eager_compares_kinds_identity_and_creators():
         with pytest.raises(AssertionError):
             _assert_results_match(results[got], results[want], 1e-6, 1e-9, "call")
         _assert_results_match(results[want], results[want], 1e-6, 1e-9, "call")
+
+
+def test_the_gradient_check_stops_at_a_captured_variables_own_graph():
+    # h was computed before the calls, by an op whose backward must not run when the
+    # check differentiates the call (it would cost, and a user backward may count).
+    calls = []
+
+    class Double(tj.Function):
+        def forward(self, x):
+            return x * 2.0
+
+        def backward(self, gy):
+            calls.append(1)
+            return gy * 2.0
+
+    h = Double()(Variable(np.random.randn(3)))
+
+    def f(w):
+        return F.sum(F.tanh(h * w))
+
+    jf = tj.jit(f)
+    for _ in range(5):
+        wv = np.random.randn(3)
+        got, want = jf(Variable(wv.copy())), f(Variable(wv.copy()))
+        same(got, want)
+    assert calls == []
+    got.backward()              # the user's own backward does go through h's graph
+    assert calls == [1]

@@ -203,8 +203,11 @@ def gradient_difference(expected, got, wrt, seed=0):
             store.set(y, Variable(c if old is None else old._data + c))
     if not any(y.creator is not None for y in roots_e + roots_g):
         return None
-    backprop(roots_e, grads=seeds_e)
-    backprop(roots_g, grads=seeds_g)
+    # Only the call's own graph: the walk stops at the arguments and captures (a
+    # captured Variable computed before the call has a graph of its own behind it).
+    stop = {id(var) for _, var in wrt}
+    backprop(roots_e, grads=seeds_e, within=_region(roots_e, stop))
+    backprop(roots_g, grads=seeds_g, within=_region(roots_g, stop))
     for name, var in wrt:
         a, b = seeds_e.get(var), seeds_g.get(var)
         if (a is None) != (b is None):
@@ -215,3 +218,18 @@ def gradient_difference(expected, got, wrt, seed=0):
             if d:
                 return d
     return None
+
+
+def _region(roots, stop):
+    """The functions behind `roots`, not looking past the Variables in `stop`."""
+    seen = set()
+    stack = [y.creator for y in roots if y.creator is not None and id(y) not in stop]
+    while stack:
+        f = stack.pop()
+        if f in seen:
+            continue
+        seen.add(f)
+        for x in f.inputs:
+            if x.creator is not None and id(x) not in stop:
+                stack.append(x.creator)
+    return seen
