@@ -252,3 +252,9 @@ def test_the_gradient_check_stops_at_a_captured_variables_own_graph():
     assert calls == []
     got.backward()              # the user's own backward does go through h's graph
     assert calls == [1]
+
+
+def test_the_first_call_check_compares_identity(monkeypatch):
+    _reintroduce_fan_out_bug(monkeypatch)
+    monkeypatch.setattr(jit_module.Jitted, "_perturbation_check", lambda *a: None)
+    _eager_after_warning(tj.jit(_fan_out), r"not the objects eager returns .*output\[1\]")

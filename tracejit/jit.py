@@ -624,9 +624,9 @@ class Jitted:
             self._fallback(key, f"the compiled variant raised {type(e).__name__}: {e}")
             self._count("fallbacks")
             return expected
-        diff = first_difference(expected, got) or identity_difference(
-            expected, got, known) or state.difference(eager_state)
-        if diff is None:
+        diff = first_difference(expected, got) or state.difference(eager_state)
+        same_objects = identity_difference(expected, got, known) if diff is None else None
+        if diff is None and same_objects is None:
             self._count("hits")
             return got
         variants = self._variants.get(key, [])
@@ -635,9 +635,13 @@ class Jitted:
             self._changed()
         state.restore(eager_state)
         np.random.set_state(rng_after)
-        self._fallback(key, f"the compiled variant differs from eager ({diff}); the "
-                            f"function likely computes with NumPy on arrays the tracer "
-                            f"cannot see")
+        if diff is None:
+            self._fallback(key, f"the compiled call's results are not the objects eager "
+                                f"returns ({same_objects})")
+        else:
+            self._fallback(key, f"the compiled variant differs from eager ({diff}); the "
+                                f"function likely computes with NumPy on arrays the "
+                                f"tracer cannot see")
         self._count("fallbacks")
         return expected
 
