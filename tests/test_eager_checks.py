@@ -258,3 +258,12 @@ def test_the_first_call_check_compares_identity(monkeypatch):
     _reintroduce_fan_out_bug(monkeypatch)
     monkeypatch.setattr(jit_module.Jitted, "_perturbation_check", lambda *a: None)
     _eager_after_warning(tj.jit(_fan_out), r"not the objects eager returns .*output\[1\]")
+
+
+def test_identity_difference_sees_repeated_lists_and_dicts():
+    y = Variable(np.ones(3))
+    pair = [y]
+    assert identity_difference((pair, pair), (pair, [y])) is not None
+    d = {"a": y}
+    assert identity_difference((d, d), ({"a": y}, {"a": y})) is not None
+    assert identity_difference((d, d), (d, d)) is None

@@ -473,3 +473,17 @@ def test_a_variable_of_an_ndarray_argument_holds_that_array():
 
     compare_with_eager(f, lambda rng: (rng.standard_normal(3),
                                        Variable(rng.standard_normal(3))))
+
+
+def test_a_list_or_dict_returned_in_several_places_is_one_object():
+    def f(x):
+        y = F.exp(x)
+        pair = [y, x]
+        d = {"a": pair}
+        return pair, d, (pair, [pair]), d
+
+    jf = compare_with_eager(f, var_arg())
+    r = jf(Variable(np.random.randn(3)))
+    assert r[0] is r[1]["a"] is r[2][0] is r[2][1][0] and r[1] is r[3]
+    r[0].append(1)           # one list: eager's aliasing
+    assert r[2][1][0][-1] == 1

@@ -133,15 +133,20 @@ def first_difference(expected, got, path="output"):
     return None if expected == got else f"{path}: eager {expected!r}, compiled {got!r}"
 
 
-def leaves_with_paths(obj, path="output", out=None):
-    """(path, leaf) for each leaf of a result tree of tuples, lists and dicts."""
+def leaves_with_paths(obj, path="output", out=None, containers=False):
+    """(path, leaf) for each leaf of a result tree of tuples, lists and dicts (with
+    containers=True, each list and dict too, before what it holds)."""
     out = [] if out is None else out
     if type(obj) in (tuple, list):
+        if containers and type(obj) is list:
+            out.append((path, obj))
         for i, x in enumerate(obj):
-            leaves_with_paths(x, f"{path}[{i}]", out)
+            leaves_with_paths(x, f"{path}[{i}]", out, containers)
     elif type(obj) is dict:
+        if containers:
+            out.append((path, obj))
         for k, x in obj.items():
-            leaves_with_paths(x, f"{path}[{k!r}]", out)
+            leaves_with_paths(x, f"{path}[{k!r}]", out, containers)
     else:
         out.append((path, obj))
     return out
@@ -151,17 +156,17 @@ def identity_difference(expected, got, known=()):
     """Where the results' identities differ (the values and the structure are the same
     already): eager returns an object that existed before the call (`known`: the
     arguments, their arrays, captured state) and compiled another, or one object (a
-    Variable, an array, a Variable's .data) in two places where compiled has two
-    different ones, or the reverse."""
+    Variable, an array, a Variable's .data, a list or dict) in two places where
+    compiled has two different ones, or the reverse."""
     known = {id(x) for x in known}
 
     def objects(result):
         objs = []
-        for path, x in leaves_with_paths(result):
+        for path, x in leaves_with_paths(result, containers=True):
             if isinstance(x, Variable):
                 objs.append((path, x))
                 objs.append((f"{path}.data", x._data))
-            elif isinstance(x, np.ndarray):
+            elif isinstance(x, (np.ndarray, list, dict)):
                 objs.append((path, x))
         return objs
 

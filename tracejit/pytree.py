@@ -43,19 +43,25 @@ def flatten_args(obj, leaves):
     return ("S", obj)
 
 
-def unflatten(tree, leaves, it=None):
+def unflatten(tree, leaves, it=None, bound=None):
     it = iter(leaves) if it is None else it
     if tree in (VAR, ARR, FLT):
         return next(it)
     tag = tree[0]
+    bound = {} if bound is None else bound
+    if tag == "bind":
+        bound[tree[1]] = obj = unflatten(tree[2], None, it, bound)
+        return obj
+    if tag == "again":
+        return bound[tree[1]]
     if tag == "S":
         return tree[1]
     if tag == "tuple":
-        return tuple(unflatten(t, None, it) for t in tree[1:])
+        return tuple(unflatten(t, None, it, bound) for t in tree[1:])
     if tag == "list":
-        return [unflatten(t, None, it) for t in tree[1:]]
+        return [unflatten(t, None, it, bound) for t in tree[1:]]
     if tag == "dict":
-        return {k: unflatten(t, None, it) for k, t in zip(tree[1], tree[2:])}
+        return {k: unflatten(t, None, it, bound) for k, t in zip(tree[1], tree[2:])}
     raise AssertionError(tree)
 
 
@@ -78,18 +84,49 @@ def leaf_key(x):
 # ------------------------------------------------------------------ the compiled call
 
 
-def flatten_result(obj, leaves):
+def flatten_result(obj, leaves, shared=None):
+    """The result's tree (containers as in flatten_args, every leaf VAR), leaves
+    appended. A list or dict found in two places is one object in eager: its first
+    place is ("bind", k, tree), the others ("again", k), so it is rebuilt once."""
+    if shared is None:
+        counts = {}
+        _count_containers(obj, counts)
+        shared = {i: None for i, n in counts.items() if n > 1}
+    k = shared.get(id(obj), False)
+    if k is not False:
+        if k is not None:
+            return ("again", k)
+        shared[id(obj)] = k = sum(x is not None for x in shared.values())
+        return ("bind", k, _flatten_result(obj, leaves, shared))
+    return _flatten_result(obj, leaves, shared)
+
+
+def _flatten_result(obj, leaves, shared):
     t = type(obj)
     if isinstance(obj, (Variable, np.ndarray, TracedScalar)):
         leaves.append(obj)
         return VAR
     if t is tuple or t is list:
-        return (t.__name__,) + tuple(flatten_result(x, leaves) for x in obj)
+        return (t.__name__,) + tuple(flatten_result(x, leaves, shared) for x in obj)
     if t is dict:
         keys = tuple(obj)
-        return ("dict", keys) + tuple(flatten_result(obj[k], leaves) for k in keys)
+        return ("dict", keys) + tuple(flatten_result(obj[k], leaves, shared) for k in keys)
     leaves.append(obj)
     return VAR
+
+
+def _count_containers(obj, counts):
+    t = type(obj)
+    if t is list or t is dict:
+        counts[id(obj)] = counts.get(id(obj), 0) + 1
+        if counts[id(obj)] > 1:
+            return
+    if t is tuple or t is list:
+        for x in obj:
+            _count_containers(x, counts)
+    elif t is dict:
+        for x in obj.values():
+            _count_containers(x, counts)
 
 
 def _same_array(a, b):
@@ -276,6 +313,10 @@ def structure_source(tree, exprs, const):
     tag = tree[0]
     if tag == "S":
         return const(tree[1])
+    if tag == "bind":       # one list or dict in several places: named where first built
+        return f"(t{tree[1]} := {structure_source(tree[2], exprs, const)})"
+    if tag == "again":
+        return f"t{tree[1]}"
     parts = [structure_source(t, exprs, const) for t in tree[(2 if tag == "dict" else 1):]]
     if tag == "tuple":
         return "(" + "".join(p + ", " for p in parts) + ")"
