@@ -8,7 +8,6 @@ in live state (.grad included) and compile no backward the program does not run.
 """
 import importlib
 import math
-import warnings
 
 import numpy as np
 import pytest
