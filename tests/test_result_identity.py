@@ -487,3 +487,18 @@ def test_a_list_or_dict_returned_in_several_places_is_one_object():
     assert r[0] is r[1]["a"] is r[2][0] is r[2][1][0] and r[1] is r[3]
     r[0].append(1)           # one list: eager's aliasing
     assert r[2][1][0][-1] == 1
+
+
+def test_returned_grad_of_an_argument_is_this_calls_arguments_grad():
+    def f(x):
+        return F.exp(x), x.grad
+
+    jf = tj.jit(f)
+    for k in range(CALLS):
+        xv = np.random.randn(3)
+        x = Variable(xv.copy())
+        x.grad = Variable(np.full(3, float(k)))
+        e, g = jf(x)
+        assert g is x.grad
+        np.testing.assert_allclose(e.data, np.exp(xv), rtol=1e-12)
+    assert jf.cache_info()["fallbacks"] == 0

@@ -150,6 +150,7 @@ def result_leaves(tr, raw):
                                 every call, as eager), or a constant
       ("capdata", var, None)    `.data` of a captured Variable, read after the call
       ("capgrad", var, None)    the `.grad` of a captured Variable, read after the call
+      ("arggrad", i, None)      the `.grad` of argument i, read after the call
       ("vardata", j, None)      `.data` of the Variable result leaf j
       ("same", j, None)         the object of leaf j again (`return y, y`)
       ("wrap", leaf, VAR)       a new Variable (no creator) of the array `leaf` (one of
@@ -194,6 +195,8 @@ def _eager_object(tr, x, var_pos, grad_owner, raw):
                 # A captured Variable returned is that object, as in eager (its data
                 # as the call's effects leave it).
                 return x, ("const", x, VAR)
+            if owner._grad is x and id(owner) in tr.arg_leaf:
+                return x, ("arggrad", tr.arg_leaf[id(owner)], VAR)    # this call's
             if owner._grad is x:
                 return x, ("capgrad", owner, VAR)
         elif x._tv is None:

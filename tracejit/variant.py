@@ -524,6 +524,8 @@ def build_runner(v, leaf_kinds, key=None):
             exprs[i] = f"{const(a)}._data"
         elif kind == "capgrad":
             exprs[i] = f"{const(a)}._grad"
+        elif kind == "arggrad":
+            exprs[i] = f"leaves[{a}]._grad"
         elif kind == "out":
             if b == VAR:
                 name = f"y{len(made)}"
