@@ -925,7 +925,10 @@ _PERTURB = 1e-3   # relative: far above the checks' tolerance, small for control
 def _perturbed(x, rng):
     if isinstance(x, Variable):
         d = x._data
-        cls = Parameter if isinstance(x, Parameter) else Variable   # the key tells them apart
+        # The key tells Parameters apart; a Constant (backward's seed) stores no
+        # gradient, so the gradient check's copy is one too.
+        cls = Parameter if isinstance(x, Parameter) else \
+            core.Constant if type(x) is core.Constant else Variable
         return cls(_perturbed(d, rng), x.name) if d is not None and d.dtype.kind == "f" \
             else cls(d.copy() if d is not None else None, x.name)
     if isinstance(x, np.ndarray):
