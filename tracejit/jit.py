@@ -718,6 +718,7 @@ class Jitted:
         finally:
             tracing.stop(tr, prev)
             tracing.plain_numbers(locs)
+            tr.arg_views = None       # tracers hold the trace: no cycle left behind
             for x in leaves:
                 if isinstance(x, Variable):
                     x._tv = None
