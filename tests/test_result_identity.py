@@ -502,3 +502,30 @@ def test_returned_grad_of_an_argument_is_this_calls_arguments_grad():
         assert g is x.grad
         np.testing.assert_allclose(e.data, np.exp(xv), rtol=1e-12)
     assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_results_of_every_kind_leave_no_reference_cycle():
+    import gc
+    import weakref
+    P = Parameter(np.random.randn(3), name="P")
+
+    def f(x, a, lr):
+        y = F.exp(x) * P
+        return y, y, [x, a, lr], Variable(y.data), x.data, P
+
+    jf = tj.jit(f)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(CALLS):
+            x = Variable(np.random.randn(3))
+            out = jf(x, np.random.randn(3), 0.5)
+            probe = weakref.ref(out[0].creator)
+            out[0].backward()
+            del out
+            x.cleargrad()
+            P.cleargrad()
+            assert probe() is None
+    finally:
+        gc.enable()
+    assert jf.cache_info()["fallbacks"] == 0
