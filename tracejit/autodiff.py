@@ -93,6 +93,9 @@ class _AbstractTrace:
     def backward_of(self, fn):
         pass
 
+    def input_grads(self, fn, gys):
+        return core._input_grads(fn, gys)
+
     def call(self, fn, inputs):
         from tracejit.tracing import user_line
         specs = [ShapeDtype(x._data.shape, x._data.dtype) for x in inputs]
@@ -172,14 +175,15 @@ def _specs(out):
 
 def trace_backward(tr, out_raw, out_leaves):
     """Trace the eager backward over the traced forward: the backward graph."""
-    # Differentiable Variables at the region's boundary: arguments and captures.
+    # Variables at the region's boundary: arguments and captures, of every dtype (eager
+    # gives an int Variable the float gradient of `x + w`; primitives return None for
+    # most int inputs, and then so does the compiled backward).
     boundary = []
     leaf_of = {id(val): i for i, val in tr.arg_inputs}
     for var, val in tr.arg_vars.values():
-        if var.dtype.kind in "fc":
-            boundary.append((("arg", leaf_of[id(val)]), var))
+        boundary.append((("arg", leaf_of[id(val)]), var))
     for var, val in tr.captured_vars.values():
-        if var.dtype.kind in "fc" and not is_grad_capture(tr, val):
+        if not is_grad_capture(tr, val):
             boundary.append((("var", var), var))
     outs = [x for x in out_raw if isinstance(x, Variable)]
     roots = [y for y in outs if y.creator is not None and y.creator in tr.functions
@@ -203,10 +207,13 @@ def trace_backward(tr, out_raw, out_leaves):
         gy = Variable(np.ones_like(y._data))
         gv = tr.add_input(y.shape, y.dtype, f"g{out_index[id(y)]}")
         gy._tv = gv
+        tr.owner[id(gv)] = gy
         gy_values[id(gv)] = out_index[id(y)]
         grads.set(y, gy)
-    with core.no_grad():
-        backprop(roots, grads=grads, within=tr.functions)
+    # Traced as backward(create_graph=True) computes (the same values as a plain
+    # backward): the nodes then say what a create_graph replay differentiates, as
+    # eager would (a .data read in a user backward is a leaf, not a path).
+    backprop(roots, grads=grads, within=tr.functions, create_graph=True)
     tr.bwd_line = None
     bwd_nodes = g.nodes[n_nodes:]
     if any(n.kind == GUARD for n in bwd_nodes) or tr.escapes:
@@ -300,6 +307,8 @@ def trace_backward(tr, out_raw, out_leaves):
                 joint_grad_slots=grad_slots)
     info["joint_captures"] = {pos[id(v)]: cap_source[id(v)] for v in g.inputs
                               if id(v) in new_caps}
+    info["joint_meta"] = tr.grad_meta
+    info["replay_refusal"] = tr.replay_refusal
     return info, diff_sources
 
 

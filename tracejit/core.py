@@ -445,8 +445,12 @@ def _backward_step(f, store, create_graph, retain_grad):
     old_mode = local.enable_backprop
     local.set_backprop(create_graph)
     reached = []
+    tr = local.trace
     try:
-        for x, gx in zip(f.inputs, _input_grads(f, gys)):
+        # While tracing, the trace decides how f's backward is recorded (a user
+        # Function with per-call state becomes one opaque backward node).
+        gxs = _input_grads(f, gys) if tr is None else tr.input_grads(f, gys)
+        for x, gx in zip(f.inputs, gxs):
             if gx is not None and type(x) is not Constant:
                 gx = as_variable(gx)
                 old = store.get(x)
@@ -566,6 +570,8 @@ class Function:
                 v = getattr(self, p, None)
                 if isinstance(v, (ScalarTracer, tuple, list, slice)):
                     setattr(self, p, static_value(v))
+        # A user Function's state before its forward: the tracer compares it after.
+        before = None if tr is None else tr.before_forward(self)
         xs = [x._data for x in inputs]
         try:
             ys = self.forward(*xs)
@@ -575,7 +581,7 @@ class Function:
             ys = (ys,)
         outputs = [Variable(as_array(y)) for y in ys]
         if tr is not None:
-            tr.record(self, inputs, outputs)
+            tr.record(self, inputs, outputs, before)
         if Config.enable_backprop:
             self.generation = max([x.generation for x in inputs]) if inputs else 0
             for output in outputs:
@@ -622,9 +628,12 @@ class Function:
         """Output ShapeDtype(s) from input ShapeDtypes, touching no data.
 
         The default runs forward on zero-filled arrays: right for any user Function,
-        but it computes; primitives override it with a formula.
+        but it computes; primitives override it with a formula. It runs on a copy: a
+        forward that keeps state on self (a mask) would otherwise overwrite the state
+        its backward reads (output_specs asks for a dead output's spec mid-backward).
         """
-        ys = self.forward(*[np.zeros(s.shape, s.dtype) for s in specs])
+        import copy
+        ys = copy.copy(self).forward(*[np.zeros(s.shape, s.dtype) for s in specs])
         if isinstance(ys, tuple):
             return tuple(ShapeDtype(np.shape(y), np.asarray(y).dtype) for y in ys)
         return ShapeDtype(np.shape(ys), np.asarray(ys).dtype)

@@ -77,36 +77,108 @@ def compile(g):
     return run
 
 
-def run_with_variables(g, variables):
+def run_with_variables(g, variables, meta=None, saved=None, instances=None):
     """Replay g on Variables through the primitives: a differentiable (eager) graph.
 
-    Used for create_graph=True through a compiled region: the result carries the
-    autodiff history that higher-order derivatives need. Guards are not checked
-    (the variant already passed them).
+    Used for create_graph=True through a compiled region and by unchain_backward: the
+    result carries the autodiff history that higher-order derivatives need. Guards are
+    not checked (the variant already passed them).
+
+    `meta` (the trace's grad_meta) makes the replay's graph eager's own: a node
+    called under no_grad, or any NumPy computation on `.data`, runs without history,
+    and an input that was a fresh leaf in eager (Variable(x.data), a `.data` read in a
+    user backward) is one here, so exactly what eager differentiates is differentiated.
+    `saved` (id(Value) -> array) gives forward values as the compiled call computed
+    them: the forward is replayed from the inputs as they are now, which an in-place
+    update may have changed since (everything the backward reads from a changed input
+    was saved, not recomputed: remat). `instances` (UserCall -> (instance, outputs))
+    are the call's own user Functions with per-call state.
     """
-    from tracejit.core import Constant, as_variable
+    from tracejit.core import Constant, as_variable, using_config
+    from tracejit.trace_ops import UserBackward, UserCall
     env = {id(v): var for v, var in zip(g.inputs, variables)}
+    saved = saved or {}
+    bound = {}          # UserCall -> the instance this replay's graph holds
 
     def read(v):
         if isinstance(v, Lit):
             return Constant(np.asarray(v.value))
         return env[id(v)]
 
+    def leaf(v):
+        # A fresh leaf with v's data and no history. Nothing can read its gradient: a
+        # Constant, which backward gives none (no reference cycle through it).
+        if isinstance(v, Lit):
+            return Constant(np.asarray(v.value))
+        return Constant(env[id(v)]._data)
+
     for n in g.nodes:
         if n.kind == GUARD:
             continue
-        fn = n.op(*n.params) if n.op.params else _fresh(n)
-        ys = fn(*[read(v) for v in n.inputs])
+        if meta is None:
+            grad, links = True, n.inputs
+        else:
+            # Not a Function call (NumPy on .data, a cast of a Python scalar): no history.
+            grad, links = meta.get(id(n), (False, (None,) * len(n.inputs)))
+        xs = [leaf(v) if link is None else read(link) for v, link in zip(n.inputs, links)]
+        with using_config("enable_backprop", grad):
+            if isinstance(n.fn, UserCall):
+                ys = _replay_call(n.fn, xs, grad, instances, bound)
+            elif isinstance(n.fn, UserBackward):
+                ys = _replay_backward(n.fn, xs, bound)
+            else:
+                fn = n.op(*n.params) if n.op.params else _fresh(n)
+                ys = fn(*xs)
         if not isinstance(ys, (list, tuple)):
             ys = [ys]
         for v, y in zip(n.outputs, ys):
-            env[id(v)] = as_variable(y)
+            y = as_variable(y)
+            s = saved.get(id(v))
+            if s is not None:
+                y._data = s
+            env[id(v)] = y
     return [read(v) for v in g.outputs]
 
 
+def _replay_call(call, xs, grad, instances, bound):
+    """A stateful user Function's node: the call's own instance, wired to the replay's
+    Variables as Function.__call__ would, with the outputs its forward gave."""
+    from tracejit.core import Variable
+    entry = instances.get(call) if instances else None
+    if entry is None:
+        inst = call.new_instance()
+        bound[call] = inst
+        return inst(*xs)
+    inst, ys = entry
+    outs = [Variable(np.asarray(y)) for y in ys]
+    if grad:
+        import weakref
+        inst.inputs = list(xs)
+        inst.outputs = [weakref.ref(y) for y in outs]
+        inst.generation = max([x.generation for x in xs], default=0)
+        for y in outs:
+            y.set_creator(inst)
+    bound[call] = inst
+    return outs
+
+
+def _replay_backward(ub, xs, bound):
+    from tracejit.core import _input_grads
+    inst = bound.get(ub.call)
+    if inst is None:
+        raise RuntimeError(f"tracejit: replaying {ub.op_name} without its forward call")
+    gxs = _input_grads(inst, xs[ub.n_in + ub.n_out:])
+    ub.results([None if g is None else getattr(g, "data", g) for g in gxs])   # checks
+    return [g for g in gxs if g is not None]
+
+
 def _fresh(n):
+    import copy
+    if not n.op.__module__.startswith("tracejit"):
+        # A user Function: its constructor's arguments are unknown (a default one
+        # would be wrong), the node's copy has them.
+        return copy.copy(n.fn)
     try:
         return n.op()
     except TypeError:
-        import copy
         return copy.copy(n.fn)

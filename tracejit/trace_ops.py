@@ -6,6 +6,10 @@ first guard whose outcome differs. NumpyCall is a NumPy function applied to trac
 data that has no tracejit primitive (an argmax in accuracy()): an opaque node that
 runs NumPy between kernels.
 """
+import contextlib
+import copy
+import threading
+
 import numpy as np
 
 from tracejit.core import OPAQUE, Function, ShapeDtype
@@ -90,3 +94,153 @@ class Constant(Function):
 
     def forward(self):
         return self.value
+
+
+# ------------------------------------------------------------ user Functions with state
+
+class _Calls(threading.local):
+    """Per thread: the per-call instances of stateful user Functions.
+
+    `forward` maps a UserCall node to (instance, outputs) of its latest run in this
+    thread: a compiled call's CompiledFunction takes its own entries right after its
+    forward ran (variant.CompiledFunction), and a UserBackward node of the same forward
+    graph (a backward run inside the function) reads them there. `stack` holds the
+    instances of the compiled calls whose backward is running now, innermost last.
+    """
+
+    def __init__(self):
+        self.forward = {}
+        self.stack = []
+
+
+_calls = _Calls()
+
+
+def take_calls(user_calls):
+    """The (instance, outputs) of each UserCall in `user_calls` from this thread's
+    latest forward run, removed there (the caller, a compiled call, keeps them)."""
+    fwd = _calls.forward
+    return {c: fwd.pop(c) for c in user_calls if c in fwd}
+
+
+@contextlib.contextmanager
+def running_backward(instances):
+    """While a compiled call's backward runs, its UserBackward nodes find the
+    instances of that call here."""
+    _calls.stack.append(instances)
+    try:
+        yield
+    finally:
+        _calls.stack.pop()
+
+
+def _instance_of(call):
+    for instances in reversed(_calls.stack):
+        entry = instances.get(call)
+        if entry is not None:
+            return entry
+    entry = _calls.forward.get(call)
+    if entry is None:
+        raise RuntimeError(f"tracejit: the backward of {call.op_name} ran without the "
+                           f"forward call it belongs to")
+    return entry
+
+
+def _copy_state(state):
+    # A fresh instance's __dict__: containers made by __init__ are the instance's own
+    # in eager (a new one per call), so each call gets copies of them.
+    return {k: (copy.copy(v) if type(v) in (list, dict, set) else v)
+            for k, v in state.items()}
+
+
+class UserCall(Function):
+    """A user Function whose forward keeps state on self (`self.k = ...`, a mask):
+    every run makes a fresh instance from the state __init__ left (as eager constructs
+    one per call), runs its forward there, and records it, so that the call's backward
+    (UserBackward) runs on that same instance."""
+
+    kind = OPAQUE
+    params = ()
+
+    def __init__(self, template, state):
+        self.template = template      # the user's class, as an empty shell
+        self.state = state            # its __dict__ before the traced forward ran
+        self.op_name = type(template).__name__
+
+    def new_instance(self):
+        inst = copy.copy(self.template)
+        inst.__dict__.update(_copy_state(self.state))
+        return inst
+
+    def forward(self, *xs):
+        inst = self.new_instance()
+        ys = inst.forward(*xs)
+        _calls.forward[self] = (inst, ys if isinstance(ys, tuple) else (ys,))
+        return ys
+
+
+class UserBackward(Function):
+    """The backward of a UserCall node, run by the user's own backward on the instance
+    that ran the forward of the same call. Inputs: the forward's inputs, its outputs,
+    then the output gradients; outputs: the gradients of the inputs marked in `mask`
+    (those the traced call's backward gave)."""
+
+    kind = OPAQUE
+    params = ()
+
+    def __init__(self, call, n_in, n_out, mask, specs):
+        self.call = call
+        self.n_in = n_in
+        self.n_out = n_out
+        self.mask = tuple(mask)
+        self.specs = tuple(specs)     # ShapeDtype of each gradient it returns
+        self.op_name = f"{call.op_name}.backward"
+
+    def bind(self, inst, xs, ys):
+        """Set inst's inputs and outputs as Function.__call__ would; returns the
+        output Variables (the caller keeps them alive: inst.outputs are weak)."""
+        import weakref
+        from tracejit.core import as_variable
+        inst.inputs = [as_variable(x) for x in xs]
+        outs = [as_variable(y) for y in ys]
+        inst.outputs = [weakref.ref(y) for y in outs]
+        inst.generation = max([x.generation for x in inst.inputs], default=0)
+        return outs
+
+    def forward(self, *arrays):
+        from tracejit.core import Variable, _input_grads, no_grad
+        inst, _ = _instance_of(self.call)
+        n, m = self.n_in, self.n_out
+        var = lambda a: Variable(np.asarray(a))   # noqa: E731
+        keep = self.bind(inst, [var(a) for a in arrays[:n]],    # noqa: F841
+                         [var(a) for a in arrays[n:n + m]])
+        with no_grad():
+            gxs = _input_grads(inst, [var(g) for g in arrays[n + m:]])
+        return self.results(gxs)
+
+    def results(self, gxs):
+        """The gradient arrays in the traced call's layout, or a clear error."""
+        out = []
+        for i, (gx, want) in enumerate(zip(gxs, self.mask)):
+            if (gx is None) != (not want):
+                raise RuntimeError(
+                    f"{self.call.op_name}.backward returned "
+                    f"{'None' if gx is None else 'a gradient'} for input {i}, where the "
+                    f"traced call's backward returned "
+                    f"{'a gradient' if want else 'None'}: a compiled backward cannot "
+                    f"change which inputs get gradients. Run it eagerly "
+                    f"(tj.disable_jit()).")
+            if gx is None:
+                continue
+            a = np.asarray(getattr(gx, "data", gx))
+            spec = self.specs[len(out)]
+            if a.shape != spec.shape or a.dtype != spec.dtype:
+                raise RuntimeError(
+                    f"{self.call.op_name}.backward returned a {a.dtype}{list(a.shape)} "
+                    f"gradient for input {i}, where the traced call's was {spec}: run "
+                    f"it eagerly (tj.disable_jit())")
+            out.append(a)
+        return tuple(out) if len(out) != 1 else out[0]
+
+    def shape_rule(self, *specs):
+        return self.specs if len(self.specs) != 1 else self.specs[0]

@@ -32,7 +32,7 @@ from tracejit.core import Variable
 from tracejit.ir import Graph, Lit, Node, Value
 from tracejit.tracers import (_PY_OPS, _PY_UNARY, REDUCE_PRIMS, SCALAR_TYPES, UFUNC_PRIMS,
                               TracedArray, TracedFloat, TracedScalar, python_value)
-from tracejit.trace_ops import Guard, NumpyCall
+from tracejit.trace_ops import Guard, NumpyCall, UserBackward, UserCall
 
 log = logging.getLogger("tracejit")
 
@@ -124,6 +124,11 @@ class Trace:
         self.bwd_line = None         # while backward runs: the line of the op it differentiates
         self.names = {}              # id(obj) -> (obj, "model.l1.W"): how the user names
                                      # a captured Variable or array (pystate's labels)
+        # What eager autodiff sees, for replays on Variables (create_graph, unchain):
+        self.owner = {}              # id(Value) -> the Variable a node (or gy) made it as
+        self.grad_meta = {}          # id(Node) -> (grad on?, per input: Value linked or None)
+        self.replay_refusal = None   # why the region cannot be replayed on Variables
+        self.user_calls = {}         # a user Function with per-call state -> its UserCall
 
     # ---- values
 
@@ -218,18 +223,116 @@ class Trace:
         var._data = data
         self.created.append(var)
 
-    def record(self, fn, inputs, outputs):
+    def before_forward(self, fn):
+        """A user Function's state before its forward runs (None for tracejit's own):
+        record() compares it with the state after, to find per-call state."""
+        if fn.kind != core.OPAQUE or type(fn).__module__.startswith("tracejit"):
+            return None
+        return dict(fn.__dict__)
+
+    def record(self, fn, inputs, outputs, before=None):
         ins = [self.value_of(x) for x in inputs]
         outs = [self.new_value(y.shape, y.dtype) for y in outputs]
         for y, v in zip(outputs, outs):
             y._tv = v
             self.own(y._data)
-        node = Node(_detached(fn), ins, outs, self.bwd_line or user_line(3))
+            self.owner[id(v)] = y
+        op = _detached(fn) if before is None else self._user_op(fn, before, outs)
+        node = Node(op, ins, outs, self.bwd_line or user_line(3))
+        # Eager's graph, not just the values: was the call differentiable (no_grad), and
+        # is each input the Variable that made its value (or a live input), or a fresh
+        # leaf made from data (Variable(x.data), .data arithmetic)? A replay on
+        # Variables differentiates exactly what eager does from this.
+        self.grad_meta[id(node)] = (core._state.enable_backprop,
+                                    tuple(self._link(x, v) for x, v in zip(inputs, ins)))
         self.line_of[fn] = node.line
         self.graph.nodes.append(node)
         self.functions.add(fn)
         if fn.kind == core.RANDOM:
             self.random_nodes.append(node)
+
+    def _link(self, x, tv):
+        """The value whose Variable input x is in eager's graph, or None (a leaf)."""
+        if isinstance(tv, Lit):
+            return None
+        if self.owner.get(id(tv)) is x:
+            return tv
+        entry = self.arg_vars.get(id(x)) or self.captured_vars.get(id(x))
+        if entry is not None and entry[0] is x:
+            return entry[1]     # an input; rebound (.data = ...) its Variable still is
+        if x.creator is not None and self.replay_refusal is None:
+            self.replay_refusal = (f"the data of a Variable computed inside it is replaced "
+                                   f"(.data = ...) before it is used at {user_line(4)}")
+        return None
+
+    def _user_op(self, fn, before, outs):
+        """The node op of a user Function: a detached copy, or, when its forward keeps
+        state on self, a UserCall that runs a fresh instance per call."""
+        for k, val in before.items():
+            if self._traced(val) or (type(val) in (list, tuple) and
+                                     any(self._traced(u) for u in val)):
+                self.escape(f"{type(fn).__name__}(...) keeps a traced value (self.{k}): "
+                            f"its NumPy forward would keep the traced call's value")
+        after = fn.__dict__
+        changed = [k for k in after if k not in _CALL_ATTRS
+                   and (k not in before or after[k] is not before[k])]
+        mutable = [k for k, val in before.items()
+                   if k not in _CALL_ATTRS and type(val) in (list, dict, set, bytearray)]
+        if not changed and not mutable:
+            return _detached(fn)
+        template = copy.copy(fn)
+        template.__dict__.clear()
+        call = UserCall(template, {k: v for k, v in before.items() if k not in _CALL_ATTRS})
+        self.user_calls[fn] = (call, outs)
+        return call
+
+    def _traced(self, val):
+        if isinstance(val, Variable):
+            return self.is_mine(val._tv) and not self.is_live(val)
+        if isinstance(val, TracedArray):
+            return val._capture is None and self.is_mine(val._tv)
+        return isinstance(val, TracedFloat) or (hasattr(val, "_tv") and hasattr(val, "_trace"))
+
+    def input_grads(self, fn, gys):
+        """fn.backward(*gys) while tracing. A user Function with per-call state gets
+        one opaque UserBackward node: the compiled backward calls the instance that ran
+        this call's forward, as eager does, instead of freezing the traced call's state."""
+        entry = self.user_calls.get(fn)
+        if entry is None:
+            return core._input_grads(fn, gys)
+        call, fwd_outs = entry
+        prev = core.set_trace(None)    # run it for real, unrecorded: which inputs get grads
+        try:
+            with core.no_grad():
+                gxs = core._input_grads(fn, gys)
+        finally:
+            core.set_trace(prev)
+        ins = [self.value_of(x) for x in fn.inputs] + list(fwd_outs) + \
+            [self.value_of(g) for g in gys]
+        outs, specs, result = [], [], []
+        for gx in gxs:
+            if gx is None:
+                result.append(None)
+                continue
+            a = np.asarray(gx.data if isinstance(gx, Variable) else gx)
+            v = self.new_value(a.shape, a.dtype)
+            self.own(a)
+            var = Variable(a)
+            var._tv = v
+            self.owner[id(v)] = var
+            outs.append(v)
+            specs.append(core.ShapeDtype(a.shape, a.dtype))
+            result.append(var)
+        if outs:
+            op = UserBackward(call, len(fn.inputs), len(fwd_outs),
+                              [g is not None for g in gxs], specs)
+            node = Node(op, ins, outs, self.bwd_line or user_line(3))
+            # A replay reads only the gys from its inputs (the instance has the rest).
+            n_fwd = len(ins) - len(gys)
+            self.grad_meta[id(node)] = (core._state.enable_backprop, (None,) * n_fwd + tuple(
+                self._link(g, v) for g, v in zip(gys, ins[n_fwd:])))
+            self.graph.nodes.append(node)
+        return tuple(result)
 
     def backward_of(self, fn):
         line = self.line_of.get(fn)
@@ -751,6 +854,9 @@ def _same_number(y, result):
     got = y.item()
     return type(got) is type(result) and (got == result or (got != got and
                                                             result != result))
+
+
+_CALL_ATTRS = ("inputs", "outputs", "generation")
 
 
 def _detached(fn):

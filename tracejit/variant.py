@@ -16,7 +16,7 @@ from tracejit.core import Config, Constant, Function, Variable
 from tracejit.ir import Graph, Lit
 from tracejit.pytree import FLT, VAR, structure_source
 from tracejit.signature import matcher_lines
-from tracejit.trace_ops import GUARD, GuardFailure
+from tracejit.trace_ops import GUARD, GuardFailure, UserCall, running_backward, take_calls
 
 
 class JitWarning(UserWarning):
@@ -32,6 +32,9 @@ class CompiledFunction(Function):
         self.variant = variant
         self.saved = saved
         self.arrays = arrays      # the call's inputs, for a create_graph replay
+        # The instances of this call's user Functions with per-call state (UserCall):
+        # its backward runs on them, as eager's does.
+        self.instances = take_calls(variant.user_calls) if variant.user_calls else None
 
     def output_grads(self, store=core._AttrGrads):
         """The outputs' gradients, None for one nobody used (not zeros: the backward
@@ -43,6 +46,12 @@ class CompiledFunction(Function):
         return gys
 
     def backward(self, *gys):
+        if self.instances is None:
+            return self._backward(gys)
+        with running_backward(self.instances):
+            return self._backward(gys)
+
+    def _backward(self, gys):
         v = self.variant
         if v.check_backward:
             # The trace-time check against eager: the backward graph interpreted on
@@ -54,19 +63,20 @@ class CompiledFunction(Function):
         if Config.enable_backprop:
             # create_graph: replay forward and backward on Variables, so the grads
             # carry the history that higher-order derivatives need.
-            if v.mutated_positions:
-                raise NotImplementedError(
-                    f"backward(create_graph=True) through jit({v.forward_graph.name}), "
-                    f"which updates its inputs in place: the forward cannot be replayed "
-                    f"from the updated values. Run it eagerly (tj.disable_jit()).")
+            refusal = v.bwd.get("replay_refusal")
+            if refusal:
+                raise RuntimeError(
+                    f"backward(create_graph=True) through jit({v.forward_graph.name}): "
+                    f"{refusal}, which a replay of its graph cannot follow. Run it "
+                    f"eagerly (tj.disable_jit()).")
             if self.rng is None:
-                return v.backward_with_variables(self.inputs, gys, self.arrays)
+                return v.backward_with_variables(self, gys)
             # The replay draws what the call drew (the same masks), and the global
             # stream goes on from where it is now.
             now = np.random.get_state()
             np.random.set_state(self.rng)
             try:
-                return v.backward_with_variables(self.inputs, gys, self.arrays)
+                return v.backward_with_variables(self, gys)
             finally:
                 np.random.set_state(now)
         grads = v.backward_executable()(self.backward_inputs(gys))
@@ -110,7 +120,8 @@ class CompiledFunction(Function):
                for i in range(len(g.inputs))]
         user = Graph(g.name, g.inputs, g.nodes, g.outputs[:v.n_user_outs], g.input_names)
         with core.using_config("enable_backprop", True):
-            eager = interpret.run_with_variables(user, env)
+            eager = interpret.run_with_variables(user, env, v.bwd["joint_meta"],
+                                                 v.saved_map(self), self.instances)
         var_slots = [slot for slot, (kind, _, b) in enumerate(
             [leaf for leaf in v.out_leaves if leaf[0] == "out"]) if b == VAR]
         for ref, slot in zip(self.outputs, var_slots):
@@ -205,6 +216,8 @@ class Variant:
             self.forward_graph.notes["saved_for_backward_bytes"] = bwd_info["saved_bytes"]
             self.forward_graph.notes["recomputed_instead_bytes"] = bwd_info["recomputed_bytes"]
         self.bwd = bwd_info
+        # User Functions with per-call state: each call's instances go to its backward.
+        self.user_calls = [n.fn for n in fwd_nodes if isinstance(n.fn, UserCall)]
         if bwd_info:
             self.bwd_sources = bwd_info["sources"]
             self.bwd_grad_slots = bwd_info["grad_slots"]
@@ -290,8 +303,16 @@ class Variant:
         guards = [n for n in self.forward_graph.nodes if n.kind == GUARD]
         return guards[index].line if index < len(guards) else "?"
 
-    def backward_with_variables(self, inputs, gys, arrays):
-        """Replay the joint forward+backward graph through the primitives on Variables."""
+    def saved_map(self, cf):
+        """id(Value) -> array: the forward values call cf saved for its backward."""
+        return {id(val): a for val, a in zip(self.bwd["saved"], cf.saved)}
+
+    def backward_with_variables(self, cf, gys):
+        """Replay the joint forward+backward graph through the primitives on Variables,
+        with eager's graph structure (no_grad, fresh leaves) and the call's saved
+        forward values (an input updated in place since is read as it is now, as
+        eager's backward reads it; what was computed from it is as it was)."""
+        inputs, arrays = cf.inputs, cf.arrays
         j = self.joint_graph
         env_vars = []
         diff_pos = {i: k for k, i in enumerate(self.bwd["joint_diff_inputs"])}
@@ -306,8 +327,9 @@ class Variant:
             elif idx in self.bwd["joint_captures"]:
                 env_vars.append(Constant(read_capture(*self.bwd["joint_captures"][idx])))
             else:
-                env_vars.append(Constant(arrays[idx]))
-        outs = interpret.run_with_variables(j, env_vars)
+                env_vars.append(Constant(current_input(self, idx, arrays[idx])))
+        outs = interpret.run_with_variables(j, env_vars, self.bwd["joint_meta"],
+                                            self.saved_map(cf), cf.instances)
         return tuple(outs[s] if s is not None else None for s in self.bwd["joint_grad_slots"])
 
 
