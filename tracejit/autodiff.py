@@ -213,6 +213,7 @@ def trace_backward(tr, out_raw, out_leaves):
     # Traced as backward(create_graph=True) computes (the same values as a plain
     # backward): the nodes then say what a create_graph replay differentiates, as
     # eager would (a .data read in a user backward is a leaf, not a path).
+    tr.region_backward = True
     backprop(roots, grads=grads, within=tr.functions, create_graph=True)
     tr.bwd_line = None
     bwd_nodes = g.nodes[n_nodes:]

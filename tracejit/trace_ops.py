@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-from tracejit.core import OPAQUE, Function, ShapeDtype
+from tracejit.core import OPAQUE, Function, ShapeDtype, _state
 
 GUARD = "guard"
 
@@ -161,6 +161,9 @@ class UserCall(Function):
 
     kind = OPAQUE
     params = ()
+    # Its backward also runs inside the function (grad() of it, a backward() in a
+    # training step): the forward's instance is kept for it even under no_grad.
+    backward_in_forward = False
 
     def __init__(self, template, state):
         self.template = template      # the user's class, as an empty shell
@@ -175,7 +178,9 @@ class UserCall(Function):
     def forward(self, *xs):
         inst = self.new_instance()
         ys = inst.forward(*xs)
-        _calls.forward[self] = (inst, ys if isinstance(ys, tuple) else (ys,))
+        if self.backward_in_forward or _state.enable_backprop:
+            # No backward can ask for it otherwise: nothing is kept.
+            _calls.forward[self] = (inst, ys if isinstance(ys, tuple) else (ys,))
         return ys
 
 

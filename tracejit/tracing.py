@@ -114,6 +114,8 @@ class Trace:
         self.captured_arrays = {}    # id(ndarray) -> (ndarray, current Value)
         self.effects = []            # (kind, target, Value) replayed after a run
         self.grad_writes = {}        # id(Variable) -> Variable, live vars whose .grad was set
+        self.grad_none = {}          # id(Variable) -> Variable, live vars whose .grad was
+                                     # read as None before the function set it
         self.escapes = []            # (reason, line)
         self.side_effects = []       # (what, line)
         self.random_nodes = []
@@ -129,6 +131,7 @@ class Trace:
         self.grad_meta = {}          # id(Node) -> (grad on?, per input: Value linked or None)
         self.replay_refusal = None   # why the region cannot be replayed on Variables
         self.user_calls = {}         # a user Function with per-call state -> its UserCall
+        self.region_backward = False  # tracing the backward of the region (trace_backward)
 
     # ---- values
 
@@ -228,7 +231,9 @@ class Trace:
         record() compares it with the state after, to find per-call state."""
         if fn.kind != core.OPAQUE or type(fn).__module__.startswith("tracejit"):
             return None
-        return dict(fn.__dict__)
+        # Containers copied: the forward may fill them (self.seen.append(x)).
+        return {k: (copy.copy(v) if type(v) in (list, dict, set, bytearray) else v)
+                for k, v in fn.__dict__.items()}
 
     def record(self, fn, inputs, outputs, before=None):
         ins = [self.value_of(x) for x in inputs]
@@ -323,6 +328,8 @@ class Trace:
             outs.append(v)
             specs.append(core.ShapeDtype(a.shape, a.dtype))
             result.append(var)
+        if not self.region_backward:
+            call.backward_in_forward = True
         if outs:
             op = UserBackward(call, len(fn.inputs), len(fwd_outs),
                               [g is not None for g in gxs], specs)
@@ -581,7 +588,13 @@ class Trace:
 
     def read_grad(self, var):
         g = var._grad
-        if g is None or self.is_mine(g._tv) or g._tv is PENDING:
+        if g is None:
+            if id(var) not in self.grad_writes and self.is_live(var):
+                # backward() starts this gradient afresh only while it is None: a call
+                # that finds one set must not run this variant (it would drop it).
+                self.grad_none[id(var)] = var
+            return g
+        if self.is_mine(g._tv) or g._tv is PENDING:
             return g
         if self.is_live(var) and id(g) not in self.captured_vars:
             # The stale gradient of a live Variable (accumulated into by backward):

@@ -235,6 +235,8 @@ class Variant:
         self.exe = jitted.backend_compile(self.forward_graph)
         self.copy_outputs = fresh_copies(self.forward_graph, self.exe, self.n_user_outs)
         self.check_backward = False     # the trace-time check: backward interpreted
+        # Live Variables whose .grad the trace read as None: (where, obj) as targets.
+        self.grad_none = [target(var) for var in trace.grad_none.values()]
         self.leaf_kinds = trace.leaf_kinds
         self.runner = build_runner(self, trace.leaf_kinds)
         self._hot_runner = None
@@ -455,6 +457,12 @@ def build_runner(v, leaf_kinds, key=None):
                         f"raise Stale('a captured {kind} changed shape or dtype')")
         else:
             body.append(f"{n} = {const(obj)}")
+    for where, obj in v.grad_none:
+        # Traced with this .grad None (backward() then starts it afresh): one set now
+        # must be accumulated into, which this variant does not do.
+        t = (f"leaves[{obj}]" if key is None else f"l{obj}") if where == "leaf" else const(obj)
+        body.append(f"if {t}._grad is not None: "
+                    f"raise Stale('a .grad that was None when traced is set')")
     plan = getattr(v.exe, "plan", None)
     inline = getattr(plan, "inline", None)
     n_outs = len(v.forward_graph.outputs)
