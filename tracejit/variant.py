@@ -46,10 +46,14 @@ class CompiledFunction(Function):
         return gys
 
     def backward(self, *gys):
-        if self.instances is None:
-            return self._backward(gys)
-        with running_backward(self.instances):
-            return self._backward(gys)
+        if self.instances is not None:
+            with running_backward(self.instances):
+                return self._backward(gys)
+        if not Config.enable_backprop and core._state.trace is None:
+            # The common case, kept one call deep.
+            v = self.variant
+            return (v.backward_runner or v.build_backward_runner())(self, gys)
+        return self._backward(gys)
 
     def _backward(self, gys):
         v = self.variant
