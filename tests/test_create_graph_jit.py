@@ -218,3 +218,31 @@ def test_random_programs_differentiate_as_eager(program):
 
     assert_matches_eager(f, lambda i: [np.random.randn(2, 3), np.random.randn(2, 3)],
                          calls=3, rtol=1e-8)
+
+
+def test_an_output_without_history_in_eager_has_none_compiled():
+    def under_no_grad(x):
+        with tj.no_grad():
+            a = x * 2.0
+        return a, F.sum(x * x)
+
+    def detached(x):
+        return tj.Variable(F.tanh(x).data), F.sum(x * x)
+
+    for f in (under_no_grad, detached):
+        jf = tj.jit(f)
+        for i in range(4):
+            xv = np.random.randn(3)
+            seen = []
+            for fn in (f, jf):
+                x = tj.Variable(xv.copy())
+                a, b = fn(x)
+                F.sum(a * 3.0).backward()       # a is a leaf: x gets nothing
+                grad_after_a = x.grad
+                b.backward()                    # ... and a keeps its own gradient
+                seen.append((a.creator is None, grad_after_a is None, a.grad.data.copy(),
+                             x.grad.data.copy()))
+            (ce, ne, ae, xe), (cj, nj, aj, xj) = seen
+            assert (cj, nj) == (ce, ne) == (True, True)
+            np.testing.assert_allclose(aj, ae)
+            np.testing.assert_allclose(xj, xe)
