@@ -228,3 +228,44 @@ def test_sign_sequences(signs, seed):
     assert_matches_eager(
         f, lambda i: [signs[i] * (np.abs(rng.standard_normal(3)) + 0.1),
                       np.abs(rng.standard_normal(3)) + 0.1], calls=len(signs))
+
+
+@pytest.mark.parametrize("order", [0, 1, 2], ids=["backward", "create_graph", "twice"])
+def test_stateful_function_graph_is_freed_by_refcounting(order):
+    import gc
+    import weakref
+
+    from test_no_reference_cycles import _graph_refs
+
+    def f(x, w):
+        a, b = Mask2()(F.tanh(x), w)
+        return F.sum(SignScale()(a) ** 2) + b
+
+    jf = tj.jit(f)
+    gc.collect()
+    gc.disable()
+    try:
+        for k in range(5):       # warm-up, trace, checked call, compiled calls
+            x, w = tj.Variable(_signed(k, (2, 3))), tj.Variable(np.random.randn(3))
+            y = jf(x, w)
+            y.backward(create_graph=order > 0)
+            refs = _graph_refs(y) + _graph_refs(x.grad, w.grad)
+            if order > 1:
+                gx = x.grad
+                x.cleargrad()
+                w.cleargrad()
+                z = F.sum(gx ** 2)
+                del gx
+                z.backward(create_graph=True)
+                refs += _graph_refs(z, x.grad, w.grad)
+                del z
+            probe = weakref.ref(y.creator)
+            del y
+            x.cleargrad()
+            w.cleargrad()
+            alive = [type(r()).__name__ for r in refs
+                     if r() is not None and r() is not x and r() is not w]
+            assert alive == [] and probe() is None, (k, alive)
+    finally:
+        gc.enable()
+    assert jf.cache_info()["fallbacks"] == 0
