@@ -308,6 +308,18 @@ def trace_backward(tr, out_raw, out_leaves):
                 joint_grad_slots=grad_slots)
     info["joint_captures"] = {pos[id(v)]: cap_source[id(v)] for v in g.inputs
                               if id(v) in new_caps}
+    # A create_graph replay recomputes the forward with NumPy from the inputs as they
+    # are at backward time: right for values computed from inputs nothing changes (as
+    # eager computed them, bit for bit), wrong for those computed from an input the call
+    # updates in place or live captured state, which may have changed since. Those the
+    # backward reads were saved (remat never recomputes them): the replay takes them
+    # from the call. Only those: a saved value next to a NumPy-recomputed one could
+    # differ by rounding, and a max's mask (x == max) would then lose its gradient.
+    tainted = set(mutated | live)
+    for n in g.nodes[:n_nodes]:
+        if any(isinstance(u, Value) and id(u) in tainted for u in n.inputs):
+            tainted.update(id(o) for o in n.outputs)
+    info["replay_saved"] = [k for k, v in enumerate(saved) if id(v) in tainted]
     info["joint_meta"] = tr.grad_meta
     info["replay_refusal"] = tr.replay_refusal
     return info, diff_sources

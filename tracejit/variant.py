@@ -310,8 +310,10 @@ class Variant:
         return guards[index].line if index < len(guards) else "?"
 
     def saved_map(self, cf):
-        """id(Value) -> array: the forward values call cf saved for its backward."""
-        return {id(val): a for val, a in zip(self.bwd["saved"], cf.saved)}
+        """id(Value) -> array: the forward values call cf saved for its backward that
+        a replay must not recompute (computed from inputs that may have changed)."""
+        saved = self.bwd["saved"]
+        return {id(saved[k]): cf.saved[k] for k in self.bwd["replay_saved"]}
 
     def backward_with_variables(self, cf, gys):
         """Replay the joint forward+backward graph through the primitives on Variables,
