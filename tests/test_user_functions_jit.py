@@ -269,3 +269,38 @@ def test_stateful_function_graph_is_freed_by_refcounting(order):
     finally:
         gc.enable()
     assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_function_built_from_python_numbers_of_traced_values_compiles():
+    # float() of traced data and a float argument given to __init__: the NumPy forward
+    # sees numbers, as in eager; each is guarded by its value.
+    class Scale(tj.Function):
+        def __init__(self, c):
+            self.c = c
+
+        def forward(self, x):
+            return x * self.c
+
+        def backward(self, gy):
+            return gy * self.c
+
+    def f(x, lr):
+        m = float(x.data.mean() > 0)
+        return F.sum(Scale(m + 1.0)(x) * Scale(lr)(x))
+
+    lrs = [0.5, 0.5, 0.25, 0.25, 0.5, 0.25, 0.5]
+    jf = assert_matches_eager(lambda x: f(x, lrs[0]), lambda i: [np.random.randn(3)],
+                              calls=5)
+    assert jf.cache_info()["fallbacks"] == 0
+    jf = tj.jit(f)
+    for i, lr in enumerate(lrs):
+        xv = np.random.randn(3)
+        got, want = [], []
+        for fn, out in ((f, want), (jf, got)):
+            x = tj.Variable(xv.copy())
+            y = fn(x, lr)
+            y.backward()
+            out += [y.data, x.grad.data]
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w)
+    assert jf.cache_info()["fallbacks"] == 0

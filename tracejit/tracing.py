@@ -231,6 +231,11 @@ class Trace:
         record() compares it with the state after, to find per-call state."""
         if fn.kind != core.OPAQUE or type(fn).__module__.startswith("tracejit"):
             return None
+        for k, val in list(fn.__dict__.items()):
+            if isinstance(val, (core.ScalarTracer, tuple, list)):
+                # A traced Python number given to __init__ (Scale(float(m))): its NumPy
+                # forward sees a number, as in eager: the value it is, guarded.
+                setattr(fn, k, core.static_value(val, f"{type(fn).__name__}(...).{k}"))
         # Containers copied: the forward may fill them (self.seen.append(x)).
         return {k: (copy.copy(v) if type(v) in (list, dict, set, bytearray) else v)
                 for k, v in fn.__dict__.items()}
