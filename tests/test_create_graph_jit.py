@@ -260,3 +260,26 @@ def test_max_mask_of_a_create_graph_replay():
         rng = np.random.default_rng(seed)
         assert_matches_eager(f, lambda i: [rng.standard_normal((4, 5)),
                                            rng.standard_normal((4, 5))], calls=6, rtol=1e-8)
+
+
+def test_backward_from_one_output_gives_eagers_dtype():
+    # s (float32) reaches output a through float64 and output b through a float32 cast:
+    # eager's backward from b alone gives s a float32 gradient; the compiled backward
+    # also adds a's zero contribution, which promoted it to float64.
+    def f(s, x):
+        return x * s, F.cast(s, np.float64) * 2.0
+
+    jf = tj.jit(f)
+    for i in range(5):
+        sv, xv = np.asarray(np.random.randn(), np.float32), np.random.randn(3)
+        for which in (0, 1):
+            grads = []
+            for fn in (f, jf):
+                s, x = tj.Variable(sv.copy()), tj.Variable(xv.copy())
+                outs = fn(s, x)
+                F.sum(outs[which]).backward()
+                grads.append((s.grad.data, None if x.grad is None else x.grad.data))
+            (se, xe), (sj, xj) = grads
+            assert sj.dtype == se.dtype, (which, sj.dtype, se.dtype)
+            np.testing.assert_allclose(sj, se, rtol=1e-6)
+            assert (xj is None) == (xe is None)

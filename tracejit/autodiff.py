@@ -320,9 +320,37 @@ def trace_backward(tr, out_raw, out_leaves):
         if any(isinstance(u, Value) and id(u) in tainted for u in n.inputs):
             tainted.update(id(o) for o in n.outputs)
     info["replay_saved"] = [k for k, v in enumerate(saved) if id(v) in tainted]
+    info["grad_dtypes"] = _grad_dtypes(tr, roots, out_index, boundary)
     info["joint_meta"] = tr.grad_meta
     info["replay_refusal"] = tr.replay_refusal
     return info, diff_sources
+
+
+def _grad_dtypes(tr, roots, out_index, boundary):
+    """Per output k (the gys' numbering), per boundary Variable: the dtype of the
+    gradient eager's backward from that output alone gives it (None: none). A backward
+    from some of the outputs gets eager's dtype from these: the compiled backward also
+    adds the others' zero contributions, whose dtype may promote (a float32 input
+    reached through float64 from one output and float32 from another). None when every
+    output gives every input the same dtype (the common case costs nothing)."""
+    if len(roots) < 2:
+        return None
+    table = {}
+    prev = core.set_trace(None)       # eager, unrecorded: only the dtypes are wanted
+    try:
+        with core.no_grad():
+            for y in roots:
+                grads = DictGrads()
+                grads.set(y, Variable(np.ones_like(y._data)))
+                backprop([y], grads=grads, within=tr.functions)
+                table[out_index[id(y)]] = [None if grads.get(var) is None else
+                                           grads.get(var).dtype for _, var in boundary]
+    finally:
+        core.set_trace(prev)
+    for j in range(len(boundary)):
+        if len({row[j] for row in table.values() if row[j] is not None}) > 1:
+            return table
+    return None
 
 
 def mutated_inputs(tr):

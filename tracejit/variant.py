@@ -46,14 +46,40 @@ class CompiledFunction(Function):
         return gys
 
     def backward(self, *gys):
+        v = self.variant
+        if v.bwd["grad_dtypes"] is not None and any(g is None for g in gys):
+            return self._eager_dtypes(gys, self._backward_with_instances(gys))
         if self.instances is not None:
             with running_backward(self.instances):
                 return self._backward(gys)
         if not Config.enable_backprop and core._state.trace is None:
             # The common case, kept one call deep.
-            v = self.variant
             return (v.backward_runner or v.build_backward_runner())(self, gys)
         return self._backward(gys)
+
+    def _backward_with_instances(self, gys):
+        if self.instances is None:
+            return self._backward(gys)
+        with running_backward(self.instances):
+            return self._backward(gys)
+
+    def _eager_dtypes(self, gys, grads):
+        """A backward from some of the outputs: each gradient in the dtype eager's
+        backward from those outputs gives it (the others' zero contributions, added in
+        the compiled backward, may have promoted it; casting back is exact)."""
+        table = self.variant.bwd["grad_dtypes"]
+        live = [table[k] for k, g in enumerate(gys) if g is not None and k in table]
+        out = []
+        for j, g in enumerate(grads):
+            dts = [row[j] for row in live if row[j] is not None]
+            if g is not None and dts:
+                want = np.result_type(*dts)
+                if g.dtype != want:
+                    from tracejit import functions as F
+                    g = F.cast(g, want) if Config.enable_backprop else \
+                        Variable(g._data.astype(want))
+            out.append(g)
+        return tuple(out)
 
     def _backward(self, gys):
         v = self.variant
