@@ -153,6 +153,10 @@ def _copy_state(state):
             for k, v in state.items()}
 
 
+class UserBackwardMismatch(RuntimeError):
+    """A user backward gave gradients to other inputs than on the traced call."""
+
+
 class UserCall(Function):
     """A user Function whose forward keeps state on self (`self.k = ...`, a mask):
     every run makes a fresh instance from the state __init__ left (as eager constructs
@@ -228,7 +232,7 @@ class UserBackward(Function):
         out = []
         for i, (gx, want) in enumerate(zip(gxs, self.mask)):
             if (gx is None) != (not want):
-                raise RuntimeError(
+                raise UserBackwardMismatch(
                     f"{self.call.op_name}.backward returned "
                     f"{'None' if gx is None else 'a gradient'} for input {i}, where the "
                     f"traced call's backward returned "

@@ -16,7 +16,8 @@ from tracejit.core import Config, Constant, Function, Variable
 from tracejit.ir import Graph, Lit
 from tracejit.pytree import FLT, VAR, structure_source
 from tracejit.signature import matcher_lines
-from tracejit.trace_ops import GUARD, GuardFailure, UserCall, running_backward, take_calls
+from tracejit.trace_ops import (GUARD, GuardFailure, UserBackwardMismatch, UserCall,
+                                running_backward, take_calls)
 
 
 class JitWarning(UserWarning):
@@ -50,8 +51,7 @@ class CompiledFunction(Function):
         if v.bwd["grad_dtypes"] is not None and any(g is None for g in gys):
             return self._eager_dtypes(gys, self._backward_with_instances(gys))
         if self.instances is not None:
-            with running_backward(self.instances):
-                return self._backward(gys)
+            return self._backward_with_instances(gys)
         if not Config.enable_backprop and core._state.trace is None:
             # The common case, kept one call deep.
             return (v.backward_runner or v.build_backward_runner())(self, gys)
@@ -61,7 +61,48 @@ class CompiledFunction(Function):
         if self.instances is None:
             return self._backward(gys)
         with running_backward(self.instances):
-            return self._backward(gys)
+            try:
+                return self._backward(gys)
+            except UserBackwardMismatch:
+                if Config.enable_backprop:
+                    raise
+                # This call's user backward gives gradients to other inputs than the
+                # traced call's did: this backward runs eagerly, on the call's own
+                # instances, so the gradients and their None-ness are eager's.
+                return self._eager_backward(gys)
+
+    def _eager_backward(self, gys):
+        """The gradients of this call's inputs by eager's backward over the region
+        replayed on Variables (fresh leaves stand for the inputs)."""
+        v = self.variant
+        g = v.forward_graph
+        diff_pos = {i: k for k, i in enumerate(v.bwd["joint_diff_inputs"])}
+        leaves = [Variable(x._data) for x in self.inputs]
+        env = [leaves[diff_pos[i]] if i in diff_pos else
+               Constant(current_input(v, i, self.arrays[i])) for i in range(len(g.inputs))]
+        user = Graph(g.name, g.inputs, g.nodes, g.outputs[:v.n_user_outs], g.input_names)
+        rng = None
+        if self.rng is not None:
+            rng = np.random.get_state()
+            np.random.set_state(self.rng)
+        try:
+            with core.using_config("enable_backprop", True):
+                twins = interpret.run_with_variables(user, env, v.bwd["joint_meta"],
+                                                     v.saved_map(self), self.instances)
+        finally:
+            if rng is not None:
+                np.random.set_state(rng)
+        var_slots = [slot for slot, (kind, _, b) in enumerate(
+            [leaf for leaf in v.out_leaves if leaf[0] == "out"]) if b == VAR]
+        grads, roots = core.DictGrads(), []
+        for gy, slot in zip(gys, var_slots):
+            twin = twins[slot]
+            if gy is not None and twin.creator is not None:
+                grads.set(twin, gy)
+                roots.append(twin)
+        with core.no_grad():
+            core.backprop(roots, grads=grads)
+        return tuple(grads.get(x) for x in leaves)
 
     def _eager_dtypes(self, gys, grads):
         """A backward from some of the outputs: each gradient in the dtype eager's
