@@ -48,14 +48,15 @@ class CompiledFunction(Function):
 
     def backward(self, *gys):
         v = self.variant
-        if v.bwd["grad_dtypes"] is not None and any(g is None for g in gys):
+        if self.instances is None and v.grad_dtypes is None:
+            st = core._state
+            if not st.enable_backprop and st.trace is None:
+                # The common case, kept one call deep.
+                return (v.backward_runner or v.build_backward_runner())(self, gys)
+            return self._backward(gys)
+        if v.grad_dtypes is not None and any(g is None for g in gys):
             return self._eager_dtypes(gys, self._backward_with_instances(gys))
-        if self.instances is not None:
-            return self._backward_with_instances(gys)
-        if not Config.enable_backprop and core._state.trace is None:
-            # The common case, kept one call deep.
-            return (v.backward_runner or v.build_backward_runner())(self, gys)
-        return self._backward(gys)
+        return self._backward_with_instances(gys)
 
     def _backward_with_instances(self, gys):
         if self.instances is None:
@@ -108,7 +109,7 @@ class CompiledFunction(Function):
         """A backward from some of the outputs: each gradient in the dtype eager's
         backward from those outputs gives it (the others' zero contributions, added in
         the compiled backward, may have promoted it; casting back is exact)."""
-        table = self.variant.bwd["grad_dtypes"]
+        table = self.variant.grad_dtypes
         live = [table[k] for k, g in enumerate(gys) if g is not None and k in table]
         out = []
         for j, g in enumerate(grads):
@@ -289,6 +290,7 @@ class Variant:
         self.bwd = bwd_info
         # User Functions with per-call state: each call's instances go to its backward.
         self.user_calls = [n.fn for n in fwd_nodes if isinstance(n.fn, UserCall)]
+        self.grad_dtypes = bwd_info["grad_dtypes"] if bwd_info else None
         if bwd_info:
             self.bwd_sources = bwd_info["sources"]
             self.bwd_grad_slots = bwd_info["grad_slots"]
