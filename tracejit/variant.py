@@ -48,7 +48,7 @@ class CompiledFunction(Function):
 
     def backward(self, *gys):
         v = self.variant
-        if self.instances is None and v.grad_dtypes is None:
+        if self.instances is None and v.grad_dtypes is None and not v.check_backward:
             st = core._state
             if not st.enable_backprop and st.trace is None:
                 # The common case, kept one call deep.
