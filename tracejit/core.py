@@ -259,9 +259,13 @@ class Variable:
         if self.grad is None:
             d = self._data
             # np.ones_like costs 1.5 us; a 0-d seed (a loss) is the common case.
-            # A Constant: a create_graph backward through a graph that reads the seed
-            # must not give the seed a gradient (a cycle; see Constant).
-            self.grad = Constant(np.array(1, d.dtype) if d.ndim == 0 else np.ones_like(d))
+            # With create_graph a Constant: a later backward through the graph that
+            # reads the seed must not give the seed a gradient (a cycle; see Constant).
+            # Else a Variable, as in DeZero: backward passes it through unchanged to
+            # x.grad (y = x + 1) and retain_grad keeps it as y.grad, where the user
+            # sees its type; no graph reads it, so no cycle can form through it.
+            seed = np.array(1, d.dtype) if d.ndim == 0 else np.ones_like(d)
+            self.grad = Constant(seed) if create_graph else Variable(seed)
         if self.creator is not None:
             backprop([self], retain_grad=retain_grad, create_graph=create_graph)
 

@@ -975,7 +975,21 @@ def _tracing_py_seed(*args, **kwargs):
 
 # ---- float() and int() in the jitted function give TracedScalars
 
+# The rewritten code loads these where it loaded the global name: a module global of
+# that name (`float = np.float32`, `from numpy import int64 as int`) is what the user's
+# call calls, in every thread, as LOAD_GLOBAL finds globals before builtins.
+_NOT_SHADOWED = object()
+
+
+def _shadowing(name):
+    f = sys._getframe(2).f_globals.get(name, _NOT_SHADOWED)
+    return None if f is _NOT_SHADOWED or f is getattr(builtins, name) else f
+
+
 def _traced_float(*args, **kwargs):
+    own = _shadowing("float")
+    if own is not None:
+        return own(*args, **kwargs)
     if len(args) == 1 and not kwargs:
         x, tr = args[0], core._state.trace
         if tr is not None and not tr.abstract:
@@ -989,6 +1003,9 @@ def _traced_float(*args, **kwargs):
 
 
 def _traced_int(*args, **kwargs):
+    own = _shadowing("int")
+    if own is not None:
+        return own(*args, **kwargs)
     if len(args) == 1 and not kwargs:
         x, tr = args[0], core._state.trace
         if tr is not None and not tr.abstract:
@@ -1001,7 +1018,13 @@ def _traced_int(*args, **kwargs):
     return int(*args, **kwargs)
 
 
-def _traced_isinstance(obj, classinfo):
+def _traced_isinstance(*args, **kwargs):
+    own = _shadowing("isinstance")
+    if own is not None:
+        return own(*args, **kwargs)
+    if len(args) != 2 or kwargs:
+        return isinstance(*args, **kwargs)      # Python's own TypeError
+    obj, classinfo = args
     # A traced Python number is an instance of what its value is (float, int, bool,
     # numbers.Real): its type is fixed by the operations that made it, not its value.
     if isinstance(obj, TracedScalar):
@@ -1009,10 +1032,13 @@ def _traced_isinstance(obj, classinfo):
     return isinstance(obj, classinfo)
 
 
-def _traced_type(*args):
-    if len(args) == 1 and isinstance(args[0], TracedScalar):
+def _traced_type(*args, **kwargs):
+    own = _shadowing("type")
+    if own is not None:
+        return own(*args, **kwargs)
+    if len(args) == 1 and not kwargs and isinstance(args[0], TracedScalar):
         return args[0].pytype
-    return type(*args)
+    return type(*args, **kwargs)
 
 
 # Python's float() and int() must return real numbers (CPython converts whatever
@@ -1131,11 +1157,63 @@ def unswap_scalar_code(done):
 
 def plain_numbers(locs):
     """A traced Python number the function stored in state it reads (`self.loss =
-    float(loss.data)`) is the plain number after the trace, as after an eager call."""
+    float(loss.data)`, `log.append(loss)`, `hist[k] = (loss, n)`) is the plain number
+    after the trace, as after an eager call: a TracedFloat left in a list is not a
+    float to isinstance, json or a later trace."""
+    seen = set()
     for loc in locs:
         v = loc.read()
         if isinstance(v, TracedScalar):
             loc.write(v._value)
+        else:
+            # Items the locations do not list: appended during the trace, past the
+            # first 64, or nested deeper.
+            _plain_items(v, seen, 3)
+
+
+def _plain_items(c, seen, depth):
+    t = type(c)
+    if t not in (list, dict, set) or depth == 0 or id(c) in seen:
+        return
+    seen.add(id(c))
+    if t is set:
+        if any(_holds_tracer(x) for x in c):
+            items = [_plain_value(x, seen, depth) for x in c]
+            c.clear()
+            c.update(items)
+        return
+    if t is dict:
+        if any(_holds_tracer(k) for k in c):
+            items = [(_plain_value(k, seen, depth), v) for k, v in c.items()]
+            c.clear()
+            c.update(items)
+        keys = list(c)
+    else:
+        keys = range(len(c))
+    for k in keys:
+        x = c[k]
+        y = _plain_value(x, seen, depth)
+        if y is not x:
+            c[k] = y
+
+
+def _plain_value(x, seen, depth):
+    """x with the traced numbers in it plain (a new tuple where one holds some)."""
+    if isinstance(x, TracedScalar):
+        return x._value
+    if type(x) is tuple:
+        if any(_holds_tracer(y) for y in x):
+            return tuple(_plain_value(y, seen, depth - 1) for y in x)
+        for y in x:
+            _plain_items(y, seen, depth - 1)
+        return x
+    _plain_items(x, seen, depth - 1)
+    return x
+
+
+def _holds_tracer(x):
+    return isinstance(x, TracedScalar) or (type(x) is tuple and any(_holds_tracer(y)
+                                                                     for y in x))
 
 
 def symbolic_scalars(fn):
