@@ -1036,9 +1036,12 @@ class _StatePutBack:
                zip(self.live.vars, self.live.initial[0]) if data is None):
             return True
         # A list that grows (a log) is a side effect, put back; a new attribute or dict
-        # entry (opt.vs[id(p)]) is state the next call expects to find.
+        # entry (opt.vs[id(p)]) is state the next call expects to find. A Layer's
+        # first call sets `inputs`/`outputs` (weak references, bookkeeping): not state,
+        # or trace() of any fresh model's training step would apply the step.
         return any(loc.label not in self.labels and not (
-            loc.kind == "item" and type(loc.container) is list)
+            loc.kind == "item" and type(loc.container) is list) and not (
+            type(loc.read()) is list and pystate._bookkeeping(loc.read()))
             for loc in pystate.locations(self.fn))
 
     def restore(self):
