@@ -950,6 +950,10 @@ def _tracing_seed(seed=None):
     tr = core._state.trace
     if tr is None or tr.abstract:
         return _original_seed(seed)
+    if isinstance(seed, TracedScalar) and seed.pytype is int:
+        # A seed computed from traced data (int(...) + k): the value it is, guarded
+        # (a new value retraces), as the seed is a parameter of the node.
+        seed = tr.freeze(seed, "np.random.seed")
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0:
         from tracejit.arrayops import RandomSeed
         RandomSeed(int(seed))()
