@@ -40,7 +40,10 @@ def same_py(got, want):
         same(got, want, creator=False)
         return
     assert type(got) is type(want), (type(got), type(want), got, want)
-    np.testing.assert_allclose(got, want, rtol=1e-6)
+    if isinstance(want, (int, float, np.generic)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    else:
+        assert got == want, (got, want)
 
 
 def run(f, xs):
@@ -149,3 +152,52 @@ def test_the_seed_kept_by_retain_grad_is_a_variable():
     y = F.sum(x * 3.0)
     y.backward(retain_grad=True)
     assert type(y.grad) is tj.Variable and type(x.grad) is tj.Variable
+
+
+# ------------------------------------------------------------ type() and isinstance
+
+def test_type_of_traced_data_is_ndarray_as_in_eager():
+    # type(x.data) while tracing must answer as eager (np.ndarray), or the tracing call
+    # itself takes the other branch and returns a wrong result.
+    def f(x):
+        kind = (type(x.data) is np.ndarray, type(x.data).__name__)
+        return kind, (x * 2.0 if type(x.data) is np.ndarray else x * 3.0)
+
+    run(f, inputs())
+
+
+def test_type_and_isinstance_forms_python_checks():
+    def f(x):
+        m = float(x.data.mean())
+        T = type("T", (), {"k": 2.0})         # the three-argument form
+        with pytest.raises(TypeError):
+            isinstance(m)                     # Python's own error
+        r = (isinstance(m, (int, float)), isinstance(m, int), type(m) is float,
+             type(m > 0) is bool, isinstance(int(m * 10), int), T.k)
+        return r, x * (T.k if m > 0 else -1.0)
+
+    run(f, inputs())
+
+
+def helper_that_raises(x):
+    v = float(x.data.mean())
+    if v > 5:
+        raise ValueError("too big")
+    return v
+
+
+def test_a_helper_gets_its_own_code_back_after_a_trace_that_raises():
+    own = helper_that_raises.__code__
+
+    def f(x):
+        return x * helper_that_raises(x)
+
+    jf = tj.jit(f)
+    for d in (1.0, 1.5, 10.0, 10.0, 2.0, 10.0):
+        x = tj.Variable(np.full(3, d))
+        if d > 5:
+            with pytest.raises(ValueError):
+                jf(x)
+        else:
+            np.testing.assert_allclose(jf(x).data, f(tj.Variable(np.full(3, d))).data)
+        assert helper_that_raises.__code__ is own

@@ -1040,8 +1040,15 @@ def _traced_type(*args, **kwargs):
     own = _shadowing("type")
     if own is not None:
         return own(*args, **kwargs)
-    if len(args) == 1 and not kwargs and isinstance(args[0], TracedScalar):
-        return args[0].pytype
+    if len(args) == 1 and not kwargs:
+        t = type(args[0])
+        if issubclass(t, TracedScalar):
+            return args[0].pytype
+        if t is TracedArray:
+            # x.data, an ndarray argument, a captured array: eager's is an ndarray
+            # (`type(a) is np.ndarray` must branch as in eager).
+            return np.ndarray
+        return t
     return type(*args, **kwargs)
 
 
