@@ -201,3 +201,41 @@ def test_a_helper_gets_its_own_code_back_after_a_trace_that_raises():
         else:
             np.testing.assert_allclose(jf(x).data, f(tj.Variable(np.full(3, d))).data)
         assert helper_that_raises.__code__ is own
+
+
+# ------------------------------------------------- ints beyond float64's exact range
+
+def _first_traced_small_then(f, small, big):
+    """Trace and compile on small values, then call with the big ones: eager's answer."""
+    jf = tj.jit(f)
+    for v in small + big:
+        want = f(tj.Variable(np.array(v)))
+        same_py(jf(tj.Variable(np.array(v))), want)
+    return jf
+
+
+def test_an_int_beyond_2_53_compared_with_a_float_compares_exactly():
+    # Python compares int and float exactly; 1000001**3 rounds up in float64, so in
+    # float64 `n >= float(n)` is True where Python says False.
+    def f(x):
+        n = int(x.data[0]) ** 3
+        t = float(x.data[1])
+        return x * (2.0 if n >= t else 3.0)
+
+    big = [1000001.0, float(1000001 ** 3)]
+    _first_traced_small_then(f, [[3.0, 20.0], [3.0, 21.0], [3.0, 22.0], [3.0, 23.0]],
+                             [big, big, big])
+
+
+def test_true_division_of_ints_beyond_2_53_rounds_once():
+    def f(x):
+        n = int(x.data[0]) ** 3 + 1
+        m = int(x.data[1])
+        return n / m, x * 1.0
+
+    big = [1000001.0, 3.0]       # n / 3 and float(n) / 3.0 differ in the last bit
+    jf = _first_traced_small_then(f, [[3.0, 7.0], [5.0, 3.0], [4.0, 3.0], [6.0, 7.0]],
+                                  [big])
+    # The Python number exactly as Python computes it (a later `q == n / m` branches
+    # on the last bit).
+    assert jf(tj.Variable(np.array(big)))[0] == (1000001 ** 3 + 1) / 3

@@ -490,6 +490,13 @@ class Trace:
                               np.dtype(np.int64), True)
         if name == "pow" and rt is int and isinstance(b, TracedScalar):
             self._check_guard(F.GreaterEqual, [b, 0], np.dtype(np.int64), True)
+        if work.kind == "f" and (name in _CMP_OPS or name == "truediv") and not all(
+                self._exact_in_float64(x, v) for x, v in ((a, va), (b, vb))):
+            # Python compares an int with a float exactly, and divides ints with one
+            # rounding; in float64 an int beyond 2**53 is rounded first. By value then.
+            self.freeze(a, f"{name} of an int beyond 2**53 in float64")
+            self.freeze(b, f"{name} of an int beyond 2**53 in float64")
+            return result
         (ia, xa), (ib, xb) = self._scalar_operand(a, work), self._scalar_operand(b, work)
         fn = _SCALAR_FNS[name]()
         y, v = self._scalar_node(fn, [ia, ib], [xa, xb])
@@ -515,6 +522,15 @@ class Trace:
             self.freeze(b, f"{name} that NumPy computes differently")
             return result
         return SCALAR_TYPES[rt](result, v, self)
+
+    def _exact_in_float64(self, x, v):
+        """Is the number x (value v) exactly a float64, now and (a guard) at every call?
+        Floats and bools are; an int is up to 2**53 in magnitude."""
+        if type(v) is not int:
+            return True
+        if not isinstance(x, TracedScalar):
+            return abs(v) <= 2 ** 53
+        return self._check_guard(F.LessEqual, [abs(x), 2 ** 53], np.dtype(np.int64), True)
 
     def _int_fits(self, fn, operands):
         """A guard that the int op, done in float64, stays below 2**62 in magnitude (so
