@@ -176,6 +176,13 @@ class TracedScalar(ScalarTracer):
     __slots__ = ("_value", "_tv", "_trace")
     pytype = float
 
+    def __new__(cls, value=0, tv=None, trace=None):
+        if trace is None:
+            # Made by the user's code, not a trace (`type(m)(total)` in a library such
+            # as statistics, where type() is not redirected): the plain number, as eager.
+            return cls.pytype(value)
+        return super().__new__(cls)
+
     def __init__(self, value, tv=None, trace=None):
         self._value = self.pytype(value)
         self._tv = tv
@@ -287,6 +294,21 @@ class TracedScalar(ScalarTracer):
     def is_integer(self):
         return float(self._seen("is_integer()")).is_integer()
 
+    # The rest of float's and int's methods: what the value's own method gives, behind
+    # a guard on the value (statistics, fractions and the user call them by name).
+    def as_integer_ratio(self):
+        return self._seen("as_integer_ratio()").as_integer_ratio()
+
+    def __copy__(self):
+        return self          # a number: copy.copy(5.0) is 5.0 itself
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        # Pickled as the plain number it is (never the trace it belongs to).
+        return (self.pytype, (self._seen("pickling"),))
+
     def conjugate(self):
         return self
 
@@ -305,6 +327,9 @@ class TracedFloat(TracedScalar):
     __slots__ = ()
     pytype = float
 
+    def hex(self):
+        return self._seen("hex()").hex()
+
 
 class TracedInt(TracedScalar):
     """A Python int: int(traced), .item() of integer data, arithmetic giving an int."""
@@ -321,6 +346,17 @@ class TracedInt(TracedScalar):
 
     def __lshift__(self, o): return int(self) << o
     def __rshift__(self, o): return int(self) >> o
+    def __rlshift__(self, o): return o << int(self)
+    def __rrshift__(self, o): return o >> int(self)
+
+    def bit_length(self):
+        return self._seen("bit_length()").bit_length()
+
+    def bit_count(self):
+        return int(self._seen("bit_count()")).bit_count()
+
+    def to_bytes(self, *args, **kwargs):
+        return self._seen("to_bytes()").to_bytes(*args, **kwargs)
 
     @property
     def numerator(self):
