@@ -284,3 +284,41 @@ def test_library_code_that_needs_a_real_float(use):
         return use(float(x.data.mean())), x * 1.0
 
     run(f, inputs())
+
+
+# ----------------------------------------------- float() in the methods a model calls
+
+class Scaler:
+    base = 2.0
+
+    def __init__(self):
+        self.k = 3.0
+
+    def __call__(self, x):
+        m = float(x.data.mean())
+        return x * (self.pick(m) + self.shift(m) + self.times_base(m) + self.k_value)
+
+    def pick(self, m):
+        return float(m) * 2.0 if m > 0 else -1.0
+
+    @staticmethod
+    def shift(m):
+        return float(m) + 1.0
+
+    @classmethod
+    def times_base(cls, m):
+        return float(m) * cls.base
+
+    @property
+    def k_value(self):
+        return float(self.k)
+
+
+def test_float_in_methods_static_and_class_methods_and_properties_is_symbolic():
+    # float() of a traced number in a method the model calls on itself is that
+    # number (recorded), not a guard on its value: one variant per sign, no storm.
+    scaler = Scaler()
+    jf = run(lambda x: scaler(x), inputs(8))
+    info = jf.cache_info()
+    assert info["variants"] <= 2 and info["fallbacks"] == 0, info
+    assert info["hits"] >= 8 - 1 - 2 * 2, info

@@ -1140,9 +1140,20 @@ def _user_functions(v):
     if cls.__module__.startswith(("tracejit", "numpy", "numba", "builtins")) or \
             not isinstance(getattr(v, "__dict__", None), dict) or isinstance(v, type):
         return []
-    # An object of a user class (a Model): what calling it runs.
-    return [f for name in ("forward", "__call__")
-            for f in _user_functions(getattr(cls, name, None))]
+    # An object of a user class (a Model): what calling it runs, and the methods it
+    # may call on itself (self.helper(m), static and class methods, properties).
+    out = []
+    for klass in cls.__mro__:
+        if klass.__module__.startswith(("tracejit", "numpy", "numba", "builtins")):
+            continue
+        for attr in vars(klass).values():
+            if isinstance(attr, (staticmethod, classmethod)):
+                attr = attr.__func__
+            elif isinstance(attr, property):
+                attr = attr.fget
+            if type(attr) is types.FunctionType:
+                out += _user_functions(attr)
+    return out
 
 
 def swap_scalar_code(locs):
