@@ -44,7 +44,8 @@ def user_line(skip=2):
     f = sys._getframe(skip)
     while f is not None:
         fname = f.f_code.co_filename
-        if (not fname.startswith(_PKG_DIR) or fname.endswith("demo.py")) \
+        # The package's own files (a sibling `tracejit_runs/train.py` is the user's).
+        if (not fname.startswith(_PKG_DIR + os.sep) or fname.endswith("demo.py")) \
                 and "hypothesis" not in fname:
             text = linecache.getline(fname, f.f_lineno).strip()
             return f"{os.path.basename(fname)}:{f.f_lineno}  {text}"
