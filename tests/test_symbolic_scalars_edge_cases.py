@@ -322,3 +322,15 @@ def test_float_in_methods_static_and_class_methods_and_properties_is_symbolic():
     info = jf.cache_info()
     assert info["variants"] <= 2 and info["fallbacks"] == 0, info
     assert info["hits"] >= 8 - 1 - 2 * 2, info
+
+
+def test_isinstance_and_type_of_a_numpy_scalar_of_traced_data():
+    # x.data.mean() and x.data[0] are np.float64 in eager (a float subclass): the
+    # rewritten isinstance/type answer so, or the tracing call takes the other branch.
+    def f(x):
+        m, s = x.data.mean(), x.data[0]
+        kinds = (isinstance(m, float), isinstance(m, np.floating), isinstance(m, np.ndarray),
+                 type(m).__name__, type(s) is np.float64, isinstance(x.data, np.ndarray))
+        return kinds, (x * 2.0 if isinstance(m, float) else x * 3.0)
+
+    run(f, inputs())

@@ -1046,11 +1046,23 @@ def _traced_isinstance(*args, **kwargs):
     if len(args) != 2 or kwargs:
         return isinstance(*args, **kwargs)      # Python's own TypeError
     obj, classinfo = args
+    if type(obj) is TracedArray:
+        # Traced data is what eager holds there: an ndarray, or the NumPy scalar a
+        # reduction or an index gives (x.data.mean() is a np.float64, a float).
+        return isinstance(_eager_stand_in(obj), classinfo)
     # A traced Python number is an instance of what its value is (float, int, bool,
     # numbers.Real): its type is fixed by the operations that made it, not its value.
     if isinstance(obj, TracedScalar):
         return isinstance(obj._value, classinfo)
     return isinstance(obj, classinfo)
+
+
+def _eager_stand_in(a):
+    """A plain object of the type eager has where the trace holds the TracedArray a."""
+    plain = a.view(np.ndarray)
+    if a._numpy_scalar == "python":
+        return plain[()].item()
+    return plain[()] if a._numpy_scalar else plain
 
 
 def _traced_type(*args, **kwargs):
@@ -1062,9 +1074,9 @@ def _traced_type(*args, **kwargs):
         if issubclass(t, TracedScalar):
             return args[0].pytype
         if t is TracedArray:
-            # x.data, an ndarray argument, a captured array: eager's is an ndarray
-            # (`type(a) is np.ndarray` must branch as in eager).
-            return np.ndarray
+            # x.data, an ndarray argument, a captured array: eager's is an ndarray, or
+            # a NumPy scalar (`type(a) is np.ndarray` must branch as in eager).
+            return type(_eager_stand_in(args[0]))
         return t
     return type(*args, **kwargs)
 
