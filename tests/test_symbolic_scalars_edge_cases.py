@@ -334,3 +334,33 @@ def test_isinstance_and_type_of_a_numpy_scalar_of_traced_data():
         return kinds, (x * 2.0 if isinstance(m, float) else x * 3.0)
 
     run(f, inputs())
+
+
+# ------------------------------------------ a traced number given to a user Function
+
+class Scale(tj.Function):
+    """A user Function with a number fixed at construction."""
+
+    def __init__(self, c):
+        self.c = c
+
+    def forward(self, x):
+        return x * self.c
+
+    def backward(self, gy):
+        return gy * self.c
+
+
+def test_a_user_function_constructed_with_a_traced_number():
+    # Its forward computes on plain arrays: the number is its value there (guarded),
+    # not an escape that makes every call run eagerly.
+    def f(x):
+        y = Scale(float(x.data.mean()))(x)
+        F.sum(y * y).backward()
+        return y, x.grad
+
+    base = np.array([0.5, 1.0, 1.5])
+    xs = [tj.Variable(base * s) for s in (1.0, 1.0, -1.0, -1.0, 1.0, -1.0, 1.0)]
+    jf = run(f, xs)
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["variants"] == 2 and info["hits"] >= 3, info
