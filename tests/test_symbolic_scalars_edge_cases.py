@@ -364,3 +364,14 @@ def test_a_user_function_constructed_with_a_traced_number():
     jf = run(f, xs)
     info = jf.cache_info()
     assert info["fallbacks"] == 0 and info["variants"] == 2 and info["hits"] >= 3, info
+
+
+def test_code_run_with_its_own_builtins_keeps_python_float():
+    # exec with a restricted __builtins__: the redirected names are not there, so the
+    # code is left as written (float() by value) rather than raising NameError.
+    import builtins
+    own = {k: getattr(builtins, k) for k in ("float", "int", "isinstance", "type",
+                                              "__import__")}
+    env = {"__builtins__": own}
+    exec("def f(x):\n    return x * float(x.data.mean())\n", env)
+    run(env["f"], inputs())

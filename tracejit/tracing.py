@@ -1169,6 +1169,14 @@ def _user_functions(v):
     return out
 
 
+def _has_intercepts(f):
+    # Code run with builtins of its own (exec with a restricted __builtins__) would not
+    # find the redirected names: its float() stays Python's (by value).
+    b = getattr(f, "__builtins__", builtins.__dict__)
+    b = b if isinstance(b, dict) else getattr(b, "__dict__", {})
+    return b.get("__tracejit_float__") is _traced_float
+
+
 def swap_scalar_code(locs):
     """Give the user functions at these locations code whose float()/int() calls give
     traced numbers, while a trace runs. Other threads running them see no difference:
@@ -1182,6 +1190,8 @@ def swap_scalar_code(locs):
         for f in funcs.values():
             entry = _swapped.get(id(f))
             if entry is None:
+                if not _has_intercepts(f):
+                    continue
                 own = f.__code__
                 code = _patched_code(own)
                 if code is own:
@@ -1276,7 +1286,7 @@ def symbolic_scalars(fn):
     if isinstance(fn, functools.partial):
         f = symbolic_scalars(fn.func)
         return fn if f is fn.func else functools.partial(f, *fn.args, **fn.keywords)
-    if type(fn) is not types.FunctionType:
+    if type(fn) is not types.FunctionType or not _has_intercepts(fn):
         return fn
     code = _patched_code(fn.__code__)
     if code is fn.__code__:
