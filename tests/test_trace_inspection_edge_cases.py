@@ -46,3 +46,4 @@ def test_trace_before_the_first_call_of_a_model_step_applies_no_step():
     info = js.cache_info()
     assert info["calls"] == 5 and info["fallbacks"] == 0
     assert info["hits"] == info["calls"] - info["misses"]
+

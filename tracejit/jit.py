@@ -601,8 +601,15 @@ class Jitted:
         state = LiveState(v, leaves)
         known = _known_objects(leaves, state)
         rng = np.random.get_state()
-        with disable_jit():
-            expected = self.fn(*args, **kwargs)
+        try:
+            with disable_jit():
+                expected = self.fn(*args, **kwargs)
+        except BaseException:
+            # Eager raised (what the call gives): counted, and the check is still owed
+            # (the variant has not been compared with eager yet).
+            v.checks_left += 1
+            self._count("misses")
+            raise
         eager_state = state.capture()
         rng_after = np.random.get_state()
         state.restore_initial()
