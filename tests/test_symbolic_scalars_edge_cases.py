@@ -45,7 +45,9 @@ def same_py(got, want):
         same(got, want, creator=False)
         return
     assert type(got) is type(want), (type(got), type(want), got, want)
-    if isinstance(want, (int, float, np.generic)):
+    if isinstance(want, int):
+        assert got == want, (got, want)           # Python ints: exact, unbounded
+    elif isinstance(want, (float, np.generic)):
         np.testing.assert_allclose(got, want, rtol=1e-6)
     else:
         assert got == want, (got, want)
@@ -375,3 +377,18 @@ def test_code_run_with_its_own_builtins_keeps_python_float():
     env = {"__builtins__": own}
     exec("def f(x):\n    return x * float(x.data.mean())\n", env)
     run(env["f"], inputs())
+
+
+@pytest.mark.parametrize("use", [
+    lambda n: n * 10 ** 20, lambda n: n + 2 ** 70, lambda n: n == 2 ** 64,
+    lambda n: n < 2 ** 64, lambda n: n // 2 ** 65, lambda n: 2 ** 64 - n,
+    lambda n: n & 2 ** 70,
+], ids=["mul", "add", "eq", "lt", "floordiv", "rsub", "and"])
+def test_a_traced_int_with_a_python_int_beyond_int64(use):
+    # Python's ints are unbounded: the literal fits no int64 operand, so the traced int
+    # is taken by value there, never an OverflowError where eager works.
+    def f(x):
+        r = use(int(x.data.sum() * 10.0))
+        return r, x * (2.0 if r else 3.0)
+
+    run(f, inputs())

@@ -485,6 +485,12 @@ class Trace:
                 np.dtype(np.int64)
         else:
             work = _DTYPE_OF[rt]       # / and int ** -n compute in float64
+        if work.kind == "i" and not all(-2 ** 63 <= v < 2 ** 63 for v in (va, vb)):
+            # A Python int literal beyond int64 (n * 10**20, n == 2**64): no int64
+            # operand holds it. By value.
+            self.freeze(a, f"{name} with an int beyond int64")
+            self.freeze(b, f"{name} with an int beyond int64")
+            return result
         if name in ("truediv", "floordiv", "mod") and isinstance(b, TracedScalar):
             # Python raises on a zero divisor where NumPy gives inf or nan.
             self._check_guard(F.NotEqual, [b, 0], work if work.kind != "b" else
