@@ -4,7 +4,6 @@ import io
 import warnings
 
 import numpy as np
-import pytest
 
 import tracejit as tj
 from tracejit import tracing
