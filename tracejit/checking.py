@@ -17,10 +17,20 @@ class LiveState:
     def __init__(self, v, leaves):
         self.vars, self.arrays = [], []
         seen = set()
-        objs = [(kind, obj) for kind, obj, _ in v.sources if kind != "arg"]
-        objs += [("var" if kind != "inplace_array" else "array", t) for kind, (w, t), _ in
-                 v.effects if w == "obj"]
-        objs += [("var", var) for (w, var), _ in v.grad_effects if w == "obj"]
+        objs = [(kind, obj) for kind, obj, _ in v.sources if kind not in ("arg", "arggrad")]
+
+        def resolve(w, t):
+            # A target (variant.Variant.target): an argument's .grad is this call's.
+            if w != "leafgrad":
+                return t
+            return leaves[t]._grad if t < len(leaves) and isinstance(leaves[t], Variable) \
+                else None
+        targets = [("var", w, t) for w, t in getattr(v, "grad_none", ())]
+        targets += [("var" if kind != "inplace_array" else "array", w, t)
+                    for kind, (w, t), _ in v.effects]
+        targets += [("var", w, var) for (w, var), _ in v.grad_effects]
+        objs += [(kind, resolve(w, t)) for kind, w, t in targets if w != "leaf"]
+        objs = [(kind, o) for kind, o in objs if o is not None]
         objs += [("var", x) for x in leaves if isinstance(x, Variable)]
         objs += [("array", x) for x in leaves if isinstance(x, np.ndarray)]
         for kind, obj in objs:

@@ -278,7 +278,16 @@ class Jitted:
                 if type(d) is not np.ndarray:
                     return None          # None or not an array: the general key says so
                 # Parameter apart from Variable: a function may branch on isinstance.
-                parts.append((d.shape, d.dtype, VAR if t is Variable else PAR))
+                g = a._grad
+                if g is None:
+                    parts.append((d.shape, d.dtype, VAR if t is Variable else PAR))
+                else:
+                    # Set: backward adds to it, and the function may read it.
+                    g = g._data
+                    if type(g) is not np.ndarray:
+                        return None
+                    parts.append((d.shape, d.dtype, VAR if t is Variable else PAR,
+                                  (g.shape, g.dtype)))
             elif t is np.ndarray:
                 parts.append((a.shape, a.dtype, ARR))
             elif t is float:
@@ -510,7 +519,7 @@ class Jitted:
 
     # ---- verifying a variant against eager
 
-    def _perturbation_check(self, v, args, kwargs):
+    def _perturbation_check(self, v, args, kwargs, grads_before=None):
         """Run eager and the new variant on slightly perturbed copies of the arguments.
 
         A value the tracer froze (data copied out of its sight, a draw from a private
@@ -530,7 +539,9 @@ class Jitted:
         kw_trees = {k: None if k in self.static_argnames else flatten_args(kwargs[k], leaves)
                     for k in sorted(kwargs)}
         memo = {}         # one copy per object: f(x, x) stays aliased
-        p_leaves = [memo[id(x)] if id(x) in memo else memo.setdefault(id(x), _perturbed(x, rng))
+        grads_before = grads_before or {}
+        p_leaves = [memo[id(x)] if id(x) in memo else
+                    memo.setdefault(id(x), _perturbed(x, rng, grads_before.get(id(x), _NOW)))
                     for x in leaves]
         it = iter(p_leaves)
         p_args = tuple(a if t is None else unflatten(t, None, it)
@@ -675,6 +686,9 @@ class Jitted:
         tr.arg_views = {}     # id(tracer of an ndarray/float argument) -> (tracer, leaf, arg)
         leaves = []
         targs, tkwargs = self._tracer_args(tr, args, kwargs, leaves)
+        # The arguments' .grad as the call found them (part of the signature): the
+        # perturbation check's copies start from these, not from what the call set.
+        grads_before = {id(x): x._grad for x in leaves if isinstance(x, Variable)}
         rng_before = np.random.get_state()
         py_rng_before = random.getstate()
         locs = pystate.locations(self.fn)
@@ -771,7 +785,7 @@ class Jitted:
         variant.state = pystate.snapshot(locs)
         variant.state_changed = pystate.compile_check(variant.state)
         if not tr.side_effects:
-            frozen = self._perturbation_check(variant, args, kwargs)
+            frozen = self._perturbation_check(variant, args, kwargs, grads_before)
             if frozen is not None and frozen[0] != "value":
                 self._fallback(key, f"the compiled backward differs from eager's (with "
                                     f"slightly changed inputs, random cotangents: "
@@ -930,15 +944,25 @@ def _grad_reach(tr, made, has_creator, diff_sources, leaves):
 _PERTURB = 1e-3   # relative: far above the checks' tolerance, small for control flow
 
 
-def _perturbed(x, rng):
+_NOW = object()
+
+
+def _perturbed(x, rng, grad=_NOW):
+    """A slightly changed copy of x; a Variable's copy has a changed copy of `grad` (its
+    .grad before the call; _NOW: the one it has now) as its .grad."""
     if isinstance(x, Variable):
         d = x._data
         # The key tells Parameters apart; a Constant (backward's seed) stores no
         # gradient, so the gradient check's copy is one too.
         cls = Parameter if isinstance(x, Parameter) else \
             core.Constant if type(x) is core.Constant else Variable
-        return cls(_perturbed(d, rng), x.name) if d is not None and d.dtype.kind == "f" \
+        y = cls(_perturbed(d, rng), x.name) if d is not None and d.dtype.kind == "f" \
             else cls(d.copy() if d is not None else None, x.name)
+        g = x._grad if grad is _NOW else grad
+        if g is not None and cls is not core.Constant:
+            # Its .grad is state the call reads (and adds to): the copy has one too.
+            y._grad = _perturbed(g, rng)
+        return y
     if isinstance(x, np.ndarray):
         if x.dtype.kind != "f":
             return x.copy()
@@ -976,6 +1000,14 @@ def _diverging_guard_line(variants):
 
 def _graph_inputs(v, leaves):
     """Copies of the forward graph's inputs for these leaves (None: they do not fit)."""
+    for where, var in v.grad_none:
+        if where == "leafgrad":
+            if var >= len(leaves) or not isinstance(leaves[var], Variable) \
+                    or leaves[var]._grad is None:
+                return None
+            var = leaves[var]._grad
+        if var._grad is not None:
+            return None
     out = []
     for kind, obj, spec in v.sources:
         if kind == "arg":
@@ -987,6 +1019,9 @@ def _graph_inputs(v, leaves):
             a = obj._data
         elif kind == "grad":
             a = obj._grad._data if obj._grad is not None else None
+        elif kind == "arggrad":
+            g = leaves[obj]._grad if obj < len(leaves) else None
+            a = g._data if g is not None else None
         else:
             a = obj
         if isinstance(a, np.ndarray):

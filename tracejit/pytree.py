@@ -73,7 +73,14 @@ def leaf_key(x):
         if not isinstance(d, np.ndarray):
             raise TypeError(f"jit: a Variable argument holds a {type(d).__name__}, not a "
                             f"numpy.ndarray (set .data to np.array(...))")
-        return (d.shape, d.dtype.char, isinstance(x, Parameter))
+        g = x._grad
+        if g is None:
+            return (d.shape, d.dtype.char, isinstance(x, Parameter))
+        # Set: backward adds to it (traced None, it would overwrite), the function may
+        # read it: its shape and dtype are the call's as its data's are.
+        gd = g._data
+        return (d.shape, d.dtype.char, isinstance(x, Parameter),
+                (gd.shape, gd.dtype.char) if isinstance(gd, np.ndarray) else type(gd).__name__)
     if isinstance(x, np.ndarray):
         if x.dtype == object:
             raise TypeError("jit: object arrays are not supported")

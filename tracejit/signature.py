@@ -1,8 +1,9 @@
 """Signature keys of a jitted call: what makes two calls share a variant.
 
 A key holds the arguments' structure, shapes and dtypes, which are Variables,
-Parameters or ndarrays, which share an array (aliasing), static values and the grad
-mode. `signature_matcher` writes out, for one key, a function that recognises a call
+Parameters or ndarrays, whether a Variable's .grad is None (and its shape and dtype if
+not: backward adds to it, the function may read it), which share an array (aliasing),
+static values and the grad mode. `signature_matcher` writes out, for one key, a function that recognises a call
 with that key without building it (the hot path of a repeated call); `key_change` says
 in the user's terms how a new key differs from an old one (the retrace log).
 """
@@ -51,13 +52,24 @@ def matcher_lines(key, env, miss, grad_mode=True):
         if p == FLT:
             lines.append(f"if type(l{i}) is not float: {miss}")
             continue
-        shape, dtype, kind = p
+        shape, dtype, kind = p[:3]
         env[f"sd{i}"] = dtype
         if kind in (VAR, PAR):
             lines += [f"if type(l{i}) is not {'Variable' if kind == VAR else 'Parameter'}: "
                       f"{miss}",
                       f"a = l{i}._data",
                       f"if type(a) is not ndarray: {miss}"]    # None, or not an array
+            if len(p) == 3:
+                # Traced with .grad None: backward set it, where now it would add.
+                lines.append(f"if l{i}._grad is not None: {miss}")
+            else:
+                gshape, gdtype = p[3]
+                env[f"gd{i}"] = gdtype
+                lines += [f"g = l{i}._grad",
+                          f"if g is None: {miss}",
+                          "g = g._data",
+                          f"if type(g) is not ndarray or g.shape != {gshape!r} or "
+                          f"(g.dtype is not gd{i} and g.dtype != gd{i}): {miss}"]
             a = "a"
         else:
             a = f"l{i}"
@@ -110,7 +122,11 @@ def key_change(old, new):
     if len(old) == 3 and len(new) == 3 and len(parts_old) == len(parts_new):
         for i, (a, b) in enumerate(zip(parts_old, parts_new)):
             if a != b:
-                if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 3:
+                if isinstance(a, tuple) and isinstance(b, tuple) and len(a) >= 3 \
+                        and len(b) >= 3 and a[:3] == b[:3]:
+                    return f"argument {i}'s .grad {_grad_state(a)} -> {_grad_state(b)}"
+                if isinstance(a, tuple) and isinstance(b, tuple) and len(a) >= 3 \
+                        and len(b) >= 3:
                     if a[:2] == b[:2]:
                         kinds = {VAR: "a Variable", PAR: "a Parameter", ARR: "an ndarray"}
                         return f"argument {i} is now {kinds.get(b[2], b[2])}, was " \
@@ -120,6 +136,17 @@ def key_change(old, new):
                     return f"argument {i} {what} changed: {va} -> {vb}"
                 return f"argument {i} changed: {a} -> {b}"
     for i, (a, b) in enumerate(zip(old[1], new[1])) if len(old) == 4 else ():
+        if a != b and isinstance(a, tuple) and isinstance(b, tuple) and len(a) >= 3 \
+                and len(b) >= 3 and a[:3] == b[:3]:
+            return f"array argument {i}'s .grad {_grad_state(a)} -> {_grad_state(b)}"
         if a != b:
             return f"array argument {i} changed: shape/dtype {a} -> {b}"
     return "the arguments' structure or static values changed"
+
+
+def _grad_state(part):
+    """A Variable key part's .grad, in words (part[3]: its (shape, dtype), if set)."""
+    if len(part) == 3:
+        return "None"
+    shape, dtype = part[3]
+    return f"set ({shape}, {np.dtype(dtype).name})"

@@ -115,8 +115,8 @@ class Trace:
         self.captured_arrays = {}    # id(ndarray) -> (ndarray, current Value)
         self.effects = []            # (kind, target, Value) replayed after a run
         self.grad_writes = {}        # id(Variable) -> Variable, live vars whose .grad was set
-        self.grad_none = {}          # id(Variable) -> Variable, live vars whose .grad was
-                                     # read as None before the function set it
+        self.grad_reads = {}         # id(Variable) -> (Variable, was None): captured vars
+                                     # whose .grad was read before the call set it
         self.escapes = []            # (reason, line)
         self.side_effects = []       # (what, line)
         self.random_nodes = []
@@ -616,15 +616,15 @@ class Trace:
 
     def read_grad(self, var):
         g = var._grad
-        if g is None:
-            if id(var) not in self.grad_writes and self.is_live(var):
-                # backward() starts this gradient afresh only while it is None: a call
-                # that finds one set must not run this variant (it would drop it).
-                self.grad_none[id(var)] = var
+        outside = self.is_live(var) or var._tv is None     # an argument, or from outside
+        if outside and id(var) not in self.grad_writes and id(var) not in self.arg_vars:
+            # The .grad the call found (None or not) is state it reads, as backward reads
+            # it to add to: the variant holds while it is None / set again (an
+            # argument's is in the signature).
+            self.grad_reads.setdefault(id(var), (var, g is None))
+        if g is None or self.is_mine(g._tv) or g._tv is PENDING:
             return g
-        if self.is_mine(g._tv) or g._tv is PENDING:
-            return g
-        if self.is_live(var) and id(g) not in self.captured_vars:
+        if outside and id(g) not in self.captured_vars:
             # The stale gradient of a live Variable (accumulated into by backward):
             # read through its owner at every call, not as the object seen now.
             v = self.add_input(g.shape, g.dtype,

@@ -241,6 +241,10 @@ class Variant:
                 self.sources.append(("arg", arg_pos[id(v)], None))
             else:
                 kind, obj = cap_src[id(v)]
+                if kind == "grad" and id(obj) in trace.arg_leaf:
+                    # An argument's .grad: this call's argument's (the signature says
+                    # it is set, and its shape and dtype), not the traced call's.
+                    kind, obj = "arggrad", trace.arg_leaf[id(obj)]
                 self.sources.append((kind, obj, (v.shape, v.dtype)))
         self.out_tree = out_tree
         self.out_leaves = out_leaves         # as pytree.result_leaves describes them
@@ -253,10 +257,26 @@ class Variant:
         user_outs = [v for kind, v, _ in out_leaves if kind == "out"]
         # Effects on live state, replayed after the graph ran and every guard held.
         effect_values = []
+        # The .grad Variable of an argument (read in the call, so captured): this call's
+        # argument's .grad, not the traced call's.
+        grad_var = {id(val): g for g, val in trace.captured_vars.values()}
+        arg_grad_leaf = {id(grad_var[id(val)]): trace.arg_leaf[id(var)]
+                         for val, (kind, var) in trace.captures
+                         if kind == "grad" and id(var) in trace.arg_leaf}
+
         def target(obj):
             # An argument is the current call's argument, not the traced call's.
             leaf = trace.arg_leaf.get(id(obj))
-            return ("leaf", leaf) if leaf is not None else ("obj", obj)
+            if leaf is not None:
+                return ("leaf", leaf)
+            leaf = arg_grad_leaf.get(id(obj))
+            return ("leafgrad", leaf) if leaf is not None else ("obj", obj)
+
+        # Variables from outside whose .grad the trace found None (backward set it where
+        # it would add now, or the function read None): the variant holds while it is
+        # None. (An argument's is in the signature.)
+        self.grad_none = [target(var) for var, was_none in trace.grad_reads.values()
+                          if was_none]
 
         self.effects = []
         for kind, obj, v in trace.effects:
@@ -308,8 +328,6 @@ class Variant:
         self.exe = jitted.backend_compile(self.forward_graph)
         self.copy_outputs = fresh_copies(self.forward_graph, self.exe, self.n_user_outs)
         self.check_backward = False     # the trace-time check: backward interpreted
-        # Live Variables whose .grad the trace read as None: (where, obj) as targets.
-        self.grad_none = [target(var) for var in trace.grad_none.values()]
         self.leaf_kinds = trace.leaf_kinds
         self.runner = build_runner(self, trace.leaf_kinds)
         self._hot_runner = None
@@ -523,6 +541,16 @@ def build_runner(v, leaf_kinds, key=None):
                 body.append(f"{n} = {leaf}")
                 if key is None:    # else the matcher saw an ndarray
                     body.append(f"if type({n}) is not np.ndarray: {n} = np.asarray({n})")
+        elif kind == "arggrad":
+            leaf = f"leaves[{obj}]" if key is None else f"l{obj}"
+            if key is None:
+                body.append(f"{n} = {leaf}._grad")
+                body.append(f"{n} = {n}._data if {n} is not None else None")
+                body.append(f"if type({n}) is not np.ndarray or {n}.shape != {spec[0]!r} or "
+                            f"{n}.dtype != {const(spec[1])}: "
+                            f"raise Stale('an argument .grad changed shape or dtype')")
+            else:       # the matcher saw it set, of this shape and dtype
+                body.append(f"{n} = {leaf}._grad._data")
         elif kind in ("var", "grad"):
             src = f"{const(obj)}._data" if kind == "var" else \
                 f"({const(obj)}._grad._data if {const(obj)}._grad is not None else None)"
@@ -532,12 +560,10 @@ def build_runner(v, leaf_kinds, key=None):
                         f"raise Stale('a captured {kind} changed shape or dtype')")
         else:
             body.append(f"{n} = {const(obj)}")
-    for where, obj in v.grad_none:
-        # Traced with this .grad None (backward() then starts it afresh): one set now
-        # must be accumulated into, which this variant does not do.
-        t = (f"leaves[{obj}]" if key is None else f"l{obj}") if where == "leaf" else const(obj)
-        body.append(f"if {t}._grad is not None: "
-                    f"raise Stale('a .grad that was None when traced is set')")
+    for where, var in v.grad_none:
+        t = f"leaves[{var}]._grad" if where == "leafgrad" else const(var)
+        msg = f"the .grad of {_label(var)} was None when traced, is set now"
+        body.append(f"if {t}._grad is not None: raise Stale({msg!r})")
     plan = getattr(v.exe, "plan", None)
     inline = getattr(plan, "inline", None)
     n_outs = len(v.forward_graph.outputs)
@@ -559,6 +585,8 @@ def build_runner(v, leaf_kinds, key=None):
         body.append("bwd_arrays = arrays")
 
     def target(where, obj):
+        if where == "leafgrad":
+            return f"leaves[{obj}]._grad"
         return f"leaves[{obj}]" if where == "leaf" else const(obj)
 
     effects = [(kind, target(where, obj), slot) for kind, (where, obj), slot in v.effects]
@@ -717,6 +745,12 @@ def build_runner(v, leaf_kinds, key=None):
     run = env["run"]
     run.source = src
     return run
+
+
+def _label(var):
+    if isinstance(var, int):
+        return f"argument {var}'s .grad"      # a Variable's .grad.grad
+    return repr(var.name) if var.name else "a captured Variable"
 
 
 class InplaceAlias(Exception):
