@@ -23,8 +23,8 @@ from tracejit.autodiff import trace_backward
 from tracejit.checking import (LiveState, first_difference, gradient_difference,
                                identity_difference)
 from tracejit.core import Config, Parameter, Variable
-from tracejit.pytree import (ARR, FLT, VAR, arg_names, flatten_args, flatten_result, leaf_key,
-                             result_leaves, unflatten)
+from tracejit.pytree import (ARR, FLT, VAR, arg_at, arg_names, flatten_args, flatten_result,
+                             leaf_key, result_leaves, strip_tracers, unflatten)
 from tracejit.signature import PAR, alias_pattern, key_change, key_distance
 from tracejit.tracing import TracedArray, TracedFloat, Trace, wrapped_function
 from tracejit.trace_ops import GuardFailure
@@ -385,7 +385,7 @@ class Jitted:
                 if v.checks_left > 0:
                     return self._run_checked(key, v, args, kwargs, leaves)
                 try:
-                    out = self._run(v, leaves)
+                    out = self._run(v, leaves, *((args, kwargs) if v.needs_argv else ()))
                 except (GuardFailure, Stale):
                     raise
                 except InplaceAlias as e:
@@ -567,7 +567,7 @@ class Jitted:
             state.restore(perturbed)
             np.random.set_state(np_state)
             with np.errstate(all="ignore"):
-                got = self._run(v, p_leaves)
+                got = self._run(v, p_leaves, *((p_args, p_kwargs) if v.needs_argv else ()))
             diff = first_difference(expected, got) or state.difference(eager_state)
             if diff is not None:
                 return "value", diff
@@ -626,7 +626,7 @@ class Jitted:
         state.restore_initial()
         np.random.set_state(rng)
         try:
-            got = self._run(v, leaves)
+            got = self._run(v, leaves, *((args, kwargs) if v.needs_argv else ()))
         except (GuardFailure, Stale, InplaceAlias):
             state.restore(eager_state)
             np.random.set_state(rng_after)
@@ -665,14 +665,15 @@ class Jitted:
 
     # ---- running a variant
 
-    def _run(self, v, leaves):
+    def _run(self, v, leaves, args=None, kwargs=None):
         if v.state and v.state_changed():
             changed = pystate.changed(v.state)
             if changed is not None:
                 loc, old, new = changed
                 raise Stale(f"{loc.describe()} changed from {pystate.describe_value(old)} "
                             f"to {pystate.describe_value(new)}")
-        return v.runner(leaves)
+        # args/kwargs: only a variant returning an argument's container reads them.
+        return v.runner(leaves, args, kwargs)
 
     # ---- tracing
 
@@ -710,7 +711,18 @@ class Jitted:
                 tracing.unswap_scalar_code(code_swaps)
                 pystate.unswap(swaps)
             out_leaves_raw = []
-            out_tree = flatten_result(result, out_leaves_raw)
+            # An argument's list, dict or tuple returned as the call got it is that
+            # object (eager returns the caller's), not a new one of its contents.
+            keep = {id(c): path for c, items, path in tr.arg_containers.values()
+                    if _unchanged_container(c, items)}
+            changed_arg = [path for c, items, path in tr.arg_containers.values()
+                           if id(c) not in keep]
+            if changed_arg:
+                # The function changed a list or dict it was passed: it runs eagerly
+                # (below); this traced call changed copies, which go into the caller's.
+                _write_back(tr, (args, kwargs))
+                keep = {id(c): path for c, items, path in tr.arg_containers.values()}
+            out_tree = flatten_result(result, out_leaves_raw, keep=keep)
             out_leaves, result_objects = result_leaves(tr, out_leaves_raw)
             tr.grad_effects = [(var, None if var._grad is None else tr.value_of(var._grad))
                                for var in tr.grad_writes.values()]
@@ -740,12 +752,13 @@ class Jitted:
             tracing.stop(tr, prev)
             tracing.plain_numbers(locs)
             tr.arg_views = None       # tracers hold the trace: no cycle left behind
+            tr.arg_containers = None
             for x in leaves:
                 if isinstance(x, Variable):
                     x._tv = None
         # The traced call's own result: eager's objects (an argument, a captured array,
         # one object twice), computed arrays as plain copies.
-        result = unflatten(out_tree, result_objects)
+        result = unflatten(out_tree, result_objects, argv=(args, kwargs))
         self._check_rng(tr, rng_before)
         if random.getstate() != py_rng_before:
             # Seen after the call: no line inside the function to name but its def.
@@ -753,6 +766,14 @@ class Jitted:
                                "replay it; draw with tracejit functions (F.dropout) or "
                                "NumPy's global stream", self._def_line()))
         self.stats["trace_seconds"] += time.perf_counter() - t0
+        if changed_arg:
+            # The traced call changed a copy; eager changes the caller's container.
+            p = changed_arg[0]
+            where = (f"argument {p[1]}" if p[0] == "a" else f"argument {p[1]!r}") + \
+                "".join(f"[{k!r}]" for k in p[2:])
+            tr.escapes.append((f"the function changes the list or dict {where} it is "
+                               f"passed (item assignment, append, pop); compiled calls "
+                               f"would not", self._def_line()))
         reason = None
         mutated = pystate.changed(snap_before)
         if tr.escapes:
@@ -805,17 +826,21 @@ class Jitted:
     def _tracer_args(self, tr, args, kwargs, leaves):
         seen = {}     # f(x, x): one tracer for both, so an update of one shows in the other
 
-        def convert(x, name):
+        tr.arg_containers = {}     # id(traced container) -> (it, its items, path in args)
+
+        def convert(x, name, path):
             if isinstance(x, (Variable, np.ndarray)) and id(x) in seen:
                 leaves.append(x)
                 tr.leaf_kinds.append(VAR if isinstance(x, Variable) else ARR)
                 return seen[id(x)]
-            t = convert_new(x, name)
+            t = convert_new(x, name, path)
             if isinstance(x, (Variable, np.ndarray)):
                 seen[id(x)] = t
+            elif type(x) in (tuple, list, dict):
+                tr.arg_containers[id(t)] = (t, _items(t), path)
             return t
 
-        def convert_new(x, name):
+        def convert_new(x, name, path):
             if isinstance(x, Variable):
                 leaves.append(x)
                 tr.own(x._data)
@@ -848,23 +873,23 @@ class Jitted:
                 tr.arg_views[id(t)] = (t, len(leaves) - 1, x)
                 return t
             if isinstance(x, np.generic) and x.dtype.kind == "f":
-                t = convert(np.asarray(x), name)
+                t = convert(np.asarray(x), name, path)
                 # Its leaf is a new 0-d array each call, not the scalar eager returns.
                 tr.arg_views.pop(id(t), None)
                 return t
             if type(x) in (tuple, list):
-                return type(x)(convert(y, f"{name}_{i}") for i, y in enumerate(x))
+                return type(x)(convert(y, f"{name}_{i}", path + (i,)) for i, y in enumerate(x))
             if type(x) is dict:
-                return {k: convert(y, f"{name}_{k}") for k, y in x.items()}
+                return {k: convert(y, f"{name}_{k}", path + (k,)) for k, y in x.items()}
             return x
 
         named = self.fn
         while getattr(named, "_tracejit_wrapper", False) and wrapped_function(named):
             named = wrapped_function(named)    # grad(f)'s arguments are f's: f's names
         names = arg_names(named, len(args))
-        targs = [a if i in self.static_argnums else convert(a, names[i])
+        targs = [a if i in self.static_argnums else convert(a, names[i], ("a", i))
                  for i, a in enumerate(args)]
-        tkwargs = {k: (a if k in self.static_argnames else convert(a, k))
+        tkwargs = {k: (a if k in self.static_argnames else convert(a, k, ("k", k)))
                    for k, a in sorted(kwargs.items())}
         # arg_inputs maps input Value -> leaf index; Variant wants (leaf index, Value).
         tr.arg_inputs = [(i, v) for v, i in tr.arg_inputs]
@@ -987,6 +1012,46 @@ def warn_at(message, line):
     fname = m.group(1)
     warnings.warn_explicit(message, JitWarning, fname, int(m.group(2)),
                            module=fname[:-3] if fname.endswith(".py") else fname)
+
+
+def _write_back(tr, argv):
+    """Make the caller's containers what the traced call made of their copies (as eager
+    would have changed them): tracers replaced by the objects they stand for."""
+    orig_of = {id(t): arg_at(argv, path) for t, _, path in tr.arg_containers.values()}
+
+    def plain(x):
+        if id(x) in orig_of:
+            return orig_of[id(x)]
+        view = tr.arg_views.get(id(x))
+        if view is not None and view[0] is x:
+            return view[2]          # an ndarray or float argument itself
+        return strip_tracers(x)
+    for t, items, path in tr.arg_containers.values():
+        if _unchanged_container(t, items):
+            continue
+        o = orig_of[id(t)]
+        if type(o) is list:
+            o[:] = [plain(x) for x in t]
+        elif type(o) is dict:
+            new = {k: plain(x) for k, x in t.items()}
+            o.clear()
+            o.update(new)
+
+
+def _items(c):
+    return list(c.items()) if type(c) is dict else list(c)
+
+
+def _unchanged_container(c, items):
+    """The traced copy of an argument container still holds what it was made with (the
+    same objects): returning the caller's container is returning it."""
+    now = _items(c)
+    if len(now) != len(items):
+        return False
+    if type(c) is dict:
+        return all((k1 is k2 or k1 == k2) and v1 is v2
+                   for (k1, v1), (k2, v2) in zip(now, items))
+    return all(a is b for a, b in zip(now, items))
 
 
 def _diverging_guard_line(variants):

@@ -43,26 +43,45 @@ def flatten_args(obj, leaves):
     return ("S", obj)
 
 
-def unflatten(tree, leaves, it=None, bound=None):
+def unflatten(tree, leaves, it=None, bound=None, argv=None):
+    """argv: the call's (args, kwargs), for a result that is an argument's container."""
     it = iter(leaves) if it is None else it
     if tree in (VAR, ARR, FLT):
         return next(it)
     tag = tree[0]
     bound = {} if bound is None else bound
     if tag == "bind":
-        bound[tree[1]] = obj = unflatten(tree[2], None, it, bound)
+        bound[tree[1]] = obj = unflatten(tree[2], None, it, bound, argv)
         return obj
     if tag == "again":
         return bound[tree[1]]
     if tag == "S":
         return tree[1]
+    if tag == "argobj":
+        return arg_at(argv, tree[1])
     if tag == "tuple":
-        return tuple(unflatten(t, None, it, bound) for t in tree[1:])
+        return tuple(unflatten(t, None, it, bound, argv) for t in tree[1:])
     if tag == "list":
-        return [unflatten(t, None, it, bound) for t in tree[1:]]
+        return [unflatten(t, None, it, bound, argv) for t in tree[1:]]
     if tag == "dict":
-        return {k: unflatten(t, None, it, bound) for k, t in zip(tree[1], tree[2:])}
+        return {k: unflatten(t, None, it, bound, argv) for k, t in zip(tree[1], tree[2:])}
     raise AssertionError(tree)
+
+
+def arg_at(argv, path):
+    """The object at `path` (("a", i, *keys) or ("k", name, *keys)) in a call's
+    (args, kwargs): an argument container, returned as eager returns it."""
+    args, kwargs = argv
+    obj = args[path[1]] if path[0] == "a" else kwargs[path[1]]
+    for k in path[2:]:
+        obj = obj[k]
+    return obj
+
+
+def path_source(path, const):
+    """arg_at written out, on the runner's `args` / `kwargs`."""
+    src = f"args[{path[1]}]" if path[0] == "a" else f"kwargs[{path[1]!r}]"
+    return src + "".join(f"[{k}]" if type(k) is int else f"[{const(k)}]" for k in path[2:])
 
 
 def leaf_key(x):
@@ -91,10 +110,16 @@ def leaf_key(x):
 # ------------------------------------------------------------------ the compiled call
 
 
-def flatten_result(obj, leaves, shared=None):
+def flatten_result(obj, leaves, shared=None, keep=None):
     """The result's tree (containers as in flatten_args, every leaf VAR), leaves
     appended. A list or dict found in two places is one object in eager: its first
-    place is ("bind", k, tree), the others ("again", k), so it is rebuilt once."""
+    place is ("bind", k, tree), the others ("again", k), so it is rebuilt once.
+    keep: id -> path of the argument containers the call returns as they came
+    (("argobj", path): that object itself, as eager returns it)."""
+    if keep:
+        path = keep.get(id(obj))
+        if path is not None:
+            return ("argobj", path)
     if shared is None:
         counts = {}
         _count_containers(obj, counts)
@@ -104,20 +129,21 @@ def flatten_result(obj, leaves, shared=None):
         if k is not None:
             return ("again", k)
         shared[id(obj)] = k = sum(x is not None for x in shared.values())
-        return ("bind", k, _flatten_result(obj, leaves, shared))
-    return _flatten_result(obj, leaves, shared)
+        return ("bind", k, _flatten_result(obj, leaves, shared, keep))
+    return _flatten_result(obj, leaves, shared, keep)
 
 
-def _flatten_result(obj, leaves, shared):
+def _flatten_result(obj, leaves, shared, keep=None):
     t = type(obj)
     if isinstance(obj, (Variable, np.ndarray, TracedScalar)):
         leaves.append(obj)
         return VAR
     if t is tuple or t is list:
-        return (t.__name__,) + tuple(flatten_result(x, leaves, shared) for x in obj)
+        return (t.__name__,) + tuple(flatten_result(x, leaves, shared, keep) for x in obj)
     if t is dict:
         keys = tuple(obj)
-        return ("dict", keys) + tuple(flatten_result(obj[k], leaves, shared) for k in keys)
+        return ("dict", keys) + tuple(flatten_result(obj[k], leaves, shared, keep)
+                                      for k in keys)
     leaves.append(obj)
     return VAR
 
@@ -327,6 +353,8 @@ def structure_source(tree, exprs, const):
         return f"(t{tree[1]} := {structure_source(tree[2], exprs, const)})"
     if tag == "again":
         return f"t{tree[1]}"
+    if tag == "argobj":     # an argument's container itself (the runner's args/kwargs)
+        return path_source(tree[1], const)
     parts = [structure_source(t, exprs, const) for t in tree[(2 if tag == "dict" else 1):]]
     if tag == "tuple":
         return "(" + "".join(p + ", " for p in parts) + ")"

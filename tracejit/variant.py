@@ -247,6 +247,9 @@ class Variant:
                     kind, obj = "arggrad", trace.arg_leaf[id(obj)]
                 self.sources.append((kind, obj, (v.shape, v.dtype)))
         self.out_tree = out_tree
+        # It returns an argument's list, dict or tuple itself: its runner reads the call's
+        # args and kwargs (pytree.flatten_result's "argobj").
+        self.needs_argv = "'argobj'" in repr(out_tree)
         self.out_leaves = out_leaves         # as pytree.result_leaves describes them
         info = result_info or {}
         # Per output Variable: whether eager gives it a creator (it gets ours), and
@@ -740,7 +743,9 @@ def build_runner(v, leaf_kinds, key=None):
         body += [f"{t}._grad = {made[m][0]}" for t in targets]
     body += late
     body.append(f"return {structure}")
-    src = "def run(leaves):\n" + "\n".join("    " + line for line in body) + "\n"
+    # args/kwargs: the call's own, for a result that is an argument's container.
+    src = "def run(leaves, args=None, kwargs=None):\n" + \
+        "\n".join("    " + line for line in body) + "\n"
     exec(compile(src, f"<tracejit-runner {v.forward_graph.name}>", "exec"), env)
     run = env["run"]
     run.source = src
