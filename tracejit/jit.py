@@ -7,6 +7,7 @@ outcome seen, which leads to the variant traced for that outcome, or to a new tr
 (a real call that records). Outputs are Variables whose one creator, a
 CompiledFunction, runs the compiled backward graph.
 """
+import functools
 import itertools
 import logging
 import os
@@ -126,8 +127,7 @@ class Jitted:
     def __get__(self, obj, objtype=None):
         if obj is None:
             return self
-        import functools
-        return functools.partial(self.__call__, obj)
+        return BoundJitted(self.__call__, obj)
 
     # ---- public
 
@@ -1052,6 +1052,33 @@ def _unchanged_container(c, items):
         return all((k1 is k2 or k1 == k2) and v1 is v2
                    for (k1, v1), (k2, v2) in zip(now, items))
     return all(a is b for a, b in zip(now, items))
+
+
+class BoundJitted(functools.partial):
+    """A jitted method bound to its object (`obj.step`): a call is partial's C call (no
+    Python frame added to the hot path); trace(), backward_graph(), eager() and
+    cache_info() are the Jitted's, with the object as first argument."""
+
+    __slots__ = ()
+
+    @property
+    def jitted(self):
+        return self.func.__self__
+
+    def trace(self, *args, **kwargs):
+        return self.jitted.trace(*self.args, *args, **kwargs)
+
+    def backward_graph(self, *args, **kwargs):
+        return self.jitted.backward_graph(*self.args, *args, **kwargs)
+
+    def eager(self, *args, **kwargs):
+        return self.jitted.eager(*self.args, *args, **kwargs)
+
+    def cache_info(self):
+        return self.jitted.cache_info()
+
+    def __getattr__(self, name):       # __name__, stats, fn, ...: the Jitted's
+        return getattr(self.func.__self__, name)
 
 
 def _diverging_guard_line(variants):
