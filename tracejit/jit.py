@@ -776,6 +776,7 @@ class Jitted:
                                f"would not", self._def_line()))
         reason = None
         mutated = pystate.changed(snap_before)
+        tr.escapes += tr.late_escapes
         if tr.escapes:
             reason, line = tr.escapes[0]
         elif mutated is not None:

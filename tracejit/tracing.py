@@ -23,6 +23,7 @@ import random
 import sys
 import threading
 import types
+import weakref
 
 import numpy as np
 
@@ -125,6 +126,9 @@ class Trace:
         self.owned = {}              # id(ndarray) -> ndarray, buffers computed in the trace
         self.line_of = {}            # Function -> the user line that called it
         self.bwd_line = None         # while backward runs: the line of the op it differentiates
+        self.late_escapes = []       # escapes reported after the others
+        self.views = {}              # id(buffer) -> [(weakref to tracer, line)]: views
+                                     # NumPy would give of it (_note_view)
         self.names = {}              # id(obj) -> (obj, "model.l1.W"): how the user names
                                      # a captured Variable or array (pystate's labels)
         # What eager autodiff sees, for replays on Variables (create_graph, unchain):
@@ -180,6 +184,7 @@ class Trace:
     def array_value(self, arr):
         """The IR value of a plain ndarray operand: an argument, a capture or a constant."""
         if isinstance(arr, TracedArray):
+            self.check_stale(arr)
             if self.is_mine(arr._tv):
                 return arr._tv
             if arr._capture is not None:
@@ -730,9 +735,19 @@ class Trace:
             base = target
         root = _root(base)
         whole = root.shape == base.shape and root.dtype == base.dtype
+        view_line = getattr(target, "_view_line", None)
+        if view_line is not None:
+            # A NumPy view of an argument's or captured buffer (_view_of), written in
+            # place: eager changes that buffer through it; the effects do not.
+            # Reported after any other escape (`p.data[1:] *= 2` is item assignment too).
+            self.late_escapes.append((f"an in-place update through a view (taken at "
+                                      f"{view_line}) of an argument's or captured array",
+                                      user_line(3)))
         if base.shape != y.shape:
             self.escape("an in-place operation that broadcasts its output")
         np.copyto(base, y, casting="unsafe")
+        if self.views:
+            self._stale_views(base)
         if y.dtype != base.dtype:
             # `w -= lr * g` with float32 w and a float64 product stays float32, as in NumPy.
             cast = self.new_value(base.shape, base.dtype)
@@ -816,6 +831,7 @@ class Trace:
     def record_data_op(self, fn, x, *args):
         """A tracejit function applied to traced data, giving traced data."""
         var = Variable.__new__(Variable)
+        self.check_stale(x)
         var._tv = x._tv if self.is_mine(x._tv) else self.array_value(x)
         var._data = x.view(np.ndarray)
         var._grad = None
@@ -827,7 +843,42 @@ class Trace:
             y = fn(var, *args)
         if not isinstance(y, Variable):
             return y
+        if fn in _VIEW_OPS:
+            return self._view_of(x, _VIEW_OPS[fn](x.view(np.ndarray), *args), y)
         return self._wrap(y._data, self.value_of(y))
+
+    def _view_of(self, x, numpy_result, y):
+        """y's tracer; where NumPy gives a view of x's buffer (`d[0:2]`, reshape, .T), a
+        tracer of that view: an in-place update of the buffer later changes it, as in
+        eager (the traced call's own values), while the graph computed it from the
+        values before (see _stale_views)."""
+        tv = self.value_of(y)
+        if isinstance(numpy_result, np.ndarray) and numpy_result.base is not None \
+                and numpy_result.shape == y._data.shape:
+            root = _root(x.view(np.ndarray))
+            if _root(numpy_result) is root:
+                t = self._wrap(numpy_result, tv)
+                t._view_line = user_line(3)
+                self.views.setdefault(id(root), []).append((weakref.ref(t), user_line(3)))
+                return t
+        return self._wrap(y._data, tv)
+
+    def _stale_views(self, buf):
+        """An in-place write into buf: the live views of it taken before are stale (a use
+        of one is what eager computes from the updated buffer: the call runs eagerly)."""
+        for ref, line in self.views.pop(id(_root(buf)), ()):
+            t = ref()
+            if t is not None:
+                t._stale = (line, user_line(3))
+
+    def check_stale(self, t):
+        stale = getattr(t, "_stale", None)
+        if stale is not None:
+            t._stale = None              # one escape is enough
+            self.escapes.append((
+                f"a view of an array (taken at {stale[0]}) is used after an in-place "
+                f"update of that array (at {stale[1]}): eager's view shows the update, the "
+                f"compiled graph would compute it from the values before", stale[1]))
 
     # ---- guards and escapes
 
@@ -923,6 +974,15 @@ def _static(p):
     if type(p) in (tuple, list):
         return type(p)(_static(x) for x in p)
     return p
+
+
+# tracejit functions on traced data that NumPy computes as views of their operand's
+# buffer: what NumPy gives for the same call (a view or a copy).
+_VIEW_OPS = {
+    F.get_item: lambda a, key: a[key],
+    F.reshape: lambda a, shape: a.reshape(shape),
+    F.transpose: lambda a, axes=None: a.transpose(axes),
+}
 
 
 def _root(a):

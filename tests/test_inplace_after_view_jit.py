@@ -1,0 +1,95 @@
+"""Order of reads and in-place writes through NumPy views of live buffers.
+
+`y = x.data[0:2]` is a view in eager: an in-place update of x's data afterwards shows in
+y. A compiled graph computes y from the values before the update, so a use of such a
+view after the update runs eagerly with a warning naming the view's line and the
+update's, and the traced call itself returns what eager returns. A view taken but not
+used after the update compiles; an in-place write through a view of an argument runs
+eagerly, warned. Each function is called at least three times after its trace with new
+values (a mutated captured Parameter where there is one) and compared with eager.
+"""
+import warnings
+
+import numpy as np
+import pytest
+
+import tracejit as tj
+import tracejit.functions as F
+from tracejit import Parameter, Variable
+
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+
+def returned_view(x):
+    d = x.data
+    y = d[0:2]
+    x.data -= 1.0
+    return y
+
+
+def used_view(x):
+    r = x.data.reshape(3, 1)
+    x.data *= 2.0
+    return F.sum(F.exp(r)), x
+
+
+def written_view(x):
+    y = x.data[0:2]
+    y += 1.0
+    return F.sum(x)
+
+
+def run_both(f, rng, calls=5):
+    jf = tj.jit(f)
+    for _ in range(calls):
+        a = rng.normal(size=3)
+        xe, xj = Variable(a.copy()), Variable(a.copy())
+        e, g = f(xe), jf(xj)
+        for u, v in zip(e if isinstance(e, tuple) else (e,), g if isinstance(g, tuple) else (g,)):
+            u = u.data if isinstance(u, Variable) else u
+            v = v.data if isinstance(v, Variable) else v
+            np.testing.assert_allclose(v, u)
+        np.testing.assert_allclose(xj.data, xe.data)
+    return jf
+
+
+@pytest.mark.parametrize("f, view_line, what", [
+    (returned_view, "y = d[0:2]", "is used after an in-place update"),
+    (used_view, "r = x.data.reshape(3, 1)", "is used after an in-place update"),
+    (written_view, "y = x.data[0:2]", "in-place update through a view"),
+])
+def test_a_view_used_after_an_inplace_update_runs_eagerly_named(f, view_line, what):
+    rng = np.random.default_rng(0)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always", tj.JitWarning)
+        jf = run_both(f, rng)
+    msgs = [str(x.message) for x in w if issubclass(x.category, tj.JitWarning)]
+    assert len(msgs) == 1, msgs
+    assert what in msgs[0] and view_line in msgs[0], msgs[0]
+    assert "froze a value" not in msgs[0]
+    assert jf.cache_info()["hits"] == 0
+
+
+def test_a_view_not_used_after_the_update_compiles():
+    W = Parameter(np.ones((3, 2)))
+    W2 = Parameter(np.ones((3, 2)))
+
+    def make(W):
+        def step(x):
+            Wt = W.data.T             # a view, alive, not used after the update
+            W.data -= 0.1 * x.data.sum()
+            return F.sum(F.matmul(x, W)), Wt.shape
+        return step
+
+    f, jf = make(W), tj.jit(make(W2))
+    rng = np.random.default_rng(1)
+    for i in range(6):
+        a = rng.normal(size=(1, 3))
+        ye, se = f(Variable(a))
+        yj, sj = jf(Variable(a))
+        np.testing.assert_allclose(yj.data, ye.data)
+        assert se == sj
+        np.testing.assert_allclose(W2.data, W.data)
+        W.data[0, 0] += i
+        W2.data[0, 0] += i                  # the captured Parameter mutated between calls
+    assert jf.cache_info()["hits"] >= 3
