@@ -673,7 +673,7 @@ class Jitted:
                 raise Stale(f"{loc.describe()} changed from {pystate.describe_value(old)} "
                             f"to {pystate.describe_value(new)}")
         # args/kwargs: only a variant returning an argument's container reads them.
-        return v.runner(leaves, args, kwargs)
+        return v.runner(leaves) if args is None else v.runner(leaves, args, kwargs)
 
     # ---- tracing
 
