@@ -2,13 +2,14 @@
 # make test   run the test suite, then every script in examples/
 # make demo   the tour: eager vs jit on one program
 # make bench  the benchmarks (benchmarks/run.py)
+# make fuzz   random programs jit vs eager (make fuzz-quick: a short run); see below
 
 PYTHON_BOOTSTRAP := $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo bench
+.PHONY: venv test demo bench fuzz fuzz-quick
 
 venv: $(STAMP)
 
@@ -27,3 +28,14 @@ demo: venv
 
 bench: venv
 	$(PY) benchmarks/run.py
+
+# make fuzz        differential fuzzing, deep: 2000 random programs jit vs eager, one worker
+#                  per core; failing programs are written to fuzz-out/ as reproducers
+# make fuzz-quick  the same, 100 programs
+FUZZ_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
+fuzz: venv
+	$(PY) -m tracejit.fuzz --programs 2000 --jobs $(FUZZ_JOBS) --seed 0 --timeout 60 --out fuzz-out
+
+fuzz-quick: venv
+	$(PY) -m tracejit.fuzz --programs 100 --jobs $(FUZZ_JOBS) --seed 1 --timeout 60 --out fuzz-out --quiet

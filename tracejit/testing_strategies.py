@@ -11,7 +11,7 @@ from hypothesis.extra import numpy as hnp
 from tracejit import functions as F
 
 __all__ = ["shapes", "arrays", "broadcastable_shapes", "dtypes", "safe_range_for",
-           "SafeRange", "distinct_arrays", "programs", "Program"]
+           "SafeRange", "distinct_arrays", "programs", "Program", "source_programs"]
 
 
 class SafeRange:
@@ -286,3 +286,11 @@ def programs(draw, min_inputs=1, max_inputs=3, max_steps=6, dtype=np.float64, ma
             bounds.append(bound * bounds[j] * shape[-1])
     inputs = [draw(arrays(s, dtype=dtype, elements=st.floats(-2.0, 2.0))) for s in in_shapes]
     return Program(n, steps), inputs
+
+
+def source_programs(**kwargs):
+    """Random DeZero-style programs as Python source text, for jit vs eager fuzzing:
+    control flow on data, captured state, in-place updates, user Functions, ... (see
+    tracejit/fuzz_gen.py; `python -m tracejit.fuzz` runs them)."""
+    from tracejit.fuzz_gen import source_programs as strategy
+    return strategy(**kwargs)

@@ -1,0 +1,138 @@
+"""The differential fuzzer (tracejit.fuzz): a CI profile of random programs, and tests
+that the fuzzer itself finds what it must (planted faults, a hang, eager's own errors).
+
+Every program runs in a worker process (a hang is killed), eagerly and through jit,
+10 calls with new values, flipped branches and a new batch size.
+"""
+import textwrap
+
+import pytest
+
+from tracejit import fuzz
+from tracejit.fuzz_harness import PLANTS
+
+# A program in the generator's format that jit gets right: float64, batch sides 2 and 3
+# (no size-1 extent), one guard on the sign of x1, a captured Parameter, a float
+# argument, a backward.
+GOOD = textwrap.dedent('''\
+    import numpy as np
+    import tracejit as tj
+    import tracejit.functions as F
+
+    W0 = tj.Parameter(np.random.default_rng(1).uniform(-1.0, 1.0, (3,)))
+
+
+    def make():
+        def f(x0, x1, s0):
+            h1 = F.tanh(x0) * W0
+            if x1.data.sum() > 0:
+                h2 = h1 * s0
+            else:
+                h2 = h1 - s0
+            return h2,
+
+        return f, {}
+
+
+    f, _closure = make()
+    CAPTURES = {'W0': W0, **_closure}
+    PLAN = [(2, 1.0, 0.25), (2, 1.0, 0.5), (2, -1.0, 0.75), (2, 1.0, 0.25), (2, -1.0, 0.5),
+            (2, 1.0, 0.75), (3, 1.0, 0.25), (3, 1.0, 0.5), (3, -1.0, 0.75), (3, 1.0, 0.25)]
+    BACKWARD = 'plain'
+
+
+    def args(call):
+        nb, sign, s = PLAN[call]
+        rng = np.random.default_rng(call)
+        x0 = tj.Variable(rng.uniform(-2.0, 2.0, (nb, 3)))
+        x1 = tj.Variable(rng.uniform(-0.5, 0.5, (nb,)) + sign)
+        return x0, x1, s
+''')
+
+
+def _program(body):
+    """GOOD with f's body replaced."""
+    start = GOOD.index("    def f(")
+    end = GOOD.index("    return f, {}")
+    return GOOD[:start] + textwrap.indent(textwrap.dedent(body), " " * 4) + "\n" + GOOD[end:]
+
+
+def test_good_program_matches_and_every_planted_fault_is_found():
+    items = [(GOOD, False, None)] + [(GOOD, False, p) for p in PLANTS]
+    res = fuzz.run_many(items, jobs=1, timeout=120)
+    got = {plant: r["cls"] for (_, _, plant), r in zip(items, res)}
+    assert got[None] == "match", res[0]
+    expected = {p: "crash" if p == "raise" else "mismatch" for p in PLANTS}
+    assert {p: got[p] for p in PLANTS} == expected, res
+    details = {plant: r["detail"] for (_, _, plant), r in zip(items, res)}
+    assert "call 3: result leaf 0: value" in details["value"]
+    assert "call 3: result leaf 0: dtype" in details["dtype"]
+    assert "call 3: result leaf 0: ident" in details["identity"]
+    assert "call 3: gradient of argument 0" in details["grad"]
+    assert "call 3: state after the call: capture W0.data" in details["state"]
+    assert "RuntimeError" in details["raise"]
+
+
+def test_a_program_that_does_not_finish_is_a_hang():
+    sleeper = _program('''\
+        def f(x0, x1, s0):
+            import time
+            time.sleep(600)
+            return x0 * 2.0,
+        ''')
+    (res,) = fuzz.run_many([(sleeper, False)], jobs=1, timeout=3)
+    assert res["cls"] == "hang"
+    assert "eager call 0" in res["detail"]
+
+
+def test_eager_raising_is_an_invalid_program_not_a_jit_bug():
+    bad = _program('''\
+        def f(x0, x1, s0):
+            return F.matmul(x0, x1),        # (nb, 3) @ (nb,): no
+        ''')
+    (res,) = fuzz.run_many([(bad, False)], jobs=1, timeout=60)
+    assert res["cls"] == "invalid", res
+    assert "ValueError" in res["detail"] or "TypeError" in res["detail"]
+
+
+def test_warning_causes_are_grouped_without_their_variable_parts():
+    a = ("jit(f) runs eagerly: more than max_variants=8 variants (data-dependent control "
+         "flow keeps changing) at prog_1.py:12  if x0.data.sum() > 0:")
+    b = ("jit(g) runs eagerly: more than max_variants=4 variants (data-dependent control "
+         "flow keeps changing) at other.py:40  while t < 1.2:")
+    assert fuzz.normalize_warning(a) == fuzz.normalize_warning(b)
+    res = [dict(cls="fallback", warnings=[a]), dict(cls="fallback", warnings=[b]),
+           dict(cls="match", warnings=[])]
+    counts, causes = fuzz.summarize(res)
+    assert counts == {"fallback": 2, "match": 1}
+    ((cause, (n, example)),) = causes.items()
+    assert n == 2 and example == a
+
+
+def test_generated_programs_are_deterministic_and_varied():
+    p1 = fuzz.generate(30, seed=5)
+    p2 = fuzz.generate(30, seed=5)
+    assert [p.source for p in p1] == [p.source for p in p2]
+    features = set().union(*(p.features for p in p1))
+    for f in ("if", "create_graph", "float_arg", "dropout", "no_grad"):
+        assert f in features, features
+    for p in p1:
+        compile(p.source, "<program>", "exec")
+
+
+# Known bug classes of issue 9 that the CI profile currently hits (seed 0): the helpers
+# fixing them run in parallel; the lead removes this marker after merging the fixes.
+KNOWN = ("issue 9, being fixed: result identity (y, y returned as two objects; returned "
+         "arguments/captures copied), the dropped cotangent of a returned-twice output, "
+         "user Function state kept from the traced call (SignScale), compile hangs on "
+         "size-1 extents, create_graph after in-place updates (NotImplementedError), "
+         "max/min gradients dropped")
+
+
+@pytest.mark.xfail(strict=False, reason=KNOWN)
+def test_ci_profile_finds_no_mismatch_crash_or_hang():
+    programs = fuzz.generate(30, seed=0)
+    results = fuzz.run_many(programs, jobs=1, timeout=15)
+    bad = [(i, r["cls"], (r["detail"] or "")[:300]) for i, r in enumerate(results)
+           if r["cls"] in fuzz.FAILING]
+    assert not bad, "\n" + "\n".join(map(str, bad)) + "\n\n" + fuzz.format_summary(results)

@@ -1,0 +1,297 @@
+"""Differential fuzzing: random programs, jit vs eager (`python -m tracejit.fuzz`).
+
+    python -m tracejit.fuzz --programs 500 --jobs 2 --seed 0 --timeout 60 --out fuzz-out
+
+Hypothesis generates programs (tracejit/fuzz_gen.py: `strategies.source_programs()`);
+worker processes run each one eagerly and through `tj.jit` and compare call by call
+(tracejit/fuzz_harness.py). A program is classified as
+
+  match     every call agrees and jit never warned
+  fallback  every call agrees; jit ran some calls eagerly with a JitWarning (grouped by
+            cause: the message with its variable parts stripped, one example kept)
+  mismatch  a call silently differs (value, dtype, shape, kind, identity, gradient,
+            second-order gradient, or the state left behind)
+  crash     jit raised where eager did not, or raised another exception type
+  hang      the program did not finish within --timeout seconds (its worker is killed)
+  invalid   eager itself raises: not a jit bug (kept rare by construction)
+  error     the harness itself failed (a fuzzer bug; should be 0)
+
+Each failing program is written to --out as a standalone reproducer: the program,
+then `check_file(__file__)`, which runs it both ways and prints the first difference.
+Kernels are shared between workers through the disk cache (TRACEJIT_CACHE_DIR).
+"""
+import argparse
+import multiprocessing as mp
+import os
+import re
+import sys
+import tempfile
+import time
+from collections import Counter
+from multiprocessing.connection import wait
+
+__all__ = ["generate", "run_many", "normalize_warning", "summarize", "reproducer", "main"]
+
+FAILING = ("mismatch", "crash", "hang", "error")
+CLASSES = ("match", "fallback", "mismatch", "crash", "hang", "invalid", "error")
+
+
+def generate(n, seed=0):
+    """n distinct programs from `source_programs()`, deterministic for a seed."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hseed
+    from tracejit.fuzz_gen import source_programs
+
+    # One short hypothesis run per program: a long run's engine mutates the examples
+    # it has seen, which gives bursts of near-identical programs. Each run's first
+    # example is the simplest program, so the second one is taken.
+    progs, seen = [], set()
+    k = 0
+    while len(progs) < n and k < 3 * n + 10:
+        got = []
+
+        @hseed(seed * 1_000_003 + k)
+        @settings(max_examples=2, database=None, deadline=None, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck))
+        @given(source_programs())
+        def collect(p):
+            got.append(p)
+
+        collect()
+        k += 1
+        if got and got[-1].source not in seen:
+            seen.add(got[-1].source)
+            progs.append(got[-1])
+    return progs
+
+
+# ---------------------------------------------------------------- worker processes
+
+def _worker(conn, scratch):
+    """Runs programs sent over `conn` until it receives None."""
+    import warnings
+    warnings.simplefilter("ignore")     # the sides record JitWarnings themselves
+    from tracejit.fuzz_harness import run_program
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        idx, source, has32, plant = msg
+        path = os.path.join(scratch, f"prog_{os.getpid()}_{idx}.py")
+
+        def progress(what, idx=idx):
+            conn.send(("progress", idx, what))
+        try:
+            res = run_program(source, path, has32, progress=progress, plant=plant)
+        except BaseException as e:  # noqa: BLE001 - reported as a harness error
+            import traceback
+            res = dict(cls="error", detail="".join(traceback.format_exception(e))[-2000:],
+                       warnings=[], cache_info=None, seconds=0.0)
+        conn.send(("done", idx, res))
+
+
+class _Slot:
+    def __init__(self, ctx, scratch):
+        self.ctx, self.scratch = ctx, scratch
+        self.start()
+
+    def start(self):
+        self.conn, child = self.ctx.Pipe()
+        self.proc = self.ctx.Process(target=_worker, args=(child, self.scratch), daemon=True)
+        self.proc.start()
+        child.close()
+        self.idx, self.t0, self.last = None, None, None
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+
+
+def run_many(programs, jobs=1, timeout=60.0, plant=None, on_result=None, nice=0):
+    """Run programs in `jobs` worker processes; a list of result dicts in program order.
+
+    A program is a SourceProgram or a tuple (source, has_float32[, plant]); `plant`
+    (see fuzz_harness.PLANTS) is the fault planted in jit's results, for the fuzzer's
+    own tests. A program still running after `timeout` seconds is a hang: its worker
+    is killed and replaced."""
+    ctx = mp.get_context("spawn")
+    scratch = tempfile.mkdtemp(prefix="tracejit-fuzz-")
+    items = [(p.source, p.has_float32, plant) if hasattr(p, "source")
+             else (tuple(p) + (plant,))[:3] for p in programs]
+    results = [None] * len(items)
+    todo = list(range(len(items)))[::-1]
+    if nice:
+        os.nice(nice)           # the workers inherit it; the parent only waits
+    slots = [_Slot(ctx, scratch) for _ in range(max(1, min(jobs, len(items))))]
+    try:
+        while todo or any(s.idx is not None for s in slots):
+            for s in slots:
+                if s.idx is None and todo:
+                    s.idx = todo.pop()
+                    s.t0, s.last = time.monotonic(), "sent"
+                    s.conn.send((s.idx,) + items[s.idx])
+            busy = [s for s in slots if s.idx is not None]
+            left = min(s.t0 + timeout - time.monotonic() for s in busy)
+            ready = wait([s.conn for s in busy], timeout=max(0.0, min(left, 1.0)))
+            for s in busy:
+                if s.conn in ready:
+                    try:
+                        kind, idx, payload = s.conn.recv()
+                    except (EOFError, OSError):
+                        kind, idx, payload = "died", s.idx, None
+                    if kind == "progress":
+                        s.last = payload
+                        continue
+                    if kind == "died":
+                        # Dying mid-program (a segfault in compiled code) is a crash;
+                        # dying before its first call is the harness's own failure.
+                        res = dict(cls="crash" if s.last != "sent" else "error",
+                                   detail=f"the worker process died (exit "
+                                   f"code {s.proc.exitcode}) during {s.last}",
+                                   warnings=[], cache_info=None,
+                                   seconds=time.monotonic() - s.t0)
+                        s.kill()
+                        idx = s.idx
+                        s.start()
+                    else:
+                        res = payload
+                        s.idx = None
+                    results[idx] = res
+                    if on_result:
+                        on_result(idx, res)
+                elif time.monotonic() - s.t0 > timeout:
+                    res = dict(cls="hang", detail=f"no result after {timeout:g} s; it was "
+                               f"running the {s.last}", warnings=[], cache_info=None,
+                               seconds=timeout)
+                    results[s.idx] = res
+                    if on_result:
+                        on_result(s.idx, res)
+                    s.kill()
+                    s.start()
+    finally:
+        for s in slots:
+            try:
+                s.conn.send(None)
+            except OSError:
+                pass
+        for s in slots:
+            s.proc.join(timeout=5)
+            if s.proc.is_alive():
+                s.kill()
+    return results
+
+
+# ---------------------------------------------------------------- reporting
+
+_STRIP = [
+    (re.compile(r"jit\([^)]*\)"), "jit(f)"),
+    (re.compile(r" at \S+\.py:\d+.*$", re.S), " at LINE"),
+    (re.compile(r"\S+\.py:\d+"), "FILE:LINE"),
+    (re.compile(r"0x[0-9a-f]+"), "ADDR"),
+    (re.compile(r"'[^']*'"), "'…'"),
+    (re.compile(r"\((?:\d+, )*\d*,?\)"), "SHAPE"),
+    (re.compile(r"-?\d+(\.\d+)?(e-?\d+)?"), "N"),
+]
+
+
+def normalize_warning(message):
+    """A JitWarning's cause: its message with names, lines, shapes and numbers stripped."""
+    text = message.split("\n")[0]
+    for pat, rep in _STRIP:
+        text = pat.sub(rep, text)
+    return text.strip()
+
+
+def summarize(results):
+    """Counts per class, and fallback causes {cause: (count, example warning)}."""
+    counts = Counter(r["cls"] for r in results if r is not None)
+    causes = {}
+    for r in results:
+        if r is None or r["cls"] != "fallback":
+            continue
+        for cause in sorted({normalize_warning(w) for w in r["warnings"]}):
+            n, ex = causes.get(cause, (0, None))
+            causes[cause] = (n + 1, ex or next(w for w in r["warnings"]
+                                               if normalize_warning(w) == cause))
+    return counts, causes
+
+
+def format_summary(results, seconds=None):
+    counts, causes = summarize(results)
+    n = sum(counts.values())
+    lines = [f"{n} programs" + (f" in {seconds:.0f} s" if seconds is not None else "")]
+    for c in CLASSES:
+        lines.append(f"  {c:9s} {counts.get(c, 0):6d}  ({100 * counts.get(c, 0) / max(n, 1):.1f}%)")
+    never = sum(1 for r in results if r and r["cls"] == "match" and r["cache_info"]
+                and r["cache_info"]["hits"] == 0)
+    lines.append(f"  (matches whose compiled code never ran: {never})")
+    if causes:
+        lines.append("fallbacks by cause (programs; one warning each):")
+        for cause, (k, ex) in sorted(causes.items(), key=lambda kv: -kv[1][0]):
+            lines.append(f"  {k:5d}  {cause}\n         e.g. {ex[:300]}")
+    return "\n".join(lines)
+
+
+def reproducer(source, res):
+    """A standalone file: the verdict as a comment, the program, the check."""
+    detail = (res.get("detail") or "").rstrip()
+    head = [f"# tracejit fuzzer: {res['cls']}"] + [f"#   {line}" for line in
+                                                   detail.splitlines()[:12]]
+    for w in res.get("warnings", [])[:3]:
+        head.append(f"#   JitWarning: {w.splitlines()[0][:200]}")
+    head.append("# Run: python THIS_FILE  (jit vs eager, call by call; prints the first "
+                "difference)")
+    tail = ["", "", 'if __name__ == "__main__":',
+            "    from tracejit.fuzz_harness import check_file",
+            "    check_file(__file__)", ""]
+    return "\n".join(head) + "\n" + source + "\n".join(tail)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m tracejit.fuzz", description=__doc__.split(
+        "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--programs", type=int, default=100)
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per program")
+    ap.add_argument("--out", default=None, help="directory for failing programs")
+    ap.add_argument("--nice", type=int, default=0, help="niceness added to the workers")
+    ap.add_argument("--quiet", action="store_true")
+    opts = ap.parse_args(argv)
+    t0 = time.monotonic()
+    programs = generate(opts.programs, opts.seed)
+    if opts.out:
+        os.makedirs(opts.out, exist_ok=True)
+    done = [0]
+
+    def on_result(idx, res):
+        done[0] += 1
+        if not opts.quiet:
+            print(f"[{done[0]}/{len(programs)}] program {idx}: {res['cls']} "
+                  f"({res['seconds']:.1f} s)"
+                  + (f"  {res['detail'].splitlines()[0][:150]}" if res.get("detail") else ""),
+                  flush=True)
+        if opts.out and res["cls"] in FAILING + ("fallback", "invalid"):
+            sub = os.path.join(opts.out, res["cls"])
+            os.makedirs(sub, exist_ok=True)
+            with open(os.path.join(sub, f"prog{idx:05d}.py"), "w") as fh:
+                fh.write(reproducer(programs[idx].source, res))
+
+    results = run_many(programs, jobs=opts.jobs, timeout=opts.timeout,
+                       on_result=on_result, nice=opts.nice)
+    text = format_summary(results, time.monotonic() - t0)
+    print(text)
+    if opts.out:
+        with open(os.path.join(opts.out, "summary.txt"), "w") as fh:
+            fh.write(text + "\n")
+        import json
+        with open(os.path.join(opts.out, "results.json"), "w") as fh:
+            json.dump([dict(r, program=i, features=programs[i].features)
+                       for i, r in enumerate(results)], fh, indent=1, default=str)
+    counts, _ = summarize(results)
+    return 1 if any(counts.get(c) for c in FAILING) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

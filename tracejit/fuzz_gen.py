@@ -1,0 +1,693 @@
+"""Random DeZero-style programs as Python source text (the fuzzer's generator).
+
+`source_programs()` (also `tracejit.testing.strategies.source_programs`) is a hypothesis
+strategy of `SourceProgram`s: a whole module of plain Python -- captured Parameters and
+arrays, user `Function` classes, `f` itself, `args(call)` building each call's inputs
+from seeded draws, and `PLAN`, the calls -- that the harness runs twice from scratch,
+once eagerly and once through `tj.jit`, so both start from identical state. Printed,
+it is a reproducer anyone can run.
+
+Values stay in safe domains by construction: every value carries a bound on its
+magnitude and ops that would pass `_MAX_BOUND` are not drawn; logs and square roots
+take `x * x + 1`; divisions divide by `b * b + 1`. Conditions and loop counts read only
+inputs whose sign is set per call (values in +-[0.5, 1.5]) or the float argument, so a
+rounding difference between jit and eager can never flip a branch: every difference the
+harness reports is a real one.
+"""
+import numpy as np
+from hypothesis import strategies as st
+
+__all__ = ["source_programs", "SourceProgram"]
+
+B = "B"              # the batch side of a symbolic shape: it changes between the phases
+_MAX_BOUND = 50.0    # |value| bound: keeps exp, squares and products tame
+
+
+class SourceProgram:
+    """A generated program: `source` (a module) and facts the harness needs."""
+
+    def __init__(self, source, n_calls, has_float32, features):
+        self.source = source
+        self.n_calls = n_calls
+        self.has_float32 = has_float32
+        self.features = features        # sorted names of the constructs used
+
+    def __repr__(self):
+        return self.source
+
+
+class Val:
+    """One value in scope: its Python name, symbolic shape, dtype and what is known."""
+
+    def __init__(self, name, shape, dtype, bound, var=True, signed=False):
+        self.name, self.shape, self.dtype, self.bound = name, tuple(shape), dtype, bound
+        self.var = var            # a Variable (else an ndarray)
+        self.signed = signed      # every element has the call's sign, |x| >= 0.5
+
+    @property
+    def data(self):
+        """Source text of the value's ndarray."""
+        return f"{self.name}.data" if self.var else self.name
+
+
+def bcast(s0, s1):
+    """Symbolic broadcast of two shapes (B pairs only with B or 1), or None."""
+    out = []
+    for k in range(1, max(len(s0), len(s1)) + 1):
+        a = s0[-k] if k <= len(s0) else 1
+        b = s1[-k] if k <= len(s1) else 1
+        if a == b or b == 1:
+            out.append(a)
+        elif a == 1:
+            out.append(b)
+        else:
+            return None
+    return tuple(reversed(out))
+
+
+def shape_src(shape, ref=None):
+    """A shape as source text; B becomes `ref.shape[i]` or the runtime variable `nb`."""
+    parts = [str(d) if d != B else "nb" for d in shape]
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def _dt(*vals):
+    return "float64" if any(v.dtype == "float64" for v in vals) else "float32"
+
+
+USER_FUNCTIONS = {
+    "Cube": '''class Cube(tj.Function):
+    def forward(self, x):
+        return x ** 3
+
+    def backward(self, gy):
+        x, = self.inputs
+        return 3 * x ** 2 * gy
+''',
+    "SignScale": '''class SignScale(tj.Function):
+    # Keeps per-call state on self: this call's sign decides its backward's factor.
+    def forward(self, x):
+        self.k = 2.0 if x.sum() > 0 else -3.0
+        return x * self.k
+
+    def backward(self, gy):
+        return gy * self.k
+''',
+    "TanhData": '''class TanhData(tj.Function):
+    # backward reads .data: detached, so eager has no second derivative through it.
+    def forward(self, x):
+        return np.tanh(x)
+
+    def backward(self, gy):
+        y = np.tanh(self.inputs[0].data)
+        return gy * (1 - y * y)
+''',
+    "MulAdd": '''class MulAdd(tj.Function):
+    def forward(self, a, b):
+        return a * b + a
+
+    def backward(self, gy):
+        a, b = self.inputs
+        return gy * (b + 1), gy * a
+''',
+}
+
+# name -> (source template with {a}, bound of the result given the operand's bound)
+UNARY = {
+    "tanh": ("F.tanh({a})", lambda b: 1.0),
+    "sin": ("F.sin({a})", lambda b: 1.0),
+    "cos": ("F.cos({a})", lambda b: 1.0),
+    "sigmoid": ("F.sigmoid({a})", lambda b: 1.0),
+    "relu": ("F.relu({a})", lambda b: b),
+    "exp": ("F.exp({a})", lambda b: float(np.exp(b)) if b < 4 else 1e9),
+    "exp_tanh": ("F.exp(F.tanh({a}))", lambda b: np.e),
+    "log1p_sq": ("F.log({a} * {a} + 1)", lambda b: float(np.log1p(b * b))),
+    "sqrt1p_sq": ("F.sqrt({a} * {a} + 1.0)", lambda b: float(np.sqrt(b * b + 1))),
+    "neg": ("-{a}", lambda b: b),
+    "scale": ("{a} * 0.5", lambda b: b / 2),
+    "square": ("{a} ** 2", lambda b: b * b),
+    "rsub": ("1.5 - {a}", lambda b: b + 1.5),
+    "rdiv_const": ("{a} / 4.0", lambda b: b / 4),
+    "sin_affine": ("F.sin({a}) * 2.0 + 1.0", lambda b: 3.0),
+}
+
+BINARY = {
+    "add": ("{a} + {b}", lambda a, b: a + b),
+    "sub": ("{a} - {b}", lambda a, b: a + b),
+    "mul": ("{a} * {b}", lambda a, b: a * b),
+    "div": ("{a} / ({b} * {b} + 1)", lambda a, b: a),
+    "tanh_mul": ("F.tanh({a} * {b})", lambda a, b: 1.0),
+    "maximum": ("F.maximum({a}, {b})", lambda a, b: max(a, b)),
+}
+
+
+class Builder:
+    """Accumulates f's body while tracking the values in scope."""
+
+    def __init__(self, draw):
+        self.draw = draw
+        self.lines = []
+        self.indent = 1
+        self.vals = []
+        self.n = 0
+        self.features = set()
+        self.captures = []        # (name, kind, shape, dtype, where)
+        self.classes = set()
+        self.args = []            # (name, kind, Val or None)
+        self.has_float = False    # a Python float argument s0
+        self.updated = set()      # captures updated in place by an inner step
+        self.rebinds = set()      # captures f updates with an augmented assignment
+
+    # ---- helpers
+
+    def emit(self, text):
+        self.lines.append("    " * self.indent + text)
+
+    def fresh(self, prefix="h"):
+        self.n += 1
+        return f"{prefix}{self.n}"
+
+    def pick(self, pred=lambda v: v.var, recent=4):
+        """A value in scope (a Variable unless pred says otherwise), mostly a recent one."""
+        cands = [v for v in self.vals if pred(v)]
+        if not cands:
+            return None
+        recent_c = cands[-recent:]
+        return self.draw(st.sampled_from(recent_c if self.draw(st.integers(0, 3)) else cands))
+
+    def add(self, name, shape, dtype, bound, var=True, signed=False):
+        v = Val(name, shape, dtype, bound, var, signed)
+        self.vals.append(v)
+        return v
+
+    def capture(self, shape, kind=None, reuse=True):
+        """A captured Parameter or array of `shape` (reused when one exists).
+
+        Captures are drawn in [-1, 1]; the ones an inner step updates are never reused
+        elsewhere (their values grow), nor are arrays updated in place (`*= 0.9` only
+        shrinks them, but their sign pattern must not matter)."""
+        for c in self.captures:
+            if reuse and c[2] == tuple(shape) and (kind is None or c[1] == kind) \
+                    and c[0] not in self.updated and self.draw(st.booleans()):
+                return c
+        kind = kind or self.draw(st.sampled_from(["param", "param", "array"]))
+        dtype = self.draw(st.sampled_from(["float64", "float32"]))
+        where = self.draw(st.sampled_from(["global", "closure"]))
+        name = ("W" if kind == "param" else "K") + str(len(self.captures))
+        c = (name, kind, tuple(shape), dtype, where)
+        self.captures.append(c)
+        self.features.add(f"capture_{kind}_{where}")
+        return c
+
+    # ---- statements
+
+    def st_unary(self):
+        v = self.pick(lambda w: True)
+        ops = [o for o, (_, bf) in UNARY.items() if bf(v.bound) <= _MAX_BOUND
+               and (v.var or UNARY[o][0].startswith("F."))]    # ndarray in, Variable out
+        op = self.draw(st.sampled_from(sorted(ops)))
+        tmpl, bf = UNARY[op]
+        name = self.fresh()
+        self.emit(f"{name} = {tmpl.format(a=v.name)}")
+        signed = v.signed and op in ("tanh", "scale", "rdiv_const")
+        self.add(name, v.shape, v.dtype, bf(v.bound), signed=signed)
+
+    def st_binary(self):
+        a = self.pick(lambda w: True)
+        partners = [w for w in self.vals if bcast(a.shape, w.shape) is not None]
+        b = self.draw(st.sampled_from(partners))
+        if self.draw(st.booleans()):
+            a, b = b, a
+        ops = [o for o, (_, bf) in BINARY.items() if bf(a.bound, b.bound) <= _MAX_BOUND]
+        if not (a.var or b.var):
+            ops = [o for o in ops if BINARY[o][0].startswith("F.")]
+        if not ops:
+            return self.st_unary()
+        op = self.draw(st.sampled_from(sorted(ops)))
+        tmpl, bf = BINARY[op]
+        name = self.fresh()
+        self.emit(f"{name} = {tmpl.format(a=a.name, b=b.name)}")
+        if a is b:
+            self.features.add("fanout_same_operand")
+        self.add(name, bcast(a.shape, b.shape), _dt(a, b), bf(a.bound, b.bound))
+
+    def st_scalar(self):
+        """A Python number: a literal, the float argument, or float()/.item() of data."""
+        v = self.pick()
+        kinds = ["literal", "float_of_data", "item_of_data"]
+        if self.has_float:
+            kinds += ["float_arg", "float_arg"]
+        kind = self.draw(st.sampled_from(kinds))
+        name = self.fresh()
+        if kind == "literal":
+            c = self.draw(st.sampled_from(["0.75", "1.25", "2.0", "-0.5", "3"]))
+            self.emit(f"{name} = {v.name} * {c} + 0.25")
+            self.add(name, v.shape, v.dtype, v.bound * 3 + 0.25)
+            return
+        if kind == "float_arg":
+            form = self.draw(st.sampled_from(["{a} * s0", "{a} + s0", "{a} / (1.0 + s0)",
+                                              "s0 - {a}"]))
+            self.emit(f"{name} = " + form.format(a=v.name))
+            self.add(name, v.shape, v.dtype, v.bound + 1)
+            self.features.add("float_arg_arith")
+            return
+        src = self.pick(lambda w: w.var and w.bound <= 10)
+        if src is None:
+            return self.st_unary()
+        conv = (f"float({src.data}.mean())" if kind == "float_of_data"
+                else f"{src.data}.sum().item()")
+        c = self.fresh("c")
+        self.emit(f"{c} = {conv}")
+        bound = src.bound * (1 if kind == "float_of_data" else 125)
+        if v.bound * (bound + 1) > _MAX_BOUND:
+            self.emit(f"{name} = F.tanh({v.name} * {c})")
+            self.add(name, v.shape, _dt(v), 1.0)
+        else:
+            self.emit(f"{name} = {v.name} * {c} + 1.0")
+            self.add(name, v.shape, _dt(v), v.bound * bound + 1)
+        self.features.add(kind)
+
+    def st_reduce(self):
+        v = self.pick(lambda w: len(w.shape) > 0)
+        if v is None:
+            return self.st_unary()
+        op = self.draw(st.sampled_from(["sum", "mean", "max", "min"]))
+        nd = len(v.shape)
+        axis = self.draw(st.one_of(st.none(), st.integers(-nd, nd - 1)))
+        keep = self.draw(st.booleans())
+        if axis is None:
+            out = tuple(1 for _ in v.shape) if keep else ()
+        else:
+            out = tuple(1 if i == axis % nd else d for i, d in enumerate(v.shape))
+            if not keep:
+                out = out[:axis % nd] + out[axis % nd + 1:]
+        factor = 125 if op == "sum" else 1
+        if v.bound * factor > _MAX_BOUND:
+            op = self.draw(st.sampled_from(["mean", "max", "min"]))
+            factor = 1
+        style = self.draw(st.sampled_from(["F", "method"]))
+        name = self.fresh()
+        if style == "method" and v.var:
+            self.emit(f"{name} = {v.name}.{op}(axis={axis}, keepdims={keep})")
+        else:
+            self.emit(f"{name} = F.{op}({v.name}, axis={axis}, keepdims={keep})")
+        self.features.add(f"reduce_{op}")
+        self.add(name, out, v.dtype, v.bound * factor)
+
+    def st_movement(self):
+        v = self.pick(lambda w: len(w.shape) > 0)
+        if v is None:
+            return self.st_unary()
+        name = self.fresh()
+        nd = len(v.shape)
+        kinds = ["reshape_flat", "expand", "index"]
+        if nd >= 2:
+            kinds += ["transpose", "transpose"]
+        kind = self.draw(st.sampled_from(kinds))
+        if kind == "transpose":
+            perm = tuple(self.draw(st.permutations(range(nd))))
+            if self.draw(st.booleans()) and nd == 2 and v.var:
+                self.emit(f"{name} = {v.name}.T")
+                perm = (1, 0)
+            else:
+                self.emit(f"{name} = F.transpose({v.name}, {perm})")
+            self.add(name, tuple(v.shape[p] for p in perm), v.dtype, v.bound)
+        elif kind == "expand":
+            self.emit(f"{name} = F.reshape({v.name}, {v.name}.shape + (1,))")
+            self.add(name, v.shape + (1,), v.dtype, v.bound)
+        elif kind == "reshape_flat":
+            fixed = [d for d in v.shape if d != B]
+            size = int(np.prod(fixed)) if fixed else 1
+            if B in v.shape:
+                if v.shape[0] != B:
+                    return self.st_unary()
+                self.emit(f"{name} = F.reshape({v.name}, ({v.name}.shape[0], -1))")
+                self.add(name, (B, size), v.dtype, v.bound)
+            else:
+                new = self.draw(st.sampled_from([(size,), (1, size), (size, 1), (-1,)]))
+                self.emit(f"{name} = F.reshape({v.name}, {new})")
+                self.add(name, (size,) if new == (-1,) else new, v.dtype, v.bound)
+        else:
+            d = v.shape[0]
+            if d == B:
+                idx = self.draw(st.sampled_from(["0", "-1", ":1", "..., :1"]))
+            else:
+                k = self.draw(st.integers(0, d - 1))
+                idx = self.draw(st.sampled_from([str(k), f"{k}:", f":{k + 1}", "::-1",
+                                                 f"..., {min(k, v.shape[-1] - 1) if v.shape[-1] != B else 0}"]))
+            self.emit(f"{name} = {v.name}[{idx}]" if v.var
+                      else f"{name} = F.get_item({v.name}, np.s_[{idx}])")
+            # The resulting shape, by NumPy on a concrete stand-in (B = 2 and 3).
+            shapes = []
+            for nb in (2, 3):
+                z = np.zeros([nb if s == B else s for s in v.shape])
+                shapes.append(eval(f"z[{idx}]").shape)    # noqa: S307 - our own text
+            out = tuple(B if a != b else a for a, b in zip(*shapes))
+            if len(shapes[0]) != len(shapes[1]) or any(
+                    s != B and a != b for s, a, b in zip(out, *shapes)):
+                raise AssertionError("index shape")  # pragma: no cover
+            self.features.add("index")
+            self.add(name, out, v.dtype, v.bound)
+
+    def st_matmul(self):
+        v = self.pick(lambda w: len(w.shape) in (1, 2) and w.shape[-1] != B)
+        if v is None:
+            return self.st_unary()
+        k = v.shape[-1]
+        name = self.fresh()
+        if self.draw(st.booleans()):
+            m = self.draw(st.integers(1, 4))
+            c = self.capture((k, m), "param" if self.draw(st.integers(0, 3)) else None)
+            scale = 1.0 / k
+            self.emit(f"{name} = F.matmul({v.name}, {c[0]}) * {scale!r}")
+            self.add(name, v.shape[:-1] + (m,), _dt(v) if c[3] == "float32" else "float64",
+                     v.bound)
+        else:
+            same = [w for w in self.vals if w.shape == v.shape and len(w.shape) == 2]
+            if not same:
+                w = v
+            else:
+                w = self.draw(st.sampled_from(same))
+            if len(v.shape) == 1:
+                self.emit(f"{name} = F.matmul({v.name}, {v.name}) / {k}.0")
+                self.add(name, (), v.dtype, v.bound * v.bound)
+            else:
+                self.emit(f"{name} = F.matmul({v.name}, F.transpose({w.name})) / {k}.0")
+                self.add(name, (v.shape[0], w.shape[0]), _dt(v, w), v.bound * w.bound)
+        self.features.add("matmul")
+
+    def st_capture_op(self):
+        v = self.pick()
+        # A captured value that broadcasts against v: its shape is a suffix of v's with
+        # B turned into 1.
+        nd = self.draw(st.integers(0, len(v.shape)))
+        suffix = tuple(1 if d == B else d for d in v.shape[len(v.shape) - nd:])
+        c = self.capture(suffix)
+        name = self.fresh()
+        op = self.draw(st.sampled_from(["mul", "add", "tanh_mul"]))
+        tmpl = BINARY[op][0]
+        if self.draw(st.booleans()):
+            self.emit(f"{name} = " + tmpl.format(a=v.name, b=c[0]))
+        else:
+            self.emit(f"{name} = " + tmpl.format(a=c[0], b=v.name))
+        bound = {"mul": v.bound, "add": v.bound + 1, "tanh_mul": 1.0}[op]
+        dt = "float64" if c[3] == "float64" or v.dtype == "float64" else "float32"
+        self.add(name, v.shape, dt, bound)
+
+    def condition(self):
+        """Source of a condition whose outcome is set by an input's sign or by s0."""
+        ins = [v for v in self.vals if v.signed]
+        forms = []
+        if self.has_float:
+            forms += ["s0 > 0.5", "s0 * 2 < 1.0"]
+        for v in ins:
+            d = v.data
+            forms += [f"{d}.sum() > 0", f"float({d}.mean()) > 0", f"{d}.max() > 0",
+                      f"bool({d}.min() > 0)", f"{d}.reshape(-1)[0].item() > 0",
+                      f"int({d}.sum() > 0) == 1"]
+            if v.var:
+                forms += [f"F.sum({v.name}).data < 0", f"{v.name}.data.mean() < 0.0"]
+        if not forms:
+            return None
+        self.features.add("if")
+        return self.draw(st.sampled_from(forms))
+
+    def st_if(self):
+        cond = self.condition()
+        if cond is None:
+            return self.st_unary()
+        v = self.pick()
+        name = self.fresh()
+        ops = sorted(o for o, (_, bf) in UNARY.items() if bf(v.bound) <= _MAX_BOUND)
+        op1, op2 = self.draw(st.sampled_from(ops)), self.draw(st.sampled_from(ops))
+        self.emit(f"if {cond}:")
+        self.emit(f"    {name} = {UNARY[op1][0].format(a=v.name)}")
+        self.emit("else:")
+        self.emit(f"    {name} = {UNARY[op2][0].format(a=v.name)}")
+        self.add(name, v.shape, v.dtype, max(UNARY[op1][1](v.bound), UNARY[op2][1](v.bound)))
+
+    def st_loop(self):
+        ins = [v for v in self.vals if v.signed]
+        if not ins:
+            return self.st_unary()
+        src = self.draw(st.sampled_from(ins))
+        v = self.pick()
+        name = self.fresh()
+        kind = self.draw(st.sampled_from(["while_float", "while_np", "for_int", "while_item"]))
+        self.emit(f"{name} = {v.name}")
+        if kind == "for_int":
+            self.emit(f"for _ in range(int(abs(float({src.data}.mean())) * 3) % 4):")
+        else:
+            init = {"while_float": f"float({src.data}.mean())",
+                    "while_np": f"{src.data}.mean()",
+                    "while_item": f"{src.data}.mean().item()"}[kind]
+            t, k = self.fresh("t"), self.fresh("k")
+            self.emit(f"{t}, {k} = {init}, 0")
+            self.emit(f"while {t} < 1.2 and {k} < 4:")
+            self.emit(f"    {t} = {t} + 0.55")
+            self.emit(f"    {k} += 1")
+        body = self.draw(st.sampled_from(["F.tanh({a}) * 1.5", "F.sin({a}) + 0.5 * {a}",
+                                          "{a} * 0.8 + 0.1"]))
+        self.emit(f"    {name} = " + body.format(a=name))
+        self.features.add(kind)
+        self.add(name, v.shape, v.dtype, max(v.bound, 3.0))
+
+    def st_no_grad(self):
+        v = self.pick()
+        name = self.fresh()
+        self.emit("with tj.no_grad():")
+        self.emit(f"    {name} = F.sigmoid({v.name}) * 2.0")
+        self.features.add("no_grad")
+        self.add(name, v.shape, v.dtype, 2.0)
+
+    def st_dropout(self):
+        v = self.pick()
+        name = self.fresh()
+        if self.draw(st.integers(0, 4)) == 0:
+            self.emit("np.random.seed(7)")
+            self.features.add("seed_inside")
+        self.emit(f"{name} = F.dropout({v.name}, 0.3)")
+        self.features.add("dropout")
+        self.add(name, v.shape, v.dtype, v.bound / 0.7)
+
+    def st_user_function(self):
+        kinds = ["Cube", "TanhData", "MulAdd"]
+        if any(v.signed for v in self.vals):
+            kinds.append("SignScale")
+        kind = self.draw(st.sampled_from(kinds))
+        name = self.fresh()
+        if kind == "SignScale":
+            v = self.draw(st.sampled_from([w for w in self.vals if w.signed]))
+            self.emit(f"{name} = SignScale()({v.name})")
+            self.add(name, v.shape, v.dtype, v.bound * 3)
+        elif kind == "MulAdd":
+            a = self.pick(lambda w: w.bound <= 5)
+            if a is None:
+                return self.st_unary()
+            b = self.draw(st.sampled_from([w for w in self.vals
+                                           if w.shape == a.shape and w.bound <= 5]))
+            self.emit(f"{name} = MulAdd()({a.name}, {b.name})")
+            self.add(name, a.shape, _dt(a, b), a.bound * (b.bound + 1))
+        else:
+            v = self.pick(lambda w: w.bound <= 3)
+            if v is None:
+                return self.st_unary()
+            self.emit(f"{name} = {kind}()({v.name})")
+            self.add(name, v.shape, v.dtype, v.bound ** 3 if kind == "Cube" else 1.0)
+        self.classes.add(kind)
+        self.features.add(f"user_{kind}")
+
+    def st_inner_step(self):
+        """An inner backward and an SGD update of a captured Parameter (a training step)."""
+        v = self.pick(lambda w: w.var)
+        if v is None:
+            return self.st_unary()
+        nd = self.draw(st.integers(0, min(len(v.shape), 2)))
+        suffix = tuple(1 if d == B else d for d in v.shape[len(v.shape) - nd:])
+        c = self.capture(suffix, "param", reuse=False)
+        W = c[0]
+        self.updated.add(W)
+        loss, name = self.fresh("loss"), self.fresh()
+        self.emit(f"{loss} = F.mean(F.tanh({v.name} * {W}) ** 2)")
+        self.emit(f"{W}.cleargrad()")
+        self.emit(f"{loss}.backward()")
+        lr = "s0" if self.has_float and self.draw(st.booleans()) else "0.1"
+        self.emit(f"{W}.data -= {lr} * {W}.grad.data")
+        self.emit(f"{name} = F.tanh({v.name} * {W})")
+        self.features.add("inner_backward_update")
+        self.add(name, v.shape, _dt(v), 1.0)
+
+    def st_inplace_arg(self):
+        arrs = [a for a in self.args if a[1] == "array"]
+        caps = [c for c in self.captures if c[1] == "array"]
+        if not arrs and not caps:
+            return self.st_unary()
+        if arrs and (not caps or self.draw(st.booleans())):
+            target = self.draw(st.sampled_from(arrs))[0]
+            self.features.add("inplace_arg")
+            self.emit(f"{target} += 0.5" if self.draw(st.booleans()) else f"{target} *= 0.9")
+        else:
+            target = self.draw(st.sampled_from(caps))[0]
+            self.rebinds.add(target)
+            self.features.add("inplace_capture")
+            self.emit(f"{target} *= 0.9")
+        for v in self.vals:
+            if v.name == target:
+                v.bound += 0.5
+                v.signed = False
+
+
+@st.composite
+def source_programs(draw, max_inputs=3, max_steps=9):
+    """A random program as source text (see the module docstring)."""
+    b = Builder(draw)
+    feat = tuple(draw(st.lists(st.integers(1, 5), min_size=0, max_size=2)))
+    n_in = draw(st.integers(1, max_inputs))
+    inputs = []
+    for i in range(n_in):
+        form = draw(st.sampled_from(["batched", "batched", "fixed", "batched_ones", "scalar"]))
+        if form == "batched":
+            shape = (B,) + feat
+        elif form == "fixed":
+            shape = feat
+        elif form == "batched_ones":
+            shape = (B,) + tuple(draw(st.sampled_from([1, d])) for d in feat)
+        else:
+            shape = ()
+        # x0 is a Variable, so every statement finds one to work on.
+        kind = draw(st.sampled_from(["var", "var", "var", "array"])) if i else "var"
+        dtype = draw(st.sampled_from(["float64", "float32"]))
+        signed = draw(st.booleans())
+        name = f"x{i}"
+        v = b.add(name, shape, dtype, 1.5 if signed else 2.0, var=(kind == "var"),
+                  signed=signed)
+        b.args.append((name, "var" if kind == "var" else "array", v))
+        inputs.append((name, kind, shape, dtype, signed))
+    b.has_float = draw(st.booleans())
+    if b.has_float:
+        b.features.add("float_arg")
+    if not any(s for *_, s in inputs) and draw(st.booleans()):
+        pass
+    steps = draw(st.integers(2, max_steps))
+    table = [(b.st_unary, 6), (b.st_binary, 6), (b.st_scalar, 2), (b.st_reduce, 3),
+             (b.st_movement, 2), (b.st_matmul, 1), (b.st_capture_op, 3), (b.st_if, 2),
+             (b.st_loop, 1), (b.st_no_grad, 1), (b.st_dropout, 1), (b.st_user_function, 2),
+             (b.st_inner_step, 1), (b.st_inplace_arg, 1)]
+    weighted = [fn for fn, w in table for _ in range(w)]
+    for _ in range(steps):
+        draw(st.sampled_from(weighted))()
+    outputs = _outputs(b)
+
+    # Calls: phase A (batch nb_a) then phase B (a new shape), signs flip branches.
+    nb_a = draw(st.integers(1, 5))
+    nb_b = draw(st.integers(1, 5).filter(lambda k: k != nb_a))
+    sign = draw(st.sampled_from([1.0, -1.0]))
+    signs = [sign, sign, -sign, sign, -sign, sign] + [sign, sign, -sign, sign]
+    nbs = [nb_a] * 6 + [nb_b] * 4
+    svals = draw(st.lists(st.sampled_from([0.125, 0.25, 0.375, 0.625, 0.75, 0.875]),
+                          min_size=10, max_size=10))
+    plan = [(nb, sg, s) for nb, sg, s in zip(nbs, signs, svals)]
+    backward = draw(st.sampled_from([None, "plain", "plain", "create_graph"]))
+    if backward == "create_graph":
+        b.features.add("create_graph")
+    base_seed = draw(st.integers(0, 10_000))
+    src = _render(b, inputs, outputs, plan, backward, base_seed)
+    has32 = any(d == "float32" for *_, d, _ in inputs) or any(
+        c[3] == "float32" for c in b.captures)
+    return SourceProgram(src, len(plan), has32, sorted(b.features))
+
+
+def _outputs(b):
+    """The return expression: the last value plus maybe fan-out, kinds and identities."""
+    last = b.vals[-1]
+    outs = [last.name]
+    extra = b.draw(st.integers(0, 2))
+    for _ in range(extra):
+        kind = b.draw(st.sampled_from(["same", "earlier", "data", "np_scalar", "py_scalar",
+                                       "arg", "capture"]))
+        if kind == "same":
+            outs.append(last.name)
+            b.features.add("return_twice")
+        elif kind == "earlier":
+            outs.append(b.draw(st.sampled_from(b.vals)).name)
+        elif kind == "data" and last.var:
+            outs.append(f"{last.name}.data")
+            b.features.add("return_ndarray")
+        elif kind == "np_scalar" and last.var:
+            outs.append(f"{last.name}.data.sum()")
+            b.features.add("return_np_scalar")
+        elif kind == "py_scalar" and last.var:
+            outs.append(f"float({last.name}.data.sum())")
+            b.features.add("return_py_scalar")
+        elif kind == "arg":
+            outs.append(b.draw(st.sampled_from(b.args))[0])
+            b.features.add("return_arg")
+        elif kind == "capture" and b.captures:
+            outs.append(b.draw(st.sampled_from(b.captures))[0])
+            b.features.add("return_capture")
+    if len(outs) == 1 and b.draw(st.booleans()):
+        return outs[0]
+    return ", ".join(outs) + ("," if len(outs) == 1 else "")
+
+
+def _render(b, inputs, outputs, plan, backward, seed):
+    out = ["import numpy as np", "import tracejit as tj", "import tracejit.functions as F",
+           "", ""]
+    for k in sorted(b.classes):
+        out += [USER_FUNCTIONS[k], ""]
+    glob = [c for c in b.captures if c[4] == "global"]
+    clos = [c for c in b.captures if c[4] == "closure"]
+
+    def cap_line(c, k):
+        name, kind, shape, dtype, _ = c
+        draw = (f"np.random.default_rng({seed + 17 * k + 1}).uniform(-1.0, 1.0, "
+                f"{shape_src(shape)}).astype(np.{dtype})")
+        return f"{name} = tj.Parameter({draw})" if kind == "param" else f"{name} = {draw}"
+
+    if glob:
+        out.append("# captured state, read as module globals")
+    for c in glob:
+        out.append(cap_line(c, b.captures.index(c)))
+    if glob:
+        out += ["", ""]
+    params = [n for n, *_ in inputs] + (["s0"] if b.has_float else [])
+    out.append("def make():")
+    if clos:
+        out.append("    # captured state, read through the closure")
+    for c in clos:
+        out.append("    " + cap_line(c, b.captures.index(c)))
+    out.append("")
+    out.append(f"    def f({', '.join(params)}):")
+    for c in b.captures:
+        if c[0] in b.rebinds:
+            out.append(f"        {'global' if c[4] == 'global' else 'nonlocal'} {c[0]}")
+    for line in b.lines:
+        out.append("    " + line)
+    out.append(f"        return {outputs}")
+    out.append("")
+    out.append("    return f, {" + ", ".join(f"{c[0]!r}: {c[0]}" for c in clos) + "}")
+    out += ["", ""]
+    out.append("f, _closure = make()")
+    out.append("CAPTURES = {" + ", ".join(f"{c[0]!r}: {c[0]}" for c in glob)
+               + (", " if glob else "") + "**_closure}")
+    out += ["# (batch side nb, sign of the signed inputs, s0) for each call; the last calls",
+            "# use a new batch side", f"PLAN = {plan!r}",
+            f"BACKWARD = {backward!r}   # None, 'plain' or 'create_graph'", "", ""]
+    out.append("def args(call):")
+    out.append("    \"\"\"Fresh arguments for call `call` (new objects, the same values for "
+               "eager and jit).\"\"\"")
+    out.append("    nb, sign, s = PLAN[call]")
+    out.append(f"    rng = np.random.default_rng({seed} + call)")
+    names = []
+    for name, kind, shape, dtype, signed in inputs:
+        draw = (f"rng.uniform(-0.5, 0.5, {shape_src(shape)}) + sign" if signed
+                else f"rng.uniform(-2.0, 2.0, {shape_src(shape)})")
+        arr = f"np.asarray({draw}, dtype=np.{dtype})"
+        out.append(f"    {name} = tj.Variable({arr})" if kind == "var"
+                   else f"    {name} = {arr}")
+        names.append(name)
+    if b.has_float:
+        out.append("    s0 = s")
+        names.append("s0")
+    out.append(f"    return ({', '.join(names)}{',' if len(names) == 1 else ''})")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,356 @@
+"""Run one generated program eagerly and through `tj.jit`, and compare call by call.
+
+The program is a module (see tracejit/fuzz_gen.py) defining `f`, `CAPTURES` (the
+Parameters and arrays f reads), `args(call)`, `PLAN` and `BACKWARD`. The module runs
+twice from scratch, so eager and jit start from identical state (their own captured
+Parameters and arrays, equal values). Before call k both sides seed NumPy's global
+stream with the same seed. What is compared after every call, in this order:
+
+- exceptions (type; an exception in eager makes the program invalid, not a jit bug,
+  unless jit behaves differently),
+- the result: tuple structure, each leaf's kind (Variable, Parameter, ndarray, the
+  NumPy scalar type, Python float/int/bool), dtype, shape, value, and identity (the
+  leaf is argument i, capture W, the `.data` of one of those, or the same object as an
+  earlier leaf),
+- gradients of `sum_k sum(leaf_k * c_k)` (seeded cotangents c_k) over the Variable
+  leaves, for every Variable argument and captured Variable (None vs not None), and
+  with create_graph, the second-order gradients of `sum(g * g)` over those gradients,
+- the state after the call: arguments (an in-place `a += 1`) and captures (data, grad).
+
+Values compare with a tolerance scaled to the array's magnitude: `rtol_for(program)`
+(1e-3 when any float32 is involved, else 1e-7); NaN must match NaN, inf must match inf.
+`check_file(path)` is what a written reproducer calls.
+"""
+import linecache
+import os
+import random
+import sys
+import time
+import traceback
+import warnings
+
+import numpy as np
+
+import tracejit as tj
+from tracejit import functions as F
+from tracejit.core import Parameter, Variable
+
+__all__ = ["load", "run_side", "compare_sides", "run_program", "check_file", "PLANTS"]
+
+# Deliberate faults the fuzzer's own tests plant in the jit side's results, to check that
+# each comparison can fail (harness option plant=...). Each acts from call 3 on.
+PLANTS = ("value", "grad", "identity", "dtype", "raise", "state")
+
+
+def load(source, path):
+    """Run the program's module text as file `path` (warnings and tracebacks show lines)."""
+    with open(path, "w") as fh:
+        fh.write(source)
+    linecache.checkcache(path)
+    ns = {"__name__": "fuzz_program", "__file__": path}
+    exec(compile(source, path, "exec"), ns)     # noqa: S102 - our own generated program
+    return ns
+
+
+# ---------------------------------------------------------------- observing a call
+
+def _kind(x):
+    if isinstance(x, Parameter):
+        return "Parameter"
+    if isinstance(x, Variable):
+        return "Variable"
+    if isinstance(x, np.ndarray):
+        return "ndarray"
+    return type(x).__name__        # float64, float32, float, int, bool, NoneType, ...
+
+
+def _identity(x, args, captures, earlier):
+    """What object a result leaf is, in terms both sides share."""
+    for j, e in enumerate(earlier):
+        if x is e:
+            return f"the same object as result leaf {j}"
+    for i, a in enumerate(args):
+        if x is a:
+            return f"argument {i}"
+        if isinstance(a, Variable) and x is a.data:
+            return f"argument {i}'s .data"
+    for name, c in captures.items():
+        if x is c:
+            return f"capture {name}"
+        if isinstance(c, Variable) and x is c.data:
+            return f"capture {name}'s .data"
+    return "new"
+
+
+def _leaf(x, ident=None):
+    """A snapshot of one value: kind, dtype, shape, a copy of the value, identity."""
+    kind = _kind(x)
+    if isinstance(x, Variable):
+        arr = None if x.data is None else np.array(x.data, copy=True)
+    elif isinstance(x, (np.ndarray, np.generic, float, int, bool)):
+        arr = np.array(x, copy=True)
+    else:
+        arr = None
+    return dict(kind=kind, dtype=None if arr is None else str(arr.dtype),
+                shape=None if arr is None else arr.shape, value=arr, ident=ident,
+                repr=None if arr is not None else repr(x)[:80])
+
+
+def _flatten(result, args, captures):
+    """(structure, leaves): tuples/lists kept as structure, everything else a leaf."""
+    leaves, objs = [], []
+
+    def walk(x):
+        if isinstance(x, (tuple, list)):
+            return (type(x).__name__, [walk(y) for y in x])
+        leaves.append(_leaf(x, _identity(x, args, captures, objs)))
+        objs.append(x)
+        return "leaf"
+
+    return walk(result), leaves, objs
+
+
+def _grads(targets):
+    return {label: (None if v.grad is None else _leaf(v.grad)) for label, v in targets}
+
+
+def observe(f, args, captures, backward, call, plant=None):
+    """Call f once as a user would, then differentiate; a dict of snapshots."""
+    rec = dict(raised=None, stage=None)
+    targets = [(f"argument {i}", a) for i, a in enumerate(args) if isinstance(a, Variable)]
+    targets += [(f"capture {n}", c) for n, c in captures.items() if isinstance(c, Variable)]
+    try:
+        rec["stage"] = "call"
+        out = f(*args)
+        if plant == "raise" and call >= 3:
+            raise RuntimeError("planted fault")
+        if plant == "identity" and call >= 3:     # argument 0 itself, not a new Variable
+            out = _replace_first_leaf(out, lambda x: args[0])
+        if plant == "dtype" and call >= 3:
+            out = _replace_first_leaf(out, lambda x: Variable(x.data.astype(np.float16))
+                                      if isinstance(x, Variable) else x)
+        if plant == "value" and call >= 3:
+            out = _replace_first_leaf(out, lambda x: Variable(x.data * 1.01)
+                                      if isinstance(x, Variable) else x)
+        structure, leaves, objs = _flatten(out, args, captures)
+        rec["structure"], rec["result"] = structure, leaves
+        if backward:
+            rec["stage"] = "backward"
+            rng = np.random.default_rng(1000 + call)
+            loss = None
+            for k, y in enumerate(objs):
+                if isinstance(y, Variable) and y.data is not None and y.dtype.kind == "f":
+                    c = rng.uniform(-1.0, 1.0, y.shape).astype(y.dtype)
+                    term = F.sum(y * c)
+                    loss = term if loss is None else loss + term
+            if loss is not None:
+                loss.backward(create_graph=(backward == "create_graph"))
+            if plant == "grad" and call >= 3:
+                for _, v in targets:
+                    if v.grad is not None:
+                        v.grad = Variable(v.grad.data * 1.01)
+                        break
+            rec["grads"] = _grads(targets)
+            if backward == "create_graph" and loss is not None:
+                rec["stage"] = "second-order backward"
+                gs = [v.grad for _, v in targets if v.grad is not None]
+                for _, v in targets:
+                    v.cleargrad()
+                loss2 = None
+                for g in gs:
+                    term = F.sum(g * g)
+                    loss2 = term if loss2 is None else loss2 + term
+                if loss2 is not None:
+                    loss2.backward()
+                rec["grads2"] = _grads(targets)
+        rec["stage"] = None
+    except Exception as e:  # noqa: BLE001 - compared between the sides
+        rec["raised"] = (type(e).__name__, str(e)[:300],
+                         "".join(traceback.format_exception(e)[-6:]))
+    if plant == "state" and call >= 3:
+        for c in captures.values():
+            if isinstance(c, Variable):
+                c.data = c.data + 0.01
+                break
+    rec["state"] = {}
+    for i, a in enumerate(args):
+        rec["state"][f"argument {i}"] = _leaf(a.data if isinstance(a, Variable) else a)
+    for n, c in captures.items():
+        if isinstance(c, Variable):
+            rec["state"][f"capture {n}.data"] = _leaf(c.data)
+            rec["state"][f"capture {n}.grad"] = None if c.grad is None else _leaf(c.grad)
+        else:
+            rec["state"][f"capture {n}"] = _leaf(c)
+    for c in captures.values():      # each call starts with clean gradients
+        if isinstance(c, Variable):
+            c.cleargrad()
+    return rec
+
+
+def _replace_first_leaf(out, fn):
+    if isinstance(out, tuple):
+        return (fn(out[0]),) + out[1:]
+    return fn(out)
+
+
+def run_side(source, path, jit, progress=None, plant=None):
+    """All calls of one side: (records, JitWarning messages, cache_info or None)."""
+    ns = load(source, path)
+    f, captures = ns["f"], ns["CAPTURES"]
+    jf = tj.jit(f) if jit else f
+    records, jit_warnings = [], []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for call in range(len(ns["PLAN"])):
+            if progress:
+                progress(f"{'jit' if jit else 'eager'} call {call}")
+            np.random.seed(call)
+            random.seed(call)
+            args = ns["args"](call)
+            with np.errstate(all="ignore"):
+                rec = observe(jf, args, captures, ns["BACKWARD"], call,
+                              plant if jit else None)
+            records.append(rec)
+            if rec["raised"]:
+                break
+        for w in caught:
+            if issubclass(w.category, tj.JitWarning):
+                jit_warnings.append(str(w.message))
+    info = jf.cache_info() if jit else None
+    return records, jit_warnings, info
+
+
+# ---------------------------------------------------------------- comparing
+
+def rtol_for(has_float32):
+    return 1e-3 if has_float32 else 1e-7
+
+
+def _close(got, want, rtol):
+    """None if the arrays agree within rtol of the array's magnitude, else a message."""
+    g = np.asarray(got, dtype=np.float64) if got.dtype.kind in "fiub" else got
+    w = np.asarray(want, dtype=np.float64) if want.dtype.kind in "fiub" else want
+    if g.dtype.kind != "f":
+        return None if np.array_equal(g, w) else f"jit {g!r}, eager {w!r}"
+    gn, wn = np.isnan(g), np.isnan(w)
+    if not np.array_equal(gn, wn):
+        return f"NaN in one only: jit {_short(g)}, eager {_short(w)}"
+    gi, wi = np.isinf(g), np.isinf(w)
+    if not np.array_equal(gi, wi) or not np.array_equal(g[gi], w[wi]):
+        return f"inf in one only: jit {_short(g)}, eager {_short(w)}"
+    fin = ~(wn | wi)
+    if not fin.any():
+        return None
+    scale = float(np.max(np.abs(w[fin])))
+    err = np.abs(g[fin] - w[fin])
+    tol = rtol * (np.abs(w[fin]) + scale) + 1e-300
+    if np.all(err <= tol):
+        return None
+    k = int(np.argmax(err - tol))
+    return (f"differs by {float(err[k]):.3g} (jit {float(g[fin][k])!r}, eager "
+            f"{float(w[fin][k])!r}; rtol {rtol} of the magnitude {scale:.3g}); "
+            f"jit {_short(g)}, eager {_short(w)}")
+
+
+def _short(a):
+    return np.array2string(np.asarray(a), precision=5, threshold=6, edgeitems=1,
+                           separator=", ").replace("\n", "")
+
+
+def compare_leaf(got, want, rtol, what):
+    if got is None or want is None:
+        if (got is None) != (want is None):
+            return (f"{what}: jit gives {'None' if got is None else got['kind']}, eager "
+                    f"{'None' if want is None else want['kind']}")
+        return None
+    for field in ("kind", "dtype", "shape", "ident", "repr"):
+        if got[field] != want[field]:
+            return f"{what}: {field} differs: jit {got[field]!r}, eager {want[field]!r}"
+    if want["value"] is not None:
+        msg = _close(got["value"], want["value"], rtol)
+        if msg:
+            return f"{what}: value {msg}"
+    return None
+
+
+def compare_call(got, want, rtol):
+    """The first difference of one call (or None); `got` is jit's record."""
+    if got["raised"] or want["raised"]:
+        if got["raised"] and want["raised"] and got["raised"][0] == want["raised"][0] \
+                and got["stage"] == want["stage"]:
+            return None
+        return "raise"
+    if got["structure"] != want["structure"]:
+        return f"result structure: jit {got['structure']}, eager {want['structure']}"
+    for k, (g, w) in enumerate(zip(got["result"], want["result"])):
+        msg = compare_leaf(g, w, rtol, f"result leaf {k}")
+        if msg:
+            return msg
+    for key, label in (("grads", "gradient"), ("grads2", "second-order gradient")):
+        for name in want.get(key, {}):
+            msg = compare_leaf(got[key][name], want[key][name], rtol, f"{label} of {name}")
+            if msg:
+                return msg
+    for name in want["state"]:
+        msg = compare_leaf(got["state"][name], want["state"][name], rtol,
+                           f"state after the call: {name}")
+        if msg:
+            return msg
+    return None
+
+
+def compare_sides(jit_side, eager_side, rtol):
+    """(class, detail): 'match'/'fallback' need no detail; others say the first call."""
+    jrecs, warns, info = jit_side
+    erecs = eager_side[0]
+    for call, (g, w) in enumerate(zip(jrecs, erecs)):
+        msg = compare_call(g, w, rtol)
+        if msg == "raise":
+            if w["raised"] and not g["raised"]:
+                return "mismatch", (f"call {call}: eager raised {w['raised'][0]} in the "
+                                    f"{w['stage']} ({w['raised'][1]}), jit did not")
+            if g["raised"] and not w["raised"]:
+                return "crash", (f"call {call}: jit raised {g['raised'][0]} in the "
+                                 f"{g['stage']}: {g['raised'][1]}\n{g['raised'][2]}")
+            return "crash", (f"call {call}: jit raised {g['raised'][0]} in the {g['stage']}"
+                             f" ({g['raised'][1]}), eager {w['raised'][0]} in the "
+                             f"{w['stage']} ({w['raised'][1]})")
+        if msg:
+            return "mismatch", f"call {call}: {msg}"
+        if w["raised"]:
+            return "invalid", (f"call {call}: eager raises {w['raised'][0]} in the "
+                               f"{w['stage']}: {w['raised'][1]}")
+    if len(jrecs) != len(erecs):    # pragma: no cover - a side stops only when it raises
+        return "mismatch", f"jit made {len(jrecs)} calls, eager {len(erecs)}"
+    if warns:
+        return "fallback", None
+    return "match", None
+
+
+def run_program(source, path, has_float32, progress=None, plant=None):
+    """Both sides of one program; a dict with the class, detail, warnings, cache info."""
+    t0 = time.perf_counter()
+    eager = run_side(source, path, jit=False, progress=progress)
+    jit = run_side(source, path, jit=True, progress=progress, plant=plant)
+    cls, detail = compare_sides(jit, eager, rtol_for(has_float32))
+    return dict(cls=cls, detail=detail, warnings=sorted(set(jit[1])), cache_info=jit[2],
+                seconds=time.perf_counter() - t0)
+
+
+def check_file(path, plant=None):
+    """What a reproducer runs: compare jit with eager, print the verdict, return it."""
+    with open(path) as fh:
+        source = fh.read()
+    has32 = "float32" in source
+    scratch = os.path.join(os.path.dirname(os.path.abspath(path)),
+                           "_run_" + os.path.basename(path))
+    res = run_program(source, scratch, has32, plant=plant)
+    print(f"{res['cls']}: {res['detail'] or ''}")
+    for w in res["warnings"]:
+        print(f"  JitWarning: {w}")
+    print(f"  cache_info: {res['cache_info']}")
+    return res
+
+
+if __name__ == "__main__":
+    sys.exit(0 if check_file(sys.argv[1])["cls"] in ("match", "fallback") else 1)
