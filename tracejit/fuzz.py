@@ -217,6 +217,20 @@ def summarize(results):
     return counts, causes
 
 
+def categories(results):
+    """Kinds of difference {category: (programs, first program index, its message)}."""
+    cats = {}
+    for i, r in enumerate(results):
+        if r is None or r["cls"] not in ("mismatch", "crash"):
+            continue
+        for cat, msg in r.get("diffs", {}).items():
+            if cat == "crash":
+                cat = "crash: " + normalize_warning(msg.split(": ", 1)[-1])[:90]
+            n, first, ex = cats.get(cat, (0, i, msg))
+            cats[cat] = (n + 1, first, ex)
+    return cats
+
+
 def format_summary(results, seconds=None):
     counts, causes = summarize(results)
     n = sum(counts.values())
@@ -226,6 +240,13 @@ def format_summary(results, seconds=None):
     never = sum(1 for r in results if r and r["cls"] == "match" and r["cache_info"]
                 and r["cache_info"]["hits"] == 0)
     lines.append(f"  (matches whose compiled code never ran: {never})")
+    cats = categories(results)
+    if cats:
+        lines.append("mismatches and crashes by kind of difference (programs; a program "
+                     "may show several; first example):")
+        for cat, (k, first, ex) in sorted(cats.items(), key=lambda kv: -kv[1][0]):
+            lines.append(f"  {k:5d}  {cat}\n         e.g. program {first}: "
+                         f"{ex.splitlines()[0][:240]}")
     if causes:
         lines.append("fallbacks by cause (programs; one warning each):")
         for cause, (k, ex) in sorted(causes.items(), key=lambda kv: -kv[1][0]):
@@ -238,6 +259,8 @@ def reproducer(source, res):
     detail = (res.get("detail") or "").rstrip()
     head = [f"# tracejit fuzzer: {res['cls']}"] + [f"#   {line}" for line in
                                                    detail.splitlines()[:12]]
+    for cat, msg in list(res.get("diffs", {}).items())[1:]:
+        head.append(f"#   also ({cat}): {msg.splitlines()[0][:200]}")
     for w in res.get("warnings", [])[:3]:
         head.append(f"#   JitWarning: {w.splitlines()[0][:200]}")
     head.append("# Run: python THIS_FILE  (jit vs eager, call by call; prints the first "

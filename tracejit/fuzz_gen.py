@@ -219,8 +219,8 @@ class Builder:
         if self.draw(st.booleans()):
             a, b = b, a
         ops = [o for o, (_, bf) in BINARY.items() if bf(a.bound, b.bound) <= _MAX_BOUND]
-        if not (a.var or b.var):
-            ops = [o for o in ops if BINARY[o][0].startswith("F.")]
+        if not (a.var or b.var):    # ndarray op ndarray may be a NumPy scalar: F.* only
+            ops = [o for o in ops if o == "maximum"]
         if not ops:
             return self.st_unary()
         op = self.draw(st.sampled_from(sorted(ops)))

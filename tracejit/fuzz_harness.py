@@ -257,74 +257,89 @@ def _short(a):
                            separator=", ").replace("\n", "")
 
 
-def compare_leaf(got, want, rtol, what):
+def compare_leaf(got, want, rtol, section, what):
+    """The difference of two snapshots as (category, message), or None."""
     if got is None or want is None:
         if (got is None) != (want is None):
-            return (f"{what}: jit gives {'None' if got is None else got['kind']}, eager "
+            return (f"{section}: None vs not None",
+                    f"{what}: jit gives {'None' if got is None else got['kind']}, eager "
                     f"{'None' if want is None else want['kind']}")
         return None
     for field in ("kind", "dtype", "shape", "ident", "repr"):
         if got[field] != want[field]:
-            return f"{what}: {field} differs: jit {got[field]!r}, eager {want[field]!r}"
+            return (f"{section}: {field}",
+                    f"{what}: {field} differs: jit {got[field]!r}, eager {want[field]!r}")
     if want["value"] is not None:
         msg = _close(got["value"], want["value"], rtol)
         if msg:
-            return f"{what}: value {msg}"
+            finite = not msg.startswith(("NaN", "inf"))
+            return (f"{section}: value" + ("" if finite else " (non-finite)"),
+                    f"{what}: value {msg}")
     return None
 
 
 def compare_call(got, want, rtol):
-    """The first difference of one call (or None); `got` is jit's record."""
+    """Every difference of one call, [(category, message)]; `got` is jit's record.
+    ("raise", None) when exactly one side raised or the exceptions differ."""
     if got["raised"] or want["raised"]:
         if got["raised"] and want["raised"] and got["raised"][0] == want["raised"][0] \
                 and got["stage"] == want["stage"]:
-            return None
-        return "raise"
+            return []
+        return [("raise", None)]
     if got["structure"] != want["structure"]:
-        return f"result structure: jit {got['structure']}, eager {want['structure']}"
+        return [("result: structure",
+                 f"result structure: jit {got['structure']}, eager {want['structure']}")]
+    diffs = []
     for k, (g, w) in enumerate(zip(got["result"], want["result"])):
-        msg = compare_leaf(g, w, rtol, f"result leaf {k}")
-        if msg:
-            return msg
+        diffs.append(compare_leaf(g, w, rtol, "result", f"result leaf {k}"))
     for key, label in (("grads", "gradient"), ("grads2", "second-order gradient")):
         for name in want.get(key, {}):
-            msg = compare_leaf(got[key][name], want[key][name], rtol, f"{label} of {name}")
-            if msg:
-                return msg
+            diffs.append(compare_leaf(got[key][name], want[key][name], rtol, label,
+                                      f"{label} of {name}"))
     for name in want["state"]:
-        msg = compare_leaf(got["state"][name], want["state"][name], rtol,
-                           f"state after the call: {name}")
-        if msg:
-            return msg
-    return None
+        diffs.append(compare_leaf(got["state"][name], want["state"][name], rtol,
+                                  "state after the call", f"state after the call: {name}"))
+    return [d for d in diffs if d]
 
 
 def compare_sides(jit_side, eager_side, rtol):
-    """(class, detail): 'match'/'fallback' need no detail; others say the first call."""
+    """(class, detail, {category: first message}) of a program's two sides.
+
+    Every call is compared (one difference does not hide another); the detail is the
+    first difference in call order, and the categories (result identity, gradient
+    value, ...) say which kinds of difference the program shows."""
     jrecs, warns, info = jit_side
     erecs = eager_side[0]
+    diffs = {}
     for call, (g, w) in enumerate(zip(jrecs, erecs)):
-        msg = compare_call(g, w, rtol)
-        if msg == "raise":
+        found = compare_call(g, w, rtol)
+        if found == [("raise", None)]:
             if w["raised"] and not g["raised"]:
-                return "mismatch", (f"call {call}: eager raised {w['raised'][0]} in the "
-                                    f"{w['stage']} ({w['raised'][1]}), jit did not")
+                msg = (f"call {call}: eager raised {w['raised'][0]} in the {w['stage']} "
+                       f"({w['raised'][1]}), jit did not")
+                diffs.setdefault("jit does not raise where eager does", msg)
+                return "mismatch", next(iter(diffs.values())), diffs
             if g["raised"] and not w["raised"]:
-                return "crash", (f"call {call}: jit raised {g['raised'][0]} in the "
-                                 f"{g['stage']}: {g['raised'][1]}\n{g['raised'][2]}")
-            return "crash", (f"call {call}: jit raised {g['raised'][0]} in the {g['stage']}"
-                             f" ({g['raised'][1]}), eager {w['raised'][0]} in the "
-                             f"{w['stage']} ({w['raised'][1]})")
-        if msg:
-            return "mismatch", f"call {call}: {msg}"
-        if w["raised"]:
+                msg = (f"call {call}: jit raised {g['raised'][0]} in the {g['stage']}: "
+                       f"{g['raised'][1]}\n{g['raised'][2]}")
+            else:
+                msg = (f"call {call}: jit raised {g['raised'][0]} in the {g['stage']} "
+                       f"({g['raised'][1]}), eager {w['raised'][0]} in the {w['stage']} "
+                       f"({w['raised'][1]})")
+            # Differences before the exception are still reported with it.
+            return "crash", msg, dict(diffs, crash=msg)
+        for cat, msg in found:
+            diffs.setdefault(cat, f"call {call}: {msg}")
+        if w["raised"] and not diffs:
             return "invalid", (f"call {call}: eager raises {w['raised'][0]} in the "
-                               f"{w['stage']}: {w['raised'][1]}")
+                               f"{w['stage']}: {w['raised'][1]}"), {}
+    if diffs:
+        return "mismatch", next(iter(diffs.values())), diffs
     if len(jrecs) != len(erecs):    # pragma: no cover - a side stops only when it raises
-        return "mismatch", f"jit made {len(jrecs)} calls, eager {len(erecs)}"
+        return "mismatch", f"jit made {len(jrecs)} calls, eager {len(erecs)}", {}
     if warns:
-        return "fallback", None
-    return "match", None
+        return "fallback", None, {}
+    return "match", None, {}
 
 
 def run_program(source, path, has_float32, progress=None, plant=None):
@@ -332,9 +347,9 @@ def run_program(source, path, has_float32, progress=None, plant=None):
     t0 = time.perf_counter()
     eager = run_side(source, path, jit=False, progress=progress)
     jit = run_side(source, path, jit=True, progress=progress, plant=plant)
-    cls, detail = compare_sides(jit, eager, rtol_for(has_float32))
-    return dict(cls=cls, detail=detail, warnings=sorted(set(jit[1])), cache_info=jit[2],
-                seconds=time.perf_counter() - t0)
+    cls, detail, diffs = compare_sides(jit, eager, rtol_for(has_float32))
+    return dict(cls=cls, detail=detail, diffs=diffs, warnings=sorted(set(jit[1])),
+                cache_info=jit[2], seconds=time.perf_counter() - t0)
 
 
 def check_file(path, plant=None):
@@ -346,6 +361,8 @@ def check_file(path, plant=None):
                            "_run_" + os.path.basename(path))
     res = run_program(source, scratch, has32, plant=plant)
     print(f"{res['cls']}: {res['detail'] or ''}")
+    for cat, msg in list(res["diffs"].items())[1:]:
+        print(f"  also ({cat}): {msg}")
     for w in res["warnings"]:
         print(f"  JitWarning: {w}")
     print(f"  cache_info: {res['cache_info']}")
