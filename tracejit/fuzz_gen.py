@@ -15,7 +15,7 @@ rounding difference between jit and eager can never flip a branch: every differe
 harness reports is a real one.
 """
 import numpy as np
-from hypothesis import strategies as st
+from hypothesis import assume, strategies as st
 
 __all__ = ["source_programs", "SourceProgram", "AVOIDABLE"]
 
@@ -288,14 +288,15 @@ class Builder:
         op = self.draw(st.sampled_from(["sum", "mean", "max", "min"]))
         nd = len(v.shape)
         axis = self.draw(st.one_of(st.none(), st.integers(-nd, nd - 1)))
-        keep = self.draw(st.booleans())
+        keep = self.draw(st.booleans()) and "size1" not in self.avoid
         if axis is None:
             out = tuple(1 for _ in v.shape) if keep else ()
         else:
             out = tuple(1 if i == axis % nd else d for i, d in enumerate(v.shape))
             if not keep:
                 out = out[:axis % nd] + out[axis % nd + 1:]
-        factor = 125 if op == "sum" else 1
+        reduced = v.shape if axis is None else (v.shape[axis % nd],)
+        factor = int(np.prod([5 if d == B else d for d in reduced])) if op == "sum" else 1
         if v.bound * factor > _MAX_BOUND:
             op = self.draw(st.sampled_from(["mean", "max", "min"]))
             factor = 1
@@ -314,7 +315,7 @@ class Builder:
             return self.st_unary()
         name = self.fresh()
         nd = len(v.shape)
-        kinds = ["reshape_flat", "expand", "index"]
+        kinds = ["reshape_flat", "index"] + ([] if "size1" in self.avoid else ["expand"])
         if nd >= 2:
             kinds += ["transpose", "transpose"]
         kind = self.draw(st.sampled_from(kinds))
@@ -338,13 +339,15 @@ class Builder:
                 self.emit(f"{name} = F.reshape({v.name}, ({v.name}.shape[0], -1))")
                 self.add(name, (B, size), v.dtype, v.bound)
             else:
-                new = self.draw(st.sampled_from([(size,), (1, size), (size, 1), (-1,)]))
+                new = self.draw(st.sampled_from(
+                    [(size,), (-1,)] + ([] if "size1" in self.avoid else [(1, size), (size, 1)])))
                 self.emit(f"{name} = F.reshape({v.name}, {new})")
                 self.add(name, (size,) if new == (-1,) else new, v.dtype, v.bound)
         else:
             d = v.shape[0]
             if d == B:
-                idx = self.draw(st.sampled_from(["0", "-1", ":1", "..., :1"]))
+                idx = self.draw(st.sampled_from(
+                    ["0", "-1"] + ([] if "size1" in self.avoid else [":1", "..., :1"])))
             else:
                 k = self.draw(st.integers(0, d - 1))
                 idx = self.draw(st.sampled_from([str(k), f"{k}:", f":{k + 1}", "::-1",
@@ -370,7 +373,7 @@ class Builder:
         k = v.shape[-1]
         name = self.fresh()
         if self.draw(st.booleans()):
-            m = self.draw(st.integers(1, 4))
+            m = self.draw(st.integers(2 if "size1" in self.avoid else 1, 4))
             c = self.capture((k, m), "param" if self.draw(st.integers(0, 3)) else None)
             scale = 1.0 / k
             self.emit(f"{name} = F.matmul({v.name}, {c[0]}) * {scale!r}")
@@ -566,7 +569,10 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=()):
     n_in = draw(st.integers(1, max_inputs))
     inputs = []
     for i in range(n_in):
-        form = draw(st.sampled_from(["batched", "batched", "fixed", "batched_ones", "scalar"]))
+        forms = ["batched", "batched", "fixed", "scalar"]
+        if "size1" not in avoid:
+            forms.append("batched_ones")
+        form = draw(st.sampled_from(forms))
         if form == "batched":
             shape = (B,) + feat
         elif form == "fixed":
@@ -598,6 +604,10 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=()):
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
     outputs = _outputs(b)
+    if "size1" in avoid:
+        # What the sites above cannot rule out (a capture broadcast over B, x[:1]).
+        assume(all(1 not in v.shape for v in b.vals)
+               and all(1 not in c[2] for c in b.captures))
 
     # Calls: phase A (batch nb_a) then phase B (a new shape), signs flip branches.
     nb_a = draw(st.integers(side, 5))
