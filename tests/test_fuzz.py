@@ -141,11 +141,11 @@ def test_fallback_causes_ignore_which_value_differed():
 
 # Known bug classes of issue 9 that the CI profile currently hits (seed 0): the helpers
 # fixing them run in parallel; the lead removes this marker after merging the fixes.
-KNOWN = ("issue 9, being fixed: result identity (y, y returned as two objects; returned "
-         "arguments/captures copied), the dropped cotangent of a returned-twice output, "
-         "user Function state kept from the traced call (SignScale), compile hangs on "
-         "size-1 extents, create_graph after in-place updates (NotImplementedError), "
-         "max/min gradients dropped")
+KNOWN = ("issue 9, being fixed: user Function state kept from the traced call (SignScale), "
+         "create_graph after in-place updates (NotImplementedError), compile hangs on "
+         "size-1 extents, max/min gradients dropped when the backward recomputes the "
+         "reduced input, second-order gradients through .data read in a user backward or "
+         "through float()/.item() of .data (eager: constants)")
 
 
 @pytest.mark.xfail(strict=False, reason=KNOWN)

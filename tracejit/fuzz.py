@@ -193,7 +193,7 @@ _STRIP = [
     (re.compile(r"\S+\.py:\d+"), "FILE:LINE"),
     (re.compile(r"0x[0-9a-f]+"), "ADDR"),
     (re.compile(r"'[^']*'"), "'…'"),
-    (re.compile(r" \((?=[^;]*eager )[^;]*\)(?=;|$)"), " (…)"),  # which value differed, how
+    (re.compile(r" \((?=[^;]*eager )[^;]*\)(?=;| at LINE|$)"), " (…)"),  # which value, how
     (re.compile(r"\((?:\d+, )*\d*,?\)"), "SHAPE"),
     (re.compile(r"-?\d+(\.\d+)?(e-?\d+)?"), "N"),
 ]
