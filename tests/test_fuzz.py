@@ -114,7 +114,7 @@ def test_generated_programs_are_deterministic_and_varied():
     p2 = fuzz.generate(30, seed=5)
     assert [p.source for p in p1] == [p.source for p in p2]
     features = set().union(*(p.features for p in p1))
-    for f in ("if", "create_graph", "float_arg", "dropout", "no_grad"):
+    for f in ("if", "create_graph", "float_arg", "dropout", "no_grad", "nonfinite_input"):
         assert f in features, features
     for p in p1:
         compile(p.source, "<program>", "exec")
@@ -125,6 +125,7 @@ def test_avoided_constructs_are_left_out():
     for p in progs:
         assert "SignScale()" not in p.source and "TanhData()" not in p.source
         assert not {"return_arg", "return_capture"} & set(p.features)
+        assert "NONFINITE = None" in p.source
         plan = p.source.split("PLAN = ")[1].split("\n")[0]
         assert "(1, " not in plan, plan
     with pytest.raises(ValueError, match="unknown avoid"):
