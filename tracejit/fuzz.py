@@ -240,7 +240,8 @@ def format_summary(results, seconds=None):
     n = sum(counts.values())
     lines = [f"{n} programs" + (f" in {seconds:.0f} s" if seconds is not None else "")]
     for c in CLASSES:
-        lines.append(f"  {c:9s} {counts.get(c, 0):6d}  ({100 * counts.get(c, 0) / max(n, 1):.1f}%)")
+        k = counts.get(c, 0)
+        lines.append(f"  {c:9s} {k:6d}  ({100 * k / max(n, 1):.1f}%)")
     never = sum(1 for r in results if r and r["cls"] == "match" and r["cache_info"]
                 and r["cache_info"]["hits"] == 0)
     lines.append(f"  (matches whose compiled code never ran: {never})")

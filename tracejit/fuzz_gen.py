@@ -351,8 +351,9 @@ class Builder:
                     ["0", "-1"] + ([] if "size1" in self.avoid else [":1", "..., :1"])))
             else:
                 k = self.draw(st.integers(0, d - 1))
+                last = min(k, v.shape[-1] - 1) if v.shape[-1] != B else 0
                 idx = self.draw(st.sampled_from([str(k), f"{k}:", f":{k + 1}", "::-1",
-                                                 f"..., {min(k, v.shape[-1] - 1) if v.shape[-1] != B else 0}"]))
+                                                 f"..., {last}"]))
             self.emit(f"{name} = {v.name}[{idx}]" if v.var
                       else f"{name} = F.get_item({v.name}, np.s_[{idx}])")
             # The resulting shape, by NumPy on a concrete stand-in (B = 2 and 3).
