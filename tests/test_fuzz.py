@@ -142,11 +142,9 @@ def test_fallback_causes_ignore_which_value_differed():
 
 # Known bug classes of issue 9 that the CI profile currently hits (seed 0): the helpers
 # fixing them run in parallel; the lead removes this marker after merging the fixes.
-KNOWN = ("issue 9, being fixed: user Function state kept from the traced call (SignScale), "
-         "create_graph after in-place updates (NotImplementedError), compile hangs on "
-         "size-1 extents, max/min gradients dropped when the backward recomputes the "
-         "reduced input, second-order gradients through .data read in a user backward or "
-         "through float()/.item() of .data (eager: constants)")
+KNOWN = ("issue 9, being fixed: compile hangs on size-1 extents (seed 0: one program); "
+         "max/min gradients dropped when the backward recomputes the reduced input "
+         "(rare: F.min(F.sqrt(x * x + 1.0)), about 4% of inputs)")
 
 
 @pytest.mark.xfail(strict=False, reason=KNOWN)
