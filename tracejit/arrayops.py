@@ -76,8 +76,12 @@ class Max(Reduction):
 
     def backward(self, gy):
         x, = self.inputs
-        y = self.outputs[0]()
-        y = _keepdims_grad(y, x.shape, self.axis, self.keepdims)
+        # The mask compares x with its extremum taken again from x, not with the saved
+        # output: compiled, the backward may recompute x (rematerialized) in another
+        # kernel than the one the forward reduced it in, and a value that rounds
+        # differently there would match no element of a mask against the saved y
+        # (the gradient silently zero). Eager, both are the same array.
+        y = type(self)(self.axis, True)(x)
         gy = _keepdims_grad(gy, x.shape, self.axis, self.keepdims)
         # Every element equal to the maximum gets the gradient (DeZero's rule).
         return F.where(F.equal(x, y), gy, 0.0)
