@@ -32,6 +32,23 @@ _IN_DTYPES = frozenset(np.dtype(d) for d in ("f4", "f8", "b1", "i4", "i8"))
 _FLOAT = frozenset(np.dtype(d) for d in ("f4", "f8"))
 
 
+# What one kernel may contain. numba + LLVM compile time grows faster than linearly in
+# a kernel's size: a chain of n transcendental ops (each an inlined vecmath function,
+# fused with a multiply) compiled in 0.6 s (n = 8), 1.3 s (16), 2.7 s (32), 6.2 s (64)
+# and 41 s (128) on the 2-core project machine (benchmarks: tests/test_compile_bound.py
+# has the measuring script's shape). Past MAX_VECMATH_OPS a group closes and the chain
+# continues in a new kernel, so a long chain costs a sum of small compiles (128 ops:
+# 8 kernels, ~8 s) instead of one that looks hung. MAX_GROUP_OPS bounds cheap ops.
+MAX_VECMATH_OPS = 16
+MAX_GROUP_OPS = 256
+VECMATH_OPS = frozenset({"Exp", "Log", "Tanh", "Sigmoid", "Sin", "Cos"})
+
+
+def _cost(n):
+    """(vecmath calls, ops) node n adds to a group's kernel."""
+    return (1 if n.op.__name__ in VECMATH_OPS else 0), 1
+
+
 # ---------------------------------------------------------------- the Fused op
 
 class Fused(Function):
@@ -241,7 +258,7 @@ def basic_index_of(n):
 
 
 class _Group:
-    __slots__ = ("gid", "shape", "nodes", "values", "role", "first")
+    __slots__ = ("gid", "shape", "nodes", "values", "role", "first", "vecmath", "ops")
 
     def __init__(self, gid, shape, first):
         self.gid = gid
@@ -249,6 +266,8 @@ class _Group:
         self.nodes = []
         self.values = {}      # id(value) -> role: "main" | "load" | "red" | "epi"
         self.first = first
+        self.vecmath = 0      # kernel size, bounded by MAX_VECMATH_OPS / MAX_GROUP_OPS
+        self.ops = 0
 
 
 def fuse(g, horizontal=True):
@@ -291,6 +310,9 @@ def fuse(g, horizontal=True):
 
     def can_join(grp, n, role):
         bit = 1 << grp.gid
+        vm, ops = _cost(n)
+        if grp.vecmath + vm > MAX_VECMATH_OPS or grp.ops + ops > MAX_GROUP_OPS:
+            return False
         for v in n.inputs:
             if not isinstance(v, Value):
                 continue
@@ -316,6 +338,9 @@ def fuse(g, horizontal=True):
     def add(grp, n, role, d):
         gdeps[grp.gid] |= d & ~(1 << grp.gid)
         grp.nodes.append(n)
+        vm, ops = _cost(n)
+        grp.vecmath += vm
+        grp.ops += ops
         for v in n.outputs:
             grp.values[id(v)] = role
             group_of[id(v)] = grp

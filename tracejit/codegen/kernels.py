@@ -218,8 +218,12 @@ def loop_kernel(fused, parallel):
             prange_ok = True
 
     def ext_index(v):
+        # "0" only on an axis that broadcasts (size 1 against a longer extent): an axis
+        # whose extent is 1 is read at the loop index like any other, so the source of
+        # a (1,) group is that of a (3,) one (see hoisting below for why that matters).
         q = len(v.shape)
-        return [("0" if v.shape[k] == 1 else f"i{k + r - q}") for k in range(q)]
+        return [("0" if v.shape[k] == 1 and shape[k + r - q] != 1 else f"i{k + r - q}")
+                for k in range(q)]
 
     def load_index(n, out_idx):
         """Index source of a movement chain down to a group input."""
@@ -228,7 +232,8 @@ def loop_kernel(fused, parallel):
         q = len(u.shape)
         if name == "BroadcastTo":
             p = len(n.out.shape)
-            idx = [("0" if u.shape[k] == 1 else out_idx[k + p - q]) for k in range(q)]
+            idx = [("0" if u.shape[k] == 1 and n.out.shape[k + p - q] != 1
+                    else out_idx[k + p - q]) for k in range(q)]
         elif name == "Transpose":
             axes = n.fn.axes if n.fn.axes is not None else tuple(reversed(range(q)))
             idx = ["0"] * q
@@ -379,11 +384,12 @@ def loop_kernel(fused, parallel):
 
     ind = "    "
     out = list(ind + h for h in hoisted)
+    at_depth = _hoist(body, order)
     for depth, a in enumerate(order):
-        out += [ind * (depth + 1) + x for x in opens[depth]]
+        out += [ind * (depth + 1) + x for x in opens[depth] + at_depth[depth]]
         rng = "numba.prange" if prange_ok and depth == 0 else "range"
         out.append(ind * (depth + 1) + f"for i{a} in {rng}(n{a}):")
-    out += [ind * (r + 1) + x for x in body]
+    out += [ind * (r + 1) + x for x in at_depth[r]]
     if r == 0:
         out += [ind + x for x in opens[0]]
     for depth in reversed(range(r + 1)):
@@ -440,6 +446,37 @@ def loop_kernel(fused, parallel):
 
 
 _TRIG_TAG = "    # |x| > vm.TRIG_MAX: counted"
+_DEF = re.compile(r"([xv]\d+) = ")
+_TOKEN = re.compile(r"\b([xv]\d+|i\d+)\b")
+
+
+def _hoist(body, order):
+    """The loop body's lines by the loop depth they run at: a value is computed in the
+    innermost loop whose index it reads (through its operands), not deeper.
+
+    Why: a value that does not change in the innermost loop (a broadcast operand's
+    chain, e.g. tanh(exp(tanh(x))) of an (n, 1) input) left inside it is hoisted by
+    no LLVM pass (vecmath's inlined code has control flow), and LLVM's loop vectorizer
+    then takes time exponential in the chain's length: tanh(exp(x)) 2.3 s instead of
+    0.5 s, tanh(exp(tanh(x))) more than 15 minutes. Computed before the loop, the same
+    code compiles as fast as straight-line code. Stores and reduction updates stay in
+    the innermost loop. A line hoisted out of a loop that runs zero times reads only
+    size-1 axes at index 0 (broadcast axes), which exist, so hoisting is always safe.
+    """
+    r = len(order)
+    level = {f"i{a}": d + 1 for d, a in enumerate(order)}
+    out = [[] for _ in range(r + 1)]
+    for line in body:
+        m = _DEF.match(line)
+        if not (m or line.startswith("nbad +=")):
+            out[r].append(line)
+            continue
+        rhs = line[m.end():] if m else line
+        d = max([level.get(t, 0) for t in _TOKEN.findall(rhs)], default=0)
+        if m:
+            level[m.group(1)] = d
+        out[d].append(line)
+    return out
 
 
 def _with_libm_rerun(lines, red_info):
