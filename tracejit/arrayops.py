@@ -12,11 +12,22 @@ from tracejit.primitive import primitive, probe_dtype, sum_to_shape
 
 # ---------------------------------------------------------------- reductions
 
+def _is_int(a):
+    return isinstance(a, (int, np.integer)) and not isinstance(a, (bool, np.bool_))
+
+
 def _normalize_axis(axis, ndim, name):
     axis = static_value(axis)       # int(...) as an axis: its value
     if axis is None:
         return None
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    if _is_int(axis):
+        axes = (axis,)
+    elif isinstance(axis, (tuple, list)) and all(_is_int(a) for a in axis):
+        axes = tuple(axis)
+    else:
+        # int(1.5) would silently reduce axis 1, tuple('a') iterate a string.
+        raise TypeError(f"{name}: axis must be None, an int or a tuple of ints, got "
+                        f"{axis!r} ({type(axis).__name__})")
     out = []
     for a in axes:
         a = int(a)
@@ -24,7 +35,9 @@ def _normalize_axis(axis, ndim, name):
             raise ValueError(f"{name}: axis {a} is out of bounds for an array of "
                              f"dimension {ndim}")
         out.append(a % ndim if ndim else 0)
-    return tuple(sorted(set(out)))
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name}: duplicate value in axis {axis!r}")
+    return tuple(sorted(out))
 
 
 def _reduced_shape(shape, axis, keepdims):
@@ -111,11 +124,20 @@ class SumTo(Function):
         return F.broadcast_to(gy, x.shape)
 
     def shape_rule(self, x):
-        try:
-            np.broadcast_shapes(self.shape, x.shape)
-        except ValueError:
-            raise ValueError(f"sum_to: cannot sum shape {x.shape} to {self.shape}") from None
+        check_sum_to(x.shape, self.shape)
         return ShapeDtype(self.shape, x.dtype)
+
+
+def check_sum_to(x_shape, shape):
+    """Raise unless x_shape sums to shape: shape broadcasts to x_shape exactly (the
+    inverse of broadcast_to). Merely broadcastable shapes ((2, 3) and (4,)... or (2, 1,
+    3)) would give a result of a third shape."""
+    try:
+        ok = np.broadcast_shapes(shape, x_shape) == tuple(x_shape)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"sum_to: cannot sum shape {tuple(x_shape)} to {tuple(shape)}")
 
 
 def _np_sum_to(x, shape):

@@ -146,9 +146,11 @@ class Variable:
                 raise TypeError(
                     f"Variable data must be a numpy.ndarray or None, got {type(data).__name__}"
                     " (wrap scalars with np.array(...))")
-            if data.dtype == object:
-                raise TypeError("Variable data has dtype object; tracejit supports numeric "
-                                "and bool arrays only")
+            if data.dtype.kind in "OUSV":
+                # strings, objects and records: no op computes on them (NumPy's own
+                # error would come from deep inside an op, or a numba kernel).
+                raise TypeError(f"Variable data has dtype {data.dtype}; tracejit supports "
+                                "numeric and bool arrays only")
         self._tv = None
         self._data = None
         self._grad = None
@@ -577,6 +579,10 @@ class Function:
         # A user Function's state before its forward: the tracer compares it after.
         before = None if tr is None else tr.before_forward(self)
         xs = [x._data for x in inputs]
+        if tr is None:
+            for d in xs:
+                if d is None:        # not an AttributeError from inside forward
+                    raise TypeError(_no_data_message(self, inputs))
         try:
             ys = self.forward(*xs)
         except (ValueError, TypeError, IndexError) as e:
@@ -651,6 +657,13 @@ class Function:
             return type(shape_error)(str(shape_error))
         desc = ", ".join(f"x{i}: {s}" for i, s in enumerate(specs))
         return type(error)(f"{type(self).__name__.lower()}({desc}): {error}")
+
+
+def _no_data_message(fn, inputs):
+    k = next(i for i, x in enumerate(inputs) if x._data is None)
+    name = f" {inputs[k].name!r}" if inputs[k].name else ""
+    return (f"{type(fn).__name__.lower()}: input x{k} is a Variable{name} whose data is None "
+            "(assign an array to .data before using it in an op)")
 
 
 class ShapeDtype:

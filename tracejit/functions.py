@@ -23,7 +23,7 @@ from tracejit.elementwise import (  # noqa: F401
 from tracejit.arrayops import (  # noqa: F401
     Reduction, Sum, Max, Min, SumTo, Reshape, Transpose, BroadcastTo, GetItem, GetItemGrad,
     MatMul, RandomUniform, RandomSeed)
-from tracejit.arrayops import _normalize_axis, _resolve_reshape, _split_index
+from tracejit.arrayops import _normalize_axis, _resolve_reshape, _split_index, check_sum_to
 
 # ================================================================ user-facing functions
 
@@ -204,15 +204,29 @@ def min(x, axis=None, keepdims=False):
 
 def sum_to(x, shape):
     x = as_variable(x)
-    shape = tuple(static_value(tuple(shape)))
+    shape = _shape_arg(shape, "sum_to")
     if x.shape == shape:
         return x
+    check_sum_to(x.shape, shape)
     return SumTo(shape)(x)
+
+
+def _shape_arg(shape, name):
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    try:
+        dims = tuple(static_value(tuple(shape)))   # int(...) as a size: its value
+    except TypeError:
+        dims = None
+    if dims is None or not all(isinstance(d, (int, np.integer)) and
+                               not isinstance(d, (bool, np.bool_)) for d in dims):
+        raise TypeError(f"{name}: shape must be a tuple of ints, got {shape!r}")
+    return tuple(int(d) for d in dims)
 
 
 def broadcast_to(x, shape):
     x = as_variable(x)
-    shape = tuple(static_value(tuple(shape)))
+    shape = _shape_arg(shape, "broadcast_to")
     if x.shape == shape:
         return x
     return BroadcastTo(shape)(x)
