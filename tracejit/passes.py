@@ -35,10 +35,11 @@ _FLOAT = frozenset(np.dtype(d) for d in ("f4", "f8"))
 # What one kernel may contain. numba + LLVM compile time grows faster than linearly in
 # a kernel's size: a chain of n transcendental ops (each an inlined vecmath function,
 # fused with a multiply) compiled in 0.6 s (n = 8), 1.3 s (16), 2.7 s (32), 6.2 s (64)
-# and 41 s (128) on the 2-core project machine (benchmarks: tests/test_compile_bound.py
-# has the measuring script's shape). Past MAX_VECMATH_OPS a group closes and the chain
-# continues in a new kernel, so a long chain costs a sum of small compiles (128 ops:
-# 8 kernels, ~8 s) instead of one that looks hung. MAX_GROUP_OPS bounds cheap ops.
+# and 41 s (128) on the 2-core project machine (benchmarks/bench_compile_bound.py).
+# Past MAX_VECMATH_OPS a group closes and the chain continues in a new kernel, so a
+# long chain costs a sum of small compiles (128 ops: ~8 s) instead of one that looks
+# hung; a kernel of 16 still amortizes the memory traffic. MAX_GROUP_OPS bounds the
+# cheap ops (numba's typing and SSA passes grow with the kernel's length too).
 MAX_VECMATH_OPS = 16
 MAX_GROUP_OPS = 256
 VECMATH_OPS = frozenset({"Exp", "Log", "Tanh", "Sigmoid", "Sin", "Cos"})
