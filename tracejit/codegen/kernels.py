@@ -62,6 +62,10 @@ def _template(n, dtype):
         if c == -1:
             return f"({lit_text(1.0, dtype)} / {{0}})"
         return f"({{0}} ** {lit_text(float(c), dtype)})"
+    if name == "PowV" and all(d == 1 for d in n.inputs[1].shape):
+        # NumPy's power with a one-element exponent of 0.5 is sqrt (its scalar fast
+        # path): (-inf) ** 0.5 is nan there, inf from C's pow, and -0.0 keeps its sign.
+        return f"(math.sqrt({{0}}) if {{1}} == {lit_text(0.5, dtype)} else {{0}} ** {{1}})"
     if name == "Clip":
         # NumPy's clip propagates NaN; min(max(nan, lo), hi) would give lo.
         expr = "({0} if {0} != {0} else min(max({0}, {x_min}), {x_max}))"
