@@ -101,6 +101,22 @@ def test_variable_without_data_in_an_op_names_the_op_and_argument():
         tj.jit(lambda v: F.exp(v) + 1.0)(empty)
 
 
+def test_captured_variable_without_data_is_named_on_every_call():
+    W = tj.Variable(None, name="W")
+    jf = tj.jit(lambda x: F.sum(x * W))
+    for call in range(3):           # the eager first call, the trace, and after
+        with pytest.raises(TypeError, match=r"mul: input x1 is a Variable 'W' whose data"):
+            jf(tj.Variable(np.ones(3)))
+
+
+def test_string_data_assigned_later_names_the_op_and_dtypes():
+    P = tj.Parameter(np.ones(3))
+    P.data = np.array(["a", "b", "c"])
+    for call in _both(lambda x: F.sum(x * P), tj.Variable(np.ones(3))):
+        with pytest.raises(TypeError, match=r"mul\(x0: f64\[3\], x1: str32\[3\]\): ufunc"):
+            call()
+
+
 def test_valid_calls_still_compile():
     # The checks reject only bad input: integer axes of every kind still run compiled.
     def f(x):

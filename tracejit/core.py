@@ -579,10 +579,9 @@ class Function:
         # A user Function's state before its forward: the tracer compares it after.
         before = None if tr is None else tr.before_forward(self)
         xs = [x._data for x in inputs]
-        if tr is None:
-            for d in xs:
-                if d is None:        # not an AttributeError from inside forward
-                    raise TypeError(_no_data_message(self, inputs))
+        for d in xs:
+            if d is None:            # not an AttributeError from inside forward
+                raise TypeError(_no_data_message(self, inputs))
         try:
             ys = self.forward(*xs)
         except (ValueError, TypeError, IndexError) as e:
@@ -654,9 +653,13 @@ class Function:
         try:
             self.shape_rule(*specs)
         except (ValueError, TypeError) as shape_error:
-            return type(shape_error)(str(shape_error))
+            if type(shape_error) in (ValueError, TypeError):      # a shape rule's message
+                return type(shape_error)(str(shape_error))
+            error = shape_error           # NumPy's, from the dtype probe: named below
         desc = ", ".join(f"x{i}: {s}" for i, s in enumerate(specs))
-        return type(error)(f"{type(self).__name__.lower()}({desc}): {error}")
+        # The builtin class: NumPy's subclasses (_UFuncNoLoopError) take other arguments.
+        cls = next(c for c in (ValueError, TypeError, IndexError) if isinstance(error, c))
+        return cls(f"{type(self).__name__.lower()}({desc}): {error}")
 
 
 def _no_data_message(fn, inputs):
