@@ -5,7 +5,7 @@ inputs with inf, -inf, nan, 0, -0.0 and huge values.
 Drawn over the primitive registry (the cases of test_functions.CASES give each
 primitive's shapes and parameters; the float inputs' values are replaced by special
 ones). Each jitted function is called once per special value (over the calls every
-element takes every value) and each call is compared with eager: the same shapes and dtypes, NaN and +-inf in the same places, finite values
+element takes every value) and each call is compared with eager: the same shapes and dtypes, NaN, +-inf and -0.0 in the same places, finite values
 equal to float tolerance (vecmath's transcendental functions are within 1.5 ulp, not
 bitwise NumPy's), for the output and for the gradients of sum(output * cotangent).
 """
@@ -51,6 +51,9 @@ def assert_same(got, want, what):
         bad = test(got) != test(want)
         assert not bad.any(), f"{what}: {test.__name__} differs: got {got[bad]}, " \
                               f"eager {want[bad]}"
+    zero = want == 0                   # 1 / -0.0 is -inf: the sign of a zero matters
+    bad = zero & (np.signbit(got) != np.signbit(want))
+    assert not bad.any(), f"{what}: the sign of zero differs: got {got[bad]}, eager {want[bad]}"
     fin = np.isfinite(want)
     tol = 1e-5 if want.dtype == np.float32 else 1e-12
     np.testing.assert_allclose(got[fin], want[fin], rtol=tol, atol=0, err_msg=what)

@@ -107,7 +107,8 @@ class Abs(Elementwise):
 
 @primitive
 class Sign(Elementwise):
-    expr = "(1.0 if {0} > 0 else (-1.0 if {0} < 0 else {0} * 0.0))"
+    # np.sign: nan for nan, +0.0 for both zeros (x * 0.0 gave -0.0, and 1 / that -inf).
+    expr = "(1.0 if {0} > 0 else (-1.0 if {0} < 0 else ({0} if {0} != {0} else 0.0)))"
 
     def forward(self, x):
         return np.sign(x)

@@ -46,8 +46,13 @@ def lit_text(value, dtype):
 def _template(n, dtype):
     """The node's expression template with parameters and literals typed to `dtype`."""
     name = n.op.__name__
-    if name in ("Sum", "Max", "Min", "SumTo"):       # of a 0-d value: the value itself
+    if name in ("Max", "Min"):                      # of a 0-d value: the value itself
         return "{0}"
+    if name in ("Sum", "SumTo"):
+        # NumPy's sum starts from +0.0: the sum of a lone -0.0 is +0.0 (0.0 + x is x
+        # for every other value, nan and inf included).
+        zero = lit_text(0.0, dtype) if n.out.dtype.kind == "f" else lit_text(0, n.out.dtype)
+        return f"({zero} + {{0}})"
     if name == "Cast":
         out = n.out.dtype
         return "({0} != 0)" if out == np.bool_ else f"{_NP_NAME[out]}({{0}})"
