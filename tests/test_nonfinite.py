@@ -134,3 +134,23 @@ def test_reported_nonfinite_gradients(fn):
             res.append((y.data, x.grad.data))
         assert_same(res[1][0], res[0][0], "output")
         assert_same(res[1][1], res[0][1], "gradient")
+
+
+def test_max_gradient_of_a_fused_expression_on_huge_values():
+    # The max is computed in a reduction kernel and its mask (h == max) in the backward:
+    # both must round h = x * 1000 - y as eager does (no FMA), or the gradient is lost.
+    def f(x, y):
+        return F.sum(F.max(x * 1000 - y, axis=-1))
+    jf = tj.jit(f)
+    rng = np.random.default_rng(1)
+    for call in range(4):
+        xv = rng.standard_normal((3, 5)) * 1e300
+        yv = rng.standard_normal((3, 5)) * 1e300
+        res = []
+        for fn in (f, jf):
+            x, y = tj.Variable(xv.copy()), tj.Variable(yv.copy())
+            with np.errstate(all="ignore"):
+                fn(x, y).backward()
+            res.append((x.grad.data, y.grad.data))
+        assert_same(res[1][0], res[0][0], "grad of x")
+        assert_same(res[1][1], res[0][1], "grad of y")

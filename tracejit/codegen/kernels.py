@@ -9,8 +9,10 @@ Numerics follow NumPy: literals and parameters are typed to the array dtype (num
 types a bare 1.5 as float64, which would silently compute float32 kernels in float64),
 each intermediate is cast to its IR dtype, float32 sums accumulate in float64, and
 error_model='numpy' gives inf/nan for x / 0 instead of an exception. fastmath is off,
-except {'reassoc', 'contract'} in kernels with reductions (lets sums vectorize; keeps
-NaN/inf semantics).
+except {'reassoc'} in kernels with reductions (lets sums vectorize; keeps NaN/inf
+semantics). Not 'contract': an FMA makes x * 1000 - y in a reduction kernel differ from
+the same value computed elsewhere (eager, or the backward's recompute), and max's
+gradient mask (x == max) then matched nothing: a lost gradient.
 """
 import hashlib
 import re
@@ -431,7 +433,7 @@ def loop_kernel(fused, parallel):
     args += [acc for _, _, _, acc in red_info] + [f"e{j}" for j in range(len(epi_outs))]
     args += [f"n{k}" for k in range(r)]
     args += [f"c{k}" for k in range(len(consts))]
-    fm = "{'reassoc', 'contract'}" if red_info else "False"
+    fm = "{'reassoc'}" if red_info else "False"
     label = fused.label[:40]
     head = (f"@numba.njit(cache=True, nogil=True, error_model='numpy', "
             f"parallel={prange_ok}, fastmath={fm})")
