@@ -154,3 +154,19 @@ def test_max_gradient_of_a_fused_expression_on_huge_values():
             res.append((x.grad.data, y.grad.data))
         assert_same(res[1][0], res[0][0], "grad of x")
         assert_same(res[1][1], res[0][1], "grad of y")
+
+
+@pytest.mark.parametrize("op", [F.maximum, F.minimum])
+def test_maximum_minimum_of_equal_zeros_give_numpy_s_zero(op):
+    # np.maximum/np.minimum return the second operand on a tie: 1 / the result is then
+    # +inf or -inf as in eager.
+    def f(x, y):
+        return 1.0 / op(x, y)
+    jf = tj.jit(f)
+    for call in range(4):
+        xv = np.array([-0.0, 0.0, -0.0, 1.0 + call])
+        yv = np.array([0.0, -0.0, -0.0, 2.0])
+        with np.errstate(all="ignore"):
+            want = f(tj.Variable(xv), tj.Variable(yv)).data
+            got = jf(tj.Variable(xv), tj.Variable(yv)).data
+        assert_same(got, want, "1 / op(x, y)")

@@ -295,7 +295,8 @@ class PowV(Elementwise):
 
 @primitive
 class Maximum(Elementwise):
-    expr = "({0} if ({0} >= {1} or {0} != {0}) else {1})"
+    # Ties give x1, as np.maximum does: maximum(-0.0, 0.0) is 0.0, maximum(0.0, -0.0) -0.0.
+    expr = "({0} if ({0} > {1} or {0} != {0}) else {1})"
 
     def forward(self, x0, x1):
         return np.maximum(x0, x1)
@@ -309,7 +310,8 @@ class Maximum(Elementwise):
 
 @primitive
 class Minimum(Elementwise):
-    expr = "({0} if ({0} <= {1} or {0} != {0}) else {1})"
+    # Ties give x1, as np.minimum does (the sign of a zero result).
+    expr = "({0} if ({0} < {1} or {0} != {0}) else {1})"
 
     def forward(self, x0, x1):
         return np.minimum(x0, x1)
