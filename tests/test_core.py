@@ -345,3 +345,14 @@ def test_data_set_to_a_numpy_scalar_stays_an_array():
     x = tj.Variable(np.array(2.0))
     x.data = x.data - 0.5
     assert isinstance(x.data, np.ndarray) and x.data.shape == () and float(x.data) == 1.5
+
+
+def test_an_output_gradient_smaller_than_the_output_stands_for_every_element():
+    # y.grad set by the user with another (broadcastable) shape: each input's gradient
+    # has the input's shape (DeZero would hand a 0-d gradient to x).
+    x = Variable(np.array([0.3, 0.5]))
+    y = F.sin(x) * 3.0
+    y.grad = Variable(np.array(1.5))
+    y.backward()
+    assert x.grad.shape == (2,)
+    np.testing.assert_allclose(x.grad.data, 1.5 * 3.0 * np.cos(x.data), rtol=1e-14)

@@ -140,14 +140,6 @@ def test_fallback_causes_ignore_which_value_differed():
     assert fuzz.normalize_warning(a) == fuzz.normalize_warning(b)
 
 
-# Known bug classes of issue 9 that the CI profile currently hits (seed 0): the helpers
-# fixing them run in parallel; the lead removes this marker after merging the fixes.
-KNOWN = ("issue 9, being fixed: compile hangs on size-1 extents (seed 0: one program); "
-         "max/min gradients dropped when the backward recomputes the reduced input "
-         "(rare: F.min(F.sqrt(x * x + 1.0)), about 4% of inputs)")
-
-
-@pytest.mark.xfail(strict=False, reason=KNOWN)
 def test_ci_profile_finds_no_mismatch_crash_or_hang():
     programs = fuzz.generate(30, seed=0)
     results = fuzz.run_many(programs, jobs=1, timeout=15)

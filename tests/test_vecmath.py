@@ -222,7 +222,7 @@ def _chain_plain(a, o):
 
 def test_caller_fastmath_does_not_change_results():
     """The functions keep their own flags when LLVM inlines them into a caller compiled
-    with {'reassoc', 'contract'} (the flags kernels with reductions use)."""
+    with {'reassoc', 'contract'} (a superset of the flags kernels with reductions use)."""
     a = np.concatenate([rng.uniform(-60, 60, 10_000), [math.nan, math.inf, -math.inf, 0.0]])
     o1, o2 = np.empty_like(a), np.empty_like(a)
     _chain_reassoc(a, o1)

@@ -51,8 +51,15 @@ class Elementwise(Function):
 
 
 def sum_to_shape(gx, shape):
+    """A backward rule's gradient gx brought to its input's shape: summed over the axes
+    the forward broadcast. A gx smaller than the shape (an output gradient the user set
+    with another shape, `y.grad = Variable(np.array(1.5))` into a (2,) output) stands for
+    the same value everywhere: broadcast. DeZero returns it unchanged, so the input's
+    gradient took its shape."""
     if gx.shape != shape:
-        from tracejit.functions import sum_to
+        from tracejit.functions import broadcast_to, sum_to
+        if len(gx.shape) <= len(shape) and np.broadcast_shapes(gx.shape, shape) == shape:
+            return broadcast_to(gx, shape)
         return sum_to(gx, shape)
     return gx
 
