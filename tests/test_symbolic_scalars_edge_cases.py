@@ -272,20 +272,26 @@ def test_float_and_int_methods_and_library_calls_give_eager_results(use):
     run(f, inputs())
 
 
-@pytest.mark.xfail(strict=True, reason="C code tests PyFloat_Check (json, Fraction, "
-                   "Decimal): a TracedFloat is not a float there; the trace raises "
-                   "TypeError where eager works. Needs jit to run eagerly (state put "
-                   "back) when a trace raises what eager does not")
 @pytest.mark.parametrize("use", [
     lambda m: json.dumps([m]),
     lambda m: float(fractions.Fraction(m)),
     lambda m: float(decimal.Decimal(m)),
 ], ids=["json", "Fraction", "Decimal"])
 def test_library_code_that_needs_a_real_float(use):
+    # C code tests PyFloat_Check: a TracedFloat is not a float there and the trace
+    # raises TypeError where eager works. jit puts back what the trace changed, runs
+    # the call eagerly and warns once, naming the exception and the user's line.
     def f(x):
         return use(float(x.data.mean())), x * 1.0
 
-    run(f, inputs())
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always", tj.JitWarning)
+        jf = run(f, inputs())
+    msgs = [m for m in w if issubclass(m.category, tj.JitWarning)]
+    assert len(msgs) == 1, [str(m.message) for m in msgs]
+    assert "tracing raised TypeError" in str(msgs[0].message), str(msgs[0].message)
+    assert msgs[0].lineno == use.__code__.co_firstlineno    # the lambda calling C code
+    assert jf.cache_info()["fallbacks"] == len(inputs()) - 1
 
 
 # ----------------------------------------------- float() in the methods a model calls

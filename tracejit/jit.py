@@ -9,10 +9,12 @@ CompiledFunction, runs the compiled backward graph.
 """
 import functools
 import itertools
+import linecache
 import logging
 import os
 import random
 import re
+import sysconfig
 import threading
 import time
 import warnings
@@ -483,15 +485,37 @@ class Jitted:
             return self.fn(*args, **kwargs)
         if log.isEnabledFor(logging.INFO):
             log.info("jit(%s): trace: %s", self.__name__, self._why_new(key))
+        # What the trace may change, kept to put back should the trace raise.
+        put_back = _StatePutBack(self.fn, self._call_key(args, kwargs)[1])
         try:
             result = self._trace_and_compile(key, args, kwargs)
+        except Exception as e:  # noqa: BLE001 - eager decides whose exception it is
+            return self._eager_after_failed_trace(key, e, put_back, args, kwargs)
         except BaseException:
-            self._count("misses")        # the trace raised what eager raises
+            self._count("misses")
             raise
         self._changed()
         # The trace computed this call's result: a miss, or a fallback when the trace
         # found that the signature must run eagerly.
         self._count("fallbacks" if key in self._eager_keys else "misses")
+        return result
+
+    def _eager_after_failed_trace(self, key, error, put_back, args, kwargs):
+        """The trace raised: the user's bug if eager raises too (eager's exception is
+        raised), else ours (a TracedFloat where C code wants a real float, json.dumps):
+        the state the trace changed is put back, the call runs eagerly, and the
+        signature runs eagerly from now on, warned with the line that raised."""
+        self._changed()
+        put_back.restore()
+        try:
+            result = self.fn(*args, **kwargs)
+        except BaseException:
+            self._count("misses")        # the trace raised what eager raises
+            raise
+        line = _raising_line(error)
+        self._fallback(key, f"tracing raised {type(error).__name__}: {error} (eager does "
+                            f"not)", line)
+        self._count("fallbacks")
         return result
 
     def _why_new(self, key):
@@ -997,6 +1021,28 @@ def _perturbed(x, rng, grad=_NOW):
     if type(x) is float:
         return x * (1 + _PERTURB * 0.75)
     return x
+
+
+_NOT_USER = tuple({os.path.abspath(p) + os.sep for p in (
+    sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib"),
+    sysconfig.get_path("purelib"), sysconfig.get_path("platlib")) if p})
+
+
+def _raising_line(error):
+    """'file.py:12  text' of the user's line an exception came through: the innermost
+    frame of its traceback outside tracejit, the standard library and installed
+    packages (json.dumps(...) in the user's function, not json/encoder.py)."""
+    best = None
+    tb = error.__traceback__
+    while tb is not None:
+        fname = tb.tb_frame.f_code.co_filename
+        path = os.path.abspath(fname)
+        if not path.startswith(tracing._PKG_DIR + os.sep) and \
+                not path.startswith(_NOT_USER) and not fname.startswith("<frozen"):
+            text = linecache.getline(fname, tb.tb_lineno).strip()
+            best = f"{os.path.basename(fname)}:{tb.tb_lineno}  {text}"
+        tb = tb.tb_next
+    return best
 
 
 def _same_rng(a, b):
