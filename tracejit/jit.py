@@ -489,6 +489,9 @@ class Jitted:
         put_back = _StatePutBack(self.fn, self._call_key(args, kwargs)[1])
         try:
             result = self._trace_and_compile(key, args, kwargs)
+        except JitWarning:
+            self._count("misses")        # our own warning, raised as an error: as is
+            raise
         except Exception as e:  # noqa: BLE001 - eager decides whose exception it is
             return self._eager_after_failed_trace(key, e, put_back, args, kwargs)
         except BaseException:

@@ -10,6 +10,7 @@ real values, so the traced call computes its real result.
 import builtins
 import math
 import operator
+import sys
 
 import numpy as np
 
@@ -43,6 +44,12 @@ class TracedArray(np.ndarray):
         self._owner = None
         self._capture = None
         self._trace = getattr(obj, "_trace", None)
+        if self._trace is not None and isinstance(obj, TracedArray):
+            # NumPy's C code made an array from traced data for the user's code (not
+            # tracejit's): np.float32(x.data.mean()) casts through one and hands out a
+            # plain scalar the tracer never sees again. Values read so are frozen.
+            _leak(obj, "a NumPy scalar or array made from traced data by NumPy itself "
+                       "(np.float32(...), np.int64(...), .ravel(), ...)", depth=2)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         return self._trace.ufunc(ufunc, method, inputs, kwargs)
@@ -139,6 +146,73 @@ class TracedArray(np.ndarray):
     def __reduce__(self):
         self._trace.escape("pickling traced data")
         return self.view(np.ndarray).__reduce__()
+
+    # Ways the user's code (or a library it calls) can read traced data's buffer as a
+    # plain array: its values would be frozen into the graph (a branch on them is
+    # never guarded), so each is an escape. tracejit's own code uses them freely.
+
+    def __copy__(self):
+        return self.copy()            # copy.copy(a) is a.copy() in NumPy: recorded
+
+    def __deepcopy__(self, memo):
+        if self.dtype.kind not in "biuf":
+            _leak(self, "copy.deepcopy of traced data of dtype " + str(self.dtype))
+            return np.ndarray.__deepcopy__(self, memo)
+        return self.copy()
+
+    def view(self, *args, **kwargs):
+        _leak(self, "a .view() of traced data")
+        return np.ndarray.view(self, *args, **kwargs)
+
+    def __array__(self, *args, **kwargs):
+        _leak(self, "__array__() of traced data")
+        return np.ndarray.__array__(np.ndarray.view(self, np.ndarray), *args, **kwargs)
+
+    def tobytes(self, *args, **kwargs):
+        _leak(self, ".tobytes() of traced data")
+        return np.ndarray.tobytes(self, *args, **kwargs)
+
+    def tofile(self, *args, **kwargs):
+        _leak(self, ".tofile() of traced data")
+        return np.ndarray.tofile(self, *args, **kwargs)
+
+    def __dlpack__(self, *args, **kwargs):
+        _leak(self, "__dlpack__ of traced data")
+        return np.ndarray.__dlpack__(self, *args, **kwargs)
+
+
+def _leaking_property(name, what):
+    getter = getattr(np.ndarray, name).__get__
+
+    def get(self):
+        _leak(self, what)
+        return getter(self)
+    return property(get)
+
+
+for _name, _what in (("base", ".base of traced data (its buffer)"),
+                     ("data", ".data (the buffer) of traced data"),
+                     ("ctypes", ".ctypes of traced data"),
+                     ("flat", ".flat of traced data"),
+                     ("__array_interface__", "__array_interface__ of traced data"),
+                     ("__array_struct__", "__array_struct__ of traced data")):
+    setattr(TracedArray, _name, _leaking_property(_name, _what))
+
+
+def is_internal(frame):
+    """Is this frame tracejit's own code (which reads traced buffers knowingly)?"""
+    name = frame.f_globals.get("__name__", "")
+    return name == "tracejit" or name.startswith("tracejit.")
+
+
+def _leak(a, what, depth=1):
+    """Traced data a read as a plain buffer by the code `depth` frames above the
+    caller: an escape, unless that code is tracejit's or a is not this trace's."""
+    tr = a._trace
+    if tr is None or tr is not core._state.trace or getattr(tr, "abstract", False):
+        return
+    if not is_internal(sys._getframe(depth + 1)):
+        tr.escape(what)
 
 
 def _augmented(name):

@@ -32,7 +32,8 @@ from tracejit import functions as F
 from tracejit.core import Variable
 from tracejit.ir import Graph, Lit, Node, Value
 from tracejit.tracers import (_PY_OPS, _PY_UNARY, REDUCE_PRIMS, SCALAR_TYPES, UFUNC_PRIMS,
-                              TracedArray, TracedFloat, TracedScalar, python_value)
+                              TracedArray, TracedFloat, TracedScalar, is_internal,
+                              python_value)
 from tracejit.trace_ops import Guard, NumpyCall, UserBackward, UserCall
 
 log = logging.getLogger("tracejit")
@@ -880,6 +881,42 @@ class Trace:
                 f"update of that array (at {stale[1]}): eager's view shows the update, the "
                 f"compiled graph would compute it from the values before", stale[1]))
 
+    def array_constructor(self, name, orig, a, args, kwargs):
+        """np.asarray / np.array / np.ascontiguousarray ... (name) of traced data a,
+        from the user's code: recorded where the tracer has their semantics."""
+        params = dict(zip(("dtype", "copy") if name in ("asarray", "array") else
+                          ("dtype",), args))
+        if len(args) > len(params) or set(kwargs) - {"dtype", "copy"} or \
+                set(params) & set(kwargs) or name in ("frombuffer", "require") or \
+                a.dtype.kind not in "biuf":
+            self.escape(f"np.{name}(...) of traced data (only np.asarray, np.array, "
+                        f"np.ascontiguousarray with dtype=/copy= are followed)")
+            return orig(a.view(np.ndarray), *args, **kwargs)
+        params.update(kwargs)
+        dtype = params.get("dtype")
+        copy_ = params.get("copy", True if name == "array" else None)
+        if name in ("ascontiguousarray", "asfortranarray", "asarray_chkfinite"):
+            plain = a.view(np.ndarray)
+            if name == "asarray_chkfinite":
+                orig(plain, dtype)      # raises on inf/nan now; the values are checked
+                self.escape("np.asarray_chkfinite(...) of traced data")
+                return orig(plain, dtype)
+            contiguous = plain.flags.c_contiguous if name == "ascontiguousarray" else \
+                plain.flags.f_contiguous
+            if a.ndim == 0 or not contiguous:
+                self.escape(f"np.{name}(...) of a 0-d or non-contiguous traced array")
+                return orig(plain, dtype)
+        if copy_ is False and dtype is not None and np.dtype(dtype) != a.dtype:
+            return orig(a.view(np.ndarray), *args, **kwargs)   # NumPy's ValueError
+        if dtype is not None and np.dtype(dtype) != a.dtype:
+            return a.astype(np.dtype(dtype))          # a cast (a new array, as NumPy)
+        if copy_:
+            return a.copy()
+        if not a._numpy_scalar:
+            return a          # the array itself, as np.asarray(x.data) is x.data
+        # np.asarray of a NumPy scalar (a.mean()): a 0-d array of the same value.
+        return self._wrap(a.view(np.ndarray), self.array_value(a), None)
+
     # ---- guards and escapes
 
     def guard(self, x, conv):
@@ -1060,6 +1097,37 @@ def _tracing_py_seed(*args, **kwargs):
     return _original_py_seed(*args, **kwargs)
 
 
+# ---- NumPy's array constructors on traced data
+
+# np.asarray(x.data) and friends do not dispatch (__array_function__) for an ndarray
+# subclass: NumPy hands out a plain array of the traced buffer, and what is computed
+# from it is frozen (a branch on its mean is never guarded). While a trace runs, the
+# module's functions are these: for this thread's traced data, called from outside
+# tracejit, the NumPy semantics recorded (np.asarray is the array itself, np.array a
+# copy, a dtype= a cast), or an escape.
+_NP_ENTRIES = {}
+
+
+def _np_entry(name):
+    orig = getattr(np, name)
+
+    def entry(a, *args, **kwargs):
+        tr = core._state.trace
+        if type(a) is not TracedArray or tr is None or a._trace is not tr \
+                or tr.abstract or is_internal(sys._getframe(1)):
+            return orig(a, *args, **kwargs)
+        return tr.array_constructor(name, orig, a, args, kwargs)
+    entry.__name__ = entry.__qualname__ = name
+    entry.__doc__ = orig.__doc__
+    entry.__wrapped__ = orig
+    _NP_ENTRIES[name] = (orig, entry)
+
+
+for _n in ("asarray", "array", "ascontiguousarray", "asfortranarray", "asarray_chkfinite",
+           "frombuffer", "require"):
+    _np_entry(_n)
+
+
 # ---- float() and int() in the jitted function give TracedScalars
 
 # The rewritten code loads these where it loaded the global name: a module global of
@@ -1147,13 +1215,35 @@ def _traced_type(*args, **kwargs):
     return type(*args, **kwargs)
 
 
+def _buffer_reader(name):
+    """memoryview(x.data), bytes(x.data), bytearray(x.data) in the traced code: the
+    buffer protocol hands traced data out as plain bytes (np.frombuffer of it, a C
+    extension), which the tracer cannot follow: an escape."""
+    orig = getattr(builtins, name)
+
+    def call(*args, **kwargs):
+        own = _shadowing(name)
+        if own is not None:
+            return own(*args, **kwargs)
+        tr = core._state.trace
+        if args and type(args[0]) is TracedArray and tr is not None and \
+                args[0]._trace is tr and not tr.abstract:
+            tr.escape(f"{name}() of traced data (its buffer, read outside the tracer)")
+        return orig(*args, **kwargs)
+    return call
+
+
 # Python's float() and int() must return real numbers (CPython converts whatever
 # __float__ returns to an exact float), so the calls themselves are redirected: in the
 # code the trace runs, a call `float(...)` / `int(...)` of the builtin (LOAD_GLOBAL with
 # the call bit) loads these instead. Outside a trace they are float, int,
 # isinstance and type.
 _INTERCEPT = {"float": "__tracejit_float__", "int": "__tracejit_int__",
-              "isinstance": "__tracejit_isinstance__", "type": "__tracejit_type__"}
+              "isinstance": "__tracejit_isinstance__", "type": "__tracejit_type__",
+              "memoryview": "__tracejit_memoryview__", "bytes": "__tracejit_bytes__",
+              "bytearray": "__tracejit_bytearray__"}
+for _n in ("memoryview", "bytes", "bytearray"):
+    setattr(builtins, f"__tracejit_{_n}__", _buffer_reader(_n))
 builtins.__tracejit_float__ = _traced_float
 builtins.__tracejit_int__ = _traced_int
 builtins.__tracejit_isinstance__ = _traced_isinstance
@@ -1372,6 +1462,8 @@ def start(trace):
             builtins.print = _tracing_print
             np.random.seed = _tracing_seed
             random.seed = _tracing_py_seed
+            for name, (_, entry) in _NP_ENTRIES.items():
+                setattr(np, name, entry)
         _print_users += 1
     return core.set_trace(trace)
 
@@ -1387,3 +1479,5 @@ def stop(trace, prev):
             builtins.print = _original_print
             np.random.seed = _original_seed
             random.seed = _original_py_seed
+            for name, (orig, _) in _NP_ENTRIES.items():
+                setattr(np, name, orig)
