@@ -426,10 +426,25 @@ class Builder:
                       f"int({d}.sum() > 0) == 1"]
             if v.var:
                 forms += [f"F.sum({v.name}).data < 0", f"{v.name}.data.mean() < 0.0"]
+            # Traced data handed to NumPy past the tracer (constructors that do not
+            # dispatch for an ndarray subclass, NumPy scalars, views, copies): recorded
+            # or an escape, never a branch left unguarded.
+            forms += [f"np.asarray({d}).mean() > 0", f"np.array({d}).sum() > 0",
+                      f"np.ascontiguousarray({d}).max() > 0",
+                      f"np.asarray({d}, dtype=np.float32).mean() > 0",
+                      f"np.float32({d}.mean()) > 0", f"np.float64({d}.sum()) > 0",
+                      f"float(np.float32({d}.mean())) > 0",
+                      f"{d}.view(np.ndarray).sum() > 0", f"{d}.copy().sum() > 0",
+                      f"np.frombuffer({d}.tobytes(), {d}.dtype).sum() > 0",
+                      f"{d}.astype(np.float32).mean() > 0"]
         if not forms:
             return None
         self.features.add("if")
-        return self.draw(st.sampled_from(forms))
+        cond = self.draw(st.sampled_from(forms))
+        if cond.startswith(("np.", "float(np.")) or ".view(" in cond or ".copy()" in cond \
+                or ".astype(" in cond:
+            self.features.add("numpy_entry")
+        return cond
 
     def st_if(self):
         cond = self.condition()

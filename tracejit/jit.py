@@ -204,7 +204,10 @@ class Jitted:
                             else:
                                 put_back.restore()
                             put_back = _StatePutBack(self.fn, leaves)
-                        self._trace_and_compile(key, args, kwargs)
+                        try:
+                            self._trace_and_compile(key, args, kwargs)
+                        except _TraceDiverged:
+                            pass          # eager from now on: the RuntimeError below
                         self._changed()
                         v = self._select(key, leaves)
                 finally:
@@ -492,6 +495,13 @@ class Jitted:
         except JitWarning:
             self._count("misses")        # our own warning, raised as an error: as is
             raise
+        except _TraceDiverged:
+            # The first-call check found the variant unlike eager (and made the signature
+            # eager): this call too is eager's, from the state before the trace.
+            self._changed()
+            put_back.restore()
+            self._count("fallbacks")
+            return self.fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - eager decides whose exception it is
             return self._eager_after_failed_trace(key, e, put_back, args, kwargs)
         except BaseException:
@@ -730,7 +740,7 @@ class Jitted:
         swaps = pystate.swap_arrays(locs, tr.capture_view)
         # float()/int() in the function's own code, and in the user functions it reads
         # (helpers, a Model's forward), give traced Python numbers.
-        code_swaps = tracing.swap_scalar_code(locs)
+        code_swaps = tracing.swap_scalar_code(locs, self.fn)
         try:
             try:
                 result = tracing.symbolic_scalars(self.fn)(*targs, **tkwargs)
@@ -841,13 +851,15 @@ class Jitted:
                                     f"{frozen[1]})" if frozen[0] == "gradient" else
                                f"the compiled call's results are not the objects eager "
                                f"returns ({frozen[1]})")
-                return result
+                raise _TraceDiverged()
             if frozen is not None:
                 frozen = frozen[1]
                 self._fallback(key, f"the traced graph froze a value: with slightly changed "
                                     f"inputs it differs from eager ({frozen}); something "
                                     f"the function reads escaped the tracer")
-                return result
+                # The traced call may itself have run differently from eager (a tracer
+                # answering a library's isinstance otherwise): eager's result instead.
+                raise _TraceDiverged()
         self._variants.setdefault(key, []).append(variant)
         return result
 
@@ -1176,6 +1188,10 @@ def _graph_inputs(v, leaves):
     return out
 
 
+class _TraceDiverged(Exception):
+    """The first-call check made the signature eager: the call is rerun eagerly."""
+
+
 class _StatePutBack:
     """What trace() may change, put back: the arguments, every Variable and array the
     function can reach (pystate.locations), Python values and list/dict contents there,
@@ -1183,7 +1199,7 @@ class _StatePutBack:
 
     def __init__(self, fn, leaves):
         import types
-        objs, self.values, self.containers = [], [], []
+        objs, self.values, self.containers, self.streams = [], [], [], []
         locs = pystate.locations(fn)
         self.labels = {loc.label for loc in locs}
         from tracejit.layers import Layer
@@ -1196,6 +1212,10 @@ class _StatePutBack:
                 objs.append(("array", val, None))
             elif type(val) in (list, dict):
                 self.containers.append((val, val.copy()))
+            elif isinstance(val, (np.random.Generator, np.random.RandomState,
+                                  random.Random)):
+                # A private random stream the function draws from (gen.random()).
+                self.streams.append((val, _stream_state(val)))
             elif isinstance(val, Layer):
                 # Nested deeper than locations reach (model.block.l1.W): all its params.
                 objs += [("var", p, None) for p in val.params()]
@@ -1244,6 +1264,23 @@ class _StatePutBack:
                     pass
         np.random.set_state(self.rng)
         random.setstate(self.py_rng)
+        for gen, state in self.streams:
+            _set_stream_state(gen, state)
+
+
+def _stream_state(gen):
+    if isinstance(gen, np.random.Generator):
+        return gen.bit_generator.state
+    return gen.get_state() if isinstance(gen, np.random.RandomState) else gen.getstate()
+
+
+def _set_stream_state(gen, state):
+    if isinstance(gen, np.random.Generator):
+        gen.bit_generator.state = state
+    elif isinstance(gen, np.random.RandomState):
+        gen.set_state(state)
+    else:
+        gen.setstate(state)
 
 
 def _optimize(g):

@@ -21,6 +21,7 @@ import math
 import os
 import random
 import sys
+import sysconfig
 import threading
 import types
 import weakref
@@ -1128,6 +1129,20 @@ for _n in ("asarray", "array", "ascontiguousarray", "asfortranarray", "asarray_c
     _np_entry(_n)
 
 
+def _tracing_isscalar(element):
+    """np.isscalar while tracing: a traced Python number, and traced data standing for
+    the NumPy scalar eager has there (x.data.mean()), are scalars, as in eager."""
+    tr = core._state.trace
+    if tr is not None and not tr.abstract and (
+            isinstance(element, TracedScalar) or
+            (type(element) is TracedArray and element._numpy_scalar)):
+        return True
+    return _NP_ENTRIES["isscalar"][0](element)
+
+
+_NP_ENTRIES["isscalar"] = (np.isscalar, _tracing_isscalar)
+
+
 # ---- float() and int() in the jitted function give TracedScalars
 
 # The rewritten code loads these where it loaded the global name: a module global of
@@ -1333,14 +1348,64 @@ def _has_intercepts(f):
     return b.get("__tracejit_float__") is _traced_float
 
 
-def swap_scalar_code(locs):
-    """Give the user functions at these locations code whose float()/int() calls give
-    traced numbers, while a trace runs. Other threads running them see no difference:
-    outside a trace the redirected names are float and int themselves."""
+_LIBRARY_DIRS = tuple({os.path.abspath(p) + os.sep for p in (
+    sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib"),
+    sysconfig.get_path("purelib"), sysconfig.get_path("platlib")) if p})
+
+
+def _is_user_module(m):
+    name = getattr(m, "__name__", "") or ""
+    f = getattr(m, "__file__", None)
+    return isinstance(m, types.ModuleType) and f is not None and \
+        not name.startswith(("tracejit", "numpy", "numba")) and \
+        not os.path.abspath(f).startswith(_LIBRARY_DIRS)
+
+
+def _code_names(code):
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _code_names(c)
+    return names
+
+
+def _reach_helpers(funcs, roots, limit=256):
+    """Add to funcs (id -> function) the user functions they call that the function's
+    locations do not list: `helpers.is_lr(lr)` (an attribute of a user module the
+    function names), and the module-level helpers those call in turn. Their
+    isinstance(lr, float) must answer for a traced float argument too."""
+    work = list(funcs.values()) + [f for k, f in roots.items() if k not in funcs]
+    seen = set(funcs) | set(roots)
+    while work and len(funcs) < limit:
+        f = work.pop()
+        names = _code_names(f.__code__)
+        glb = f.__globals__
+        found = []
+        for n in names:
+            v = glb.get(n)
+            if _is_user_module(v):
+                found += [a for m in names if m != n
+                          for a in _user_functions(getattr(v, m, None))]
+            elif type(v) is types.FunctionType:
+                found += _user_functions(v)
+        for g in found:
+            if id(g) not in seen:
+                seen.add(id(g))
+                funcs[id(g)] = g
+                work.append(g)
+
+
+def swap_scalar_code(locs, fn=None):
+    """Give the user functions at these locations (and the helpers fn and they call
+    through user modules) code whose float()/int() calls give traced numbers, while a
+    trace runs. Other threads running them see no difference: outside a trace the
+    redirected names are float and int themselves."""
     funcs = {}
     for loc in locs:
         for f in _user_functions(loc.read()):
             funcs[id(f)] = f
+    roots = {id(f): f for f in _user_functions(fn)} if fn is not None else {}
+    _reach_helpers(funcs, roots)
     done = []
     with _swap_lock:
         for f in funcs.values():
