@@ -49,7 +49,7 @@ class TracedArray(np.ndarray):
             # tracejit's): np.float32(x.data.mean()) casts through one and hands out a
             # plain scalar the tracer never sees again. Values read so are frozen.
             _leak(obj, "a NumPy scalar or array made from traced data by NumPy itself "
-                       "(np.float32(...), np.int64(...), .ravel(), ...)", depth=2)
+                       "(np.float32(...), np.int64(...), .ravel(), ...)")
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         return self._trace.ufunc(ufunc, method, inputs, kwargs)

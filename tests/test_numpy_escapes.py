@@ -1,0 +1,149 @@
+"""Traced data reaching NumPy past the tracer is never silently frozen (issue 9).
+
+`x.data` inside a jitted function is a TracedArray (an ndarray subclass) and a reduction
+of it a traced NumPy scalar; NumPy's constructors do not dispatch for a subclass, and a
+view, the buffer or a NumPy scalar made by NumPy's C code is plain data the tracer does
+not see: a branch on it was compiled without a guard, so after the first calls (positive
+values) compiled calls gave the positive branch for negative inputs. Each entry point is
+now either recorded with NumPy's semantics (np.asarray is the array itself, np.array and
+copy.copy a copy, dtype= and .astype a cast) or an escape: the signature runs eagerly
+with a JitWarning naming the cause and the user's line (README, "Escapes").
+Signs ++++---- over the calls: a missing guard gives the wrong branch on call 5.
+"""
+import copy
+import warnings
+
+import numpy as np
+import pytest
+
+import tracejit as tj
+from compare import same
+
+SIGNS = [1, 1, 1, 1, -1, -1, -1, -1]
+
+
+def values(i, shape=(3,), dtype=np.float64):
+    rng = np.random.default_rng(i)
+    return (SIGNS[i % len(SIGNS)] * (rng.uniform(0.1, 1.0, shape))).astype(dtype)
+
+
+def run(use, dtype=np.float64):
+    def f(x):
+        return x * 2.0 if use(x.data) else x * -1.0
+
+    jf = tj.jit(f)
+    for i in range(len(SIGNS)):
+        d = values(i, dtype=dtype)
+        got = jf(tj.Variable(d.copy()))
+        want = f(tj.Variable(d.copy()))
+        same(got, want)
+    return jf
+
+
+RECORDED = [
+    lambda d: np.asarray(d).mean() > 0,
+    lambda d: np.array(d).sum() > 0,
+    lambda d: np.ascontiguousarray(d).max() > 0,
+    lambda d: np.asarray(d, dtype=np.float32).mean() > 0,
+    lambda d: np.array(d, np.float32).min() > 0,
+    lambda d: np.asarray(d.mean()) > 0,
+    lambda d: np.array(d.sum()) > 0,
+    lambda d: copy.copy(d).sum() > 0,
+    lambda d: copy.deepcopy(d).sum() > 0,
+    lambda d: d.astype(np.float32).mean() > 0,
+    lambda d: np.mean(np.asarray(d, dtype=np.float64)) > 0,
+]
+
+
+@pytest.mark.usefixtures("jit_warnings_are_errors")
+@pytest.mark.parametrize("use", RECORDED, ids=[
+    "asarray", "array", "ascontiguousarray", "asarray-dtype", "array-dtype",
+    "asarray-of-scalar", "array-of-scalar", "copy.copy", "copy.deepcopy", "astype",
+    "mean-of-asarray"])
+def test_numpy_constructors_of_traced_data_are_recorded(use):
+    jf = run(use)
+    info = jf.cache_info()
+    assert info["hits"] >= 4 and info["variants"] == 2, info
+
+
+ESCAPES = [
+    (lambda d: np.float32(d.mean()) > 0, "NumPy scalar or array made from traced data"),
+    (lambda d: np.int64(d.sum() * 10) > 0, "NumPy scalar or array made from traced data"),
+    (lambda d: float(np.float32(d[0])) > 0, "NumPy scalar or array made from traced data"),
+    (lambda d: d.view(np.ndarray).sum() > 0, ".view() of traced data"),
+    (lambda d: (d.base if d.base is not None else d).sum() > 0, ".base of traced data"),
+    (lambda d: np.frombuffer(d.tobytes()).sum() > 0, ".tobytes() of traced data"),
+    (lambda d: np.frombuffer(d).sum() > 0, "np.frombuffer(...) of traced data"),
+    (lambda d: np.frombuffer(memoryview(d)).sum() > 0, "memoryview() of traced data"),
+    (lambda d: np.frombuffer(bytes(d)).sum() > 0, "bytes() of traced data"),
+    (lambda d: np.frombuffer(d.data).sum() > 0, ".data (the buffer) of traced data"),
+    (lambda d: d.__array_interface__["shape"] == (3,) and d.sum() > 0,
+     "__array_interface__ of traced data"),
+    (lambda d: d.ctypes.data != 0 and d.sum() > 0, ".ctypes of traced data"),
+    (lambda d: np.fromiter(d.flat, float).sum() > 0, ".flat of traced data"),
+    (lambda d: d.__array__().sum() > 0, "__array__() of traced data"),
+]
+
+
+@pytest.mark.parametrize("use,cause", ESCAPES, ids=[
+    "np.float32", "np.int64", "float-of-np.float32", "view", "base", "tobytes",
+    "frombuffer", "memoryview", "bytes", "data", "array_interface", "ctypes", "flat",
+    "__array__"])
+def test_traced_data_read_past_the_tracer_is_an_escape(use, cause):
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always", tj.JitWarning)
+        jf = run(use)
+    msgs = [m for m in w if issubclass(m.category, tj.JitWarning)]
+    assert len(msgs) == 1, [str(m.message) for m in msgs]
+    text = str(msgs[0].message)
+    assert "runs eagerly" in text and cause in text, text
+    assert msgs[0].lineno == use.__code__.co_firstlineno, (msgs[0].lineno, text)
+    assert jf.cache_info()["hits"] == 0, jf.cache_info()
+
+
+@pytest.mark.usefixtures("jit_warnings_are_errors")
+def test_np_asarray_of_traced_data_is_the_array_itself():
+    # Eager: np.asarray(x.data) is x.data; an in-place update through it updates x.
+    def f(x):
+        a = np.asarray(x.data)
+        a *= 2.0
+        return x * 1.0 if x.data.sum() > 0 else x * -1.0
+
+    jf = tj.jit(f)
+    for i in range(len(SIGNS)):
+        d = values(i)
+        x0, x1 = tj.Variable(d.copy()), tj.Variable(d.copy())
+        same(jf(x1), f(x0))
+        np.testing.assert_allclose(x1.data, x0.data)
+    assert jf.cache_info()["hits"] >= 4, jf.cache_info()
+
+
+@pytest.mark.usefixtures("jit_warnings_are_errors")
+def test_np_isscalar_of_traced_numbers_is_as_eager():
+    def f(x, lr):
+        m = x.data.mean()
+        flags = (np.isscalar(m), np.isscalar(lr), np.isscalar(float(m)), np.isscalar(x.data))
+        assert flags == (True, True, True, False), flags
+        return x * lr if m > 0 else x * -lr
+
+    jf = tj.jit(f)
+    for i in range(len(SIGNS)):
+        d = values(i)
+        same(jf(tj.Variable(d.copy()), 0.5 + i), f(tj.Variable(d.copy()), 0.5 + i))
+    assert jf.cache_info()["hits"] >= 4, jf.cache_info()
+
+
+@pytest.mark.usefixtures("jit_warnings_are_errors")
+def test_tracejits_own_reads_of_traced_buffers_are_not_escapes():
+    # float32 data, reductions, indexing, reshape and a cast: all recorded by tracejit,
+    # which reads the buffers itself (views, np.asarray) without that being an escape.
+    def f(x):
+        d = x.data
+        m = d.reshape(-1)[1:].mean() + d.astype(np.float64).sum()
+        return x * 2.0 if m > 0 else x * -1.0
+
+    jf = tj.jit(f)
+    for i in range(len(SIGNS)):
+        d = values(i, (2, 3), np.float32)
+        same(jf(tj.Variable(d.copy())), f(tj.Variable(d.copy())))
+    assert jf.cache_info()["hits"] >= 4, jf.cache_info()
