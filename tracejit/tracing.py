@@ -1135,7 +1135,8 @@ def _tracing_isscalar(element):
     tr = core._state.trace
     if tr is not None and not tr.abstract and (
             isinstance(element, TracedScalar) or
-            (type(element) is TracedArray and element._numpy_scalar)):
+            (type(element) is TracedArray and element._numpy_scalar)) \
+            and not is_internal(sys._getframe(1)):    # tracejit's as_array keeps it traced
         return True
     return _NP_ENTRIES["isscalar"][0](element)
 
@@ -1450,12 +1451,15 @@ def plain_numbers(locs):
         else:
             # Items the locations do not list: appended during the trace, past the
             # first 64, or nested deeper.
-            _plain_items(v, seen, 3)
+            _plain_items(v, seen, 6)
 
 
 def _plain_items(c, seen, depth):
     t = type(c)
-    if t not in (list, dict, set) or depth == 0 or id(c) in seen:
+    if depth == 0 or id(c) in seen:
+        return
+    if t not in (list, dict, set):
+        _plain_attrs(c, seen, depth)
         return
     seen.add(id(c))
     if t is set:
@@ -1477,6 +1481,43 @@ def _plain_items(c, seen, depth):
         y = _plain_value(x, seen, depth)
         if y is not x:
             c[k] = y
+
+
+_NOT_WALKED = (type, types.ModuleType, types.FunctionType, types.MethodType,
+               types.BuiltinFunctionType, functools.partial, np.ndarray, np.generic,
+               Variable, TracedScalar, str, bytes, bytearray, int, float, complex,
+               tuple, frozenset)
+_MAX_ATTRS = 64
+
+
+def _plain_attrs(o, seen, depth):
+    """The attributes of a user object (`Record(loss=float(...))` appended to a log, a
+    tracker's `best`), in its __dict__ and __slots__: traced numbers plain."""
+    if isinstance(o, _NOT_WALKED) or o is None:
+        return
+    seen.add(id(o))
+    d = getattr(o, "__dict__", None)
+    if type(d) is dict:
+        for k in list(d)[:_MAX_ATTRS]:
+            x = d[k]
+            y = _plain_value(x, seen, depth)
+            if y is not x:
+                d[k] = y           # past __setattr__: a frozen dataclass is fixed too
+    for klass in type(o).__mro__[:-1]:
+        slots = vars(klass).get("__slots__", ())
+        for k in (slots,) if isinstance(slots, str) else slots:
+            if k in ("__dict__", "__weakref__"):
+                continue
+            try:
+                x = object.__getattribute__(o, k)
+            except AttributeError:
+                continue           # an empty slot
+            y = _plain_value(x, seen, depth)
+            if y is not x:
+                try:
+                    object.__setattr__(o, k, y)
+                except (AttributeError, TypeError):
+                    pass
 
 
 def _plain_value(x, seen, depth):
