@@ -67,9 +67,9 @@ def test_numpy_constructors_of_traced_data_are_recorded(use):
 
 
 ESCAPES = [
-    (lambda d: np.float32(d.mean()) > 0, "NumPy scalar or array made from traced data"),
-    (lambda d: np.int64(d.sum() * 10) > 0, "NumPy scalar or array made from traced data"),
-    (lambda d: float(np.float32(d[0])) > 0, "NumPy scalar or array made from traced data"),
+    (lambda d: np.float32(d.mean()) > 0, "NumPy scalar made from traced data"),
+    (lambda d: np.int64(d.sum() * 10) > 0, "NumPy scalar made from traced data"),
+    (lambda d: float(np.float32(d[0])) > 0, "NumPy scalar made from traced data"),
     (lambda d: d.view(np.ndarray).sum() > 0, ".view() of traced data"),
     (lambda d: (d.base if d.base is not None else d).sum() > 0, ".base of traced data"),
     (lambda d: np.frombuffer(d.tobytes()).sum() > 0, ".tobytes() of traced data"),
@@ -82,13 +82,15 @@ ESCAPES = [
     (lambda d: d.ctypes.data != 0 and d.sum() > 0, ".ctypes of traced data"),
     (lambda d: np.fromiter(d.flat, float).sum() > 0, ".flat of traced data"),
     (lambda d: d.__array__().sum() > 0, "__array__() of traced data"),
+    (lambda d: d.ravel().sum() > 0, "an array derived from traced data"),
+    (lambda d: np.float32(d).sum() > 0, "an array derived from traced data"),
 ]
 
 
 @pytest.mark.parametrize("use,cause", ESCAPES, ids=[
     "np.float32", "np.int64", "float-of-np.float32", "view", "base", "tobytes",
     "frombuffer", "memoryview", "bytes", "data", "array_interface", "ctypes", "flat",
-    "__array__"])
+    "__array__", "ravel", "np.float32-of-array"])
 def test_traced_data_read_past_the_tracer_is_an_escape(use, cause):
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always", tj.JitWarning)

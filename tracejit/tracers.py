@@ -44,12 +44,13 @@ class TracedArray(np.ndarray):
         self._owner = None
         self._capture = None
         self._trace = getattr(obj, "_trace", None)
-        if self._trace is not None and isinstance(obj, TracedArray):
-            # NumPy's C code made an array from traced data for the user's code (not
+        if self._trace is not None and self.ndim == 0 and isinstance(obj, TracedArray):
+            # NumPy's C code made a 0-d array from traced data for the user's code (not
             # tracejit's): np.float32(x.data.mean()) casts through one and hands out a
-            # plain scalar the tracer never sees again. Values read so are frozen.
-            _leak(obj, "a NumPy scalar or array made from traced data by NumPy itself "
-                       "(np.float32(...), np.int64(...), .ravel(), ...)")
+            # plain scalar the tracer never sees again. (A derived array of ndim > 0,
+            # x.data.ravel(), is an escape where it is used: it has no IR value.)
+            _leak(obj, "a NumPy scalar made from traced data by NumPy itself "
+                       "(np.float32(...), np.int64(...))")
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         return self._trace.ufunc(ufunc, method, inputs, kwargs)

@@ -40,6 +40,7 @@ from tracejit.trace_ops import Guard, NumpyCall, UserBackward, UserCall
 log = logging.getLogger("tracejit")
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_NP_DIR = os.path.dirname(os.path.abspath(np.__file__)) + os.sep
 
 
 def user_line(skip=2):
@@ -47,9 +48,10 @@ def user_line(skip=2):
     f = sys._getframe(skip)
     while f is not None:
         fname = f.f_code.co_filename
-        # The package's own files (a sibling `tracejit_runs/train.py` is the user's).
+        # The package's own files (a sibling `tracejit_runs/train.py` is the user's),
+        # and NumPy's (x.data.ravel().sum() is noticed inside numpy/_core/_methods.py).
         if (not fname.startswith(_PKG_DIR + os.sep) or fname.endswith("demo.py")) \
-                and "hypothesis" not in fname:
+                and "hypothesis" not in fname and not fname.startswith(_NP_DIR):
             text = linecache.getline(fname, f.f_lineno).strip()
             return f"{os.path.basename(fname)}:{f.f_lineno}  {text}"
         f = f.f_back
