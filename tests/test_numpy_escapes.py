@@ -52,6 +52,8 @@ RECORDED = [
     lambda d: copy.deepcopy(d).sum() > 0,
     lambda d: d.astype(np.float32).mean() > 0,
     lambda d: np.mean(np.asarray(d, dtype=np.float64)) > 0,
+    lambda d: np.ascontiguousarray(d.sum())[0] > 0,
+    lambda d: np.asfortranarray(d[::2]).sum() > 0,
 ]
 
 
@@ -59,7 +61,7 @@ RECORDED = [
 @pytest.mark.parametrize("use", RECORDED, ids=[
     "asarray", "array", "ascontiguousarray", "asarray-dtype", "array-dtype",
     "asarray-of-scalar", "array-of-scalar", "copy.copy", "copy.deepcopy", "astype",
-    "mean-of-asarray"])
+    "mean-of-asarray", "ascontiguousarray-0d", "asfortranarray-strided"])
 def test_numpy_constructors_of_traced_data_are_recorded(use):
     jf = run(use)
     info = jf.cache_info()

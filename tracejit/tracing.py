@@ -904,11 +904,13 @@ class Trace:
                 orig(plain, dtype)      # raises on inf/nan now; the values are checked
                 self.escape("np.asarray_chkfinite(...) of traced data")
                 return orig(plain, dtype)
+            if dtype is not None and np.dtype(dtype) != a.dtype:
+                a = a.astype(np.dtype(dtype))
+            if a.ndim == 0:
+                return a.reshape(1)    # NumPy gives at least one dimension (a view)
             contiguous = plain.flags.c_contiguous if name == "ascontiguousarray" else \
                 plain.flags.f_contiguous
-            if a.ndim == 0 or not contiguous:
-                self.escape(f"np.{name}(...) of a 0-d or non-contiguous traced array")
-                return orig(plain, dtype)
+            return a if contiguous else a.copy()     # the same values either way
         if copy_ is False and dtype is not None and np.dtype(dtype) != a.dtype:
             return orig(a.view(np.ndarray), *args, **kwargs)   # NumPy's ValueError
         if dtype is not None and np.dtype(dtype) != a.dtype:
