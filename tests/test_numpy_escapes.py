@@ -6,7 +6,7 @@ view, the buffer or a NumPy scalar made by NumPy's C code is plain data the trac
 not see: a branch on it was compiled without a guard, so after the first calls (positive
 values) compiled calls gave the positive branch for negative inputs. Each entry point is
 now either recorded with NumPy's semantics (np.asarray is the array itself, np.array and
-copy.copy a copy, dtype= and .astype a cast) or an escape: the signature runs eagerly
+copy.copy a copy, dtype=, .astype and np.float32(...) a cast) or an escape: the signature runs eagerly
 with a JitWarning naming the cause and the user's line (README, "Escapes").
 Signs ++++---- over the calls: a missing guard gives the wrong branch on call 5.
 """
@@ -14,7 +14,9 @@ import copy
 import warnings
 
 import numpy as np
+import numpy as xp          # np.float32(...) is followed by name; xp.float32 is not
 import pytest
+from numpy import float32
 
 import tracejit as tj
 from compare import same
@@ -54,6 +56,12 @@ RECORDED = [
     lambda d: np.mean(np.asarray(d, dtype=np.float64)) > 0,
     lambda d: np.ascontiguousarray(d.sum())[0] > 0,
     lambda d: np.asfortranarray(d[::2]).sum() > 0,
+    lambda d: np.float32(d.mean()) > 0,
+    lambda d: float(np.float32(d[0])) > 0,
+    lambda d: np.float64(d.astype(np.float32).sum()) * 2 > 0,
+    lambda d: np.float32(float(d.mean())) > 0,
+    lambda d: np.float16(d).sum() > 0,
+    lambda d: np.int64(d.argmax()) == np.argmax(np.abs(d)) and d.sum() > 0,
 ]
 
 
@@ -61,7 +69,9 @@ RECORDED = [
 @pytest.mark.parametrize("use", RECORDED, ids=[
     "asarray", "array", "ascontiguousarray", "asarray-dtype", "array-dtype",
     "asarray-of-scalar", "array-of-scalar", "copy.copy", "copy.deepcopy", "astype",
-    "mean-of-asarray", "ascontiguousarray-0d", "asfortranarray-strided"])
+    "mean-of-asarray", "ascontiguousarray-0d", "asfortranarray-strided", "np.float32",
+    "float-of-np.float32", "np.float64-of-float32", "np.float32-of-float", "np.float16-array",
+    "np.int64-of-int"])
 def test_numpy_constructors_of_traced_data_are_recorded(use):
     jf = run(use)
     info = jf.cache_info()
@@ -69,9 +79,9 @@ def test_numpy_constructors_of_traced_data_are_recorded(use):
 
 
 ESCAPES = [
-    (lambda d: np.float32(d.mean()) > 0, "NumPy scalar made from traced data"),
-    (lambda d: np.int64(d.sum() * 10) > 0, "NumPy scalar made from traced data"),
-    (lambda d: float(np.float32(d[0])) > 0, "NumPy scalar made from traced data"),
+    (lambda d: xp.float32(d.mean()) > 0, "NumPy scalar made from traced data"),
+    (lambda d: np.int64(d.sum() * 10) > 0, "np.int64(...) of traced float64 data"),
+    (lambda d: float(float32(d[0])) > 0, "NumPy scalar made from traced data"),
     (lambda d: d.view(np.ndarray).sum() > 0, ".view() of traced data"),
     (lambda d: (d.base if d.base is not None else d).sum() > 0, ".base of traced data"),
     (lambda d: np.frombuffer(d.tobytes()).sum() > 0, ".tobytes() of traced data"),
@@ -85,14 +95,14 @@ ESCAPES = [
     (lambda d: np.fromiter(d.flat, float).sum() > 0, ".flat of traced data"),
     (lambda d: d.__array__().sum() > 0, "__array__() of traced data"),
     (lambda d: d.ravel().sum() > 0, "an array derived from traced data"),
-    (lambda d: np.float32(d).sum() > 0, "an array derived from traced data"),
+    (lambda d: xp.float32(d).sum() > 0, "an array derived from traced data"),
 ]
 
 
 @pytest.mark.parametrize("use,cause", ESCAPES, ids=[
-    "np.float32", "np.int64", "float-of-np.float32", "view", "base", "tobytes",
+    "xp.float32", "np.int64-of-float", "from-numpy-import-float32", "view", "base", "tobytes",
     "frombuffer", "memoryview", "bytes", "data", "array_interface", "ctypes", "flat",
-    "__array__", "ravel", "np.float32-of-array"])
+    "__array__", "ravel", "xp.float32-of-array"])
 def test_traced_data_read_past_the_tracer_is_an_escape(use, cause):
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always", tj.JitWarning)
@@ -150,4 +160,24 @@ def test_tracejits_own_reads_of_traced_buffers_are_not_escapes():
     for i in range(len(SIGNS)):
         d = values(i, (2, 3), np.float32)
         same(jf(tj.Variable(d.copy())), f(tj.Variable(d.copy())))
+    assert jf.cache_info()["hits"] >= 4, jf.cache_info()
+
+
+@pytest.mark.usefixtures("jit_warnings_are_errors")
+def test_np_float32_of_traced_data_is_a_traced_numpy_scalar():
+    # What eager returns: a np.float32 (type, value), and arithmetic on it in float32.
+    def f(x, lr):
+        m = np.float32(x.data.mean())
+        k = np.float64(lr) * 2
+        assert type(m) is np.float32 and isinstance(m, np.floating), type(m)
+        return x * k if m > 0 else x * -k, m, m * np.float32(3.0), np.float32(lr)
+
+    jf = tj.jit(f)
+    for i in range(len(SIGNS)):
+        d = values(i)
+        got, want = jf(tj.Variable(d.copy()), 0.25 * i), f(tj.Variable(d.copy()), 0.25 * i)
+        same(got[0], want[0])
+        for g, w in zip(got[1:], want[1:]):
+            assert type(g) is type(w), (type(g), type(w))
+            assert g == w, (g, w)
     assert jf.cache_info()["hits"] >= 4, jf.cache_info()

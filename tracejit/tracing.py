@@ -922,6 +922,30 @@ class Trace:
         # np.asarray of a NumPy scalar (a.mean()): a 0-d array of the same value.
         return self._wrap(a.view(np.ndarray), self.array_value(a), None)
 
+    def numpy_scalar_cast(self, x, dtype):
+        """np.float32(x) (dtype) of traced data or a traced Python number, recorded as
+        a cast: a traced NumPy scalar (0-d), or the cast array. None: not one the graph
+        reproduces exactly (float to int truncates, overflows and NaNs differ): eager's
+        own constructor then (whose reading of traced data is an escape)."""
+        src = x.dtype
+        if src.kind not in "biuf" or (dtype.kind in "iu" and src.kind not in "biu"):
+            return None
+        if dtype.kind in "iu" and not np.can_cast(src, dtype, casting="safe"):
+            return None          # a narrowing int cast wraps around: not recorded
+        if isinstance(x, TracedScalar):
+            if dtype.kind in "iu":
+                return None      # np.int32(5): range checks NumPy makes, not the graph
+            value = np.asarray(dtype.type(x._value))
+            t = self._wrap(value, self.scalar_cast_value(x, dtype))
+            t._numpy_scalar = True
+            return t
+        y = x.astype(dtype)
+        if y is x or (isinstance(y, TracedArray) and y._tv is x._tv):
+            y = self._wrap(x.view(np.ndarray).copy(), self.array_value(x))
+        if isinstance(y, TracedArray) and y.ndim == 0:
+            y._numpy_scalar = True
+        return y
+
     # ---- guards and escapes
 
     def guard(self, x, conv):
@@ -1269,6 +1293,35 @@ builtins.__tracejit_int__ = _traced_int
 builtins.__tracejit_isinstance__ = _traced_isinstance
 builtins.__tracejit_type__ = _traced_type
 _LOAD_GLOBAL = dis.opmap.get("LOAD_GLOBAL")
+# np.float32 loaded to be called: LOAD_METHOD (3.11), or LOAD_ATTR after a global
+# loaded with the NULL of a call (3.11) or with its own method bit (3.12+).
+_LOAD_METHODS = {dis.opmap[n] for n in ("LOAD_METHOD", "LOAD_ATTR") if n in dis.opmap}
+_NP_SCALAR_NAMES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
+                    "uint8", "uint16", "uint32", "uint64")
+
+
+def _numpy_scalar_type(t):
+    """np.float32 etc. as the traced code calls it: of traced data or a traced number,
+    a recorded cast (a traced NumPy scalar, as eager's np.float32); else t itself."""
+    def call(*args, **kwargs):
+        tr = core._state.trace
+        if len(args) == 1 and not kwargs and tr is not None and not tr.abstract:
+            x = args[0]
+            if (isinstance(x, TracedScalar) or type(x) is TracedArray) and x._trace is tr:
+                y = tr.numpy_scalar_cast(x, np.dtype(t))
+                if y is not None:
+                    return y
+                if type(x) is TracedArray:
+                    tr.escape(f"np.{t.__name__}(...) of traced {x.dtype} data (a cast the "
+                              f"graph does not reproduce exactly: truncation, overflow)")
+                    return t(x.view(np.ndarray))
+        return t(*args, **kwargs)
+    call.__name__ = call.__qualname__ = t.__name__
+    return call
+
+
+for _n in _NP_SCALAR_NAMES:
+    setattr(np, f"__tracejit_{_n}__", _numpy_scalar_type(getattr(np, _n)))
 _EXTENDED_ARG = dis.opmap.get("EXTENDED_ARG")
 _patched_codes = {}
 
@@ -1284,7 +1337,29 @@ def _patched_code(code):
         raw = bytearray(code.co_code)
         names = list(code.co_names)
         changed = False
+        prev = None
         for ins in dis.get_instructions(code):
+            before, prev = prev, ins
+            if ins.opcode in _LOAD_METHODS and ins.argval in _NP_SCALAR_NAMES and \
+                    before is not None and before.opcode == _LOAD_GLOBAL and \
+                    before.argval in ("np", "numpy") and (
+                        ins.opname == "LOAD_METHOD" or before.arg & 1 or
+                        (sys.version_info >= (3, 12) and ins.arg & 1)):
+                # np.float32(...): the module's __tracejit_float32__ (the same type
+                # outside a trace; were `np` not NumPy, the trace raises AttributeError
+                # and the call runs eagerly).
+                if ins.offset >= 2 and raw[ins.offset - 2] == _EXTENDED_ARG:
+                    continue
+                name = f"__tracejit_{ins.argval}__"
+                if name not in names:
+                    names.append(name)
+                shift = 1 if ins.opname == "LOAD_ATTR" and sys.version_info >= (3, 12) else 0
+                arg = (names.index(name) << shift) | (ins.arg & shift)
+                if arg > 255:
+                    continue
+                raw[ins.offset + 1] = arg
+                changed = True
+                continue
             if ins.opcode != _LOAD_GLOBAL or ins.argval not in _INTERCEPT or \
                     not ins.arg & 1:          # not loaded to be called
                 continue
