@@ -763,6 +763,13 @@ class Jitted:
             out_leaves, result_objects = result_leaves(tr, out_leaves_raw)
             tr.grad_effects = [(var, None if var._grad is None else tr.value_of(var._grad))
                                for var in tr.grad_writes.values()]
+            # The .grad backward left on a result made inside the call (retain_grad, or
+            # the loss's own): the variant sets it on the new result (variant.py).
+            tr.made_grads = [(x, x._grad, None if x._grad is None else tr.value_of(x._grad))
+                             for x, leaf in zip(out_leaves_raw, out_leaves)
+                             if leaf[0] == "out" and leaf[2] == VAR]
+            _unshare_grads(tr, list(tr.grad_writes.values()) +
+                           [x for x, g, _ in tr.made_grads if g is not None])
             n_fwd_inputs = len(tr.graph.inputs)
             n_fwd_nodes = len(tr.graph.nodes)
             bwd_info = None
@@ -1293,6 +1300,17 @@ def _labelled(g, stage):
     out = g.replace()
     out.stage = stage
     return out
+
+
+def _unshare_grads(tr, vars_):
+    """The traced call's .grad objects holding an array the graph reads as a capture
+    made in the call (backward's seed: `loss = x + 1.0` gives x.grad the seed itself)
+    get a copy: the caller may change them in place (ClipGrad), the graph's must not."""
+    for var in vars_:
+        g = var._grad
+        if g is not None and id(g._data) in tr.captured_arrays and \
+                id(g._data) not in tr.names:
+            g._data = g._data.copy()
 
 
 def jit(fn=None, **options):

@@ -313,6 +313,23 @@ class Variant:
             else:
                 self.grad_effects.append((target(var), len(user_outs) + len(effect_values)))
                 effect_values.append(gv)
+        # The .grad backward left on a result made in the call (`loss.backward(
+        # retain_grad=True); return loss, y`): per made result, None, ("out", slot) or
+        # ("same", m) when it is made result m itself (`return y, y.grad`).
+        triples = getattr(trace, "made_grads", None) or []
+        made_ids = {id(x): m for m, (x, _, _) in enumerate(triples)}
+        self.made_grads = []
+        for x, xg, gv in triples:
+            if xg is None:
+                self.made_grads.append(None)
+            elif id(xg) in made_ids:
+                self.made_grads.append(("same", made_ids[id(xg)]))
+            else:
+                self.made_grads.append(("out", len(user_outs) + len(effect_values)))
+                effect_values.append(gv)
+        if not any(self.made_grads):
+            self.made_grads = None
+        trace.made_grads = None       # the trace keeps no result Variable alive
         # Backward: what the forward saves, and where each backward input comes from.
         self.diff_sources = diff_vars       # sources (as in self.sources) of the creator's inputs
         saved_values = bwd_info["saved"] if bwd_info else []
@@ -775,6 +792,14 @@ def build_runner(v, leaf_kinds, key=None):
         body += plain
     for m, targets in aliased.items():
         body += [f"{t}._grad = {made[m][0]}" for t in targets]
+    for m, mg in enumerate(v.made_grads or ()):
+        if mg is not None and mg[0] == "same":
+            body.append(f"{made[m][0]}._grad = {made[mg[1]][0]}")
+        elif mg is not None:
+            # A new array: the graph may give an input or constant (the seed's ones) here.
+            body.append(f"val = {out(mg[1])}")
+            body.append(f"{made[m][0]}._grad = wrap(val.copy() if any(val is x for x in "
+                        f"arrays) or not val.flags.owndata else val)")
     body += late
     body.append(f"return {structure}")
     # args/kwargs: the call's own, for a result that is an argument's container.
