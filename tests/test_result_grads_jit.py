@@ -113,3 +113,55 @@ def test_changing_the_traced_calls_seed_changes_no_later_call():
         xj.grad.data *= 0.5
         j.grad.data *= 3.0
     assert f.cache_info()["hits"] >= 3
+
+
+def _second_order(step, x):
+    loss = step(x)
+    loss = loss[0] if isinstance(loss, tuple) else loss
+    gx = x.grad
+    has_creator = gx.creator is not None
+    x.cleargrad()
+    F.sum(gx * gx).backward()
+    return loss, gx, has_creator, x.grad
+
+
+@pytest.mark.parametrize("returned", ["none", "result_grad"])
+def test_create_graph_grad_not_returned_runs_eagerly(returned):
+    # backward(create_graph=True) in the call gives x.grad (and a retained result's
+    # .grad) graph history; compiled calls set them as plain Variables, so a backward
+    # through them outside reached nothing (x.grad None): silently wrong second order.
+    # Not returned, such a .grad makes the call run eagerly, warned.
+    def step(x):
+        y = F.tanh(x) * 2.0
+        loss = F.sum(y * y * y)
+        loss.backward(create_graph=True, retain_grad=(returned == "result_grad"))
+        return (loss, y) if returned == "result_grad" else loss
+
+    f = tj.jit(step)
+    with pytest.warns(tj.JitWarning, match="create_graph=True"):
+        for i in range(2):         # the first call runs eagerly, the second traces
+            f(Variable(np.random.randn(3)))
+    for i in range(4):
+        v = np.random.randn(3)
+        e = _second_order(step, Variable(v.copy()))
+        j = _second_order(f, Variable(v.copy()))
+        assert e[2] and j[2]
+        for a, b in zip(e[:2] + e[3:], j[:2] + j[3:]):
+            close(a, b)
+
+
+def test_create_graph_grad_returned_compiles():
+    def step(x):
+        loss = F.sum(F.tanh(x) ** 3)
+        loss.backward(create_graph=True)
+        return loss, x.grad
+
+    f = tj.jit(step)
+    for i in range(5):
+        v = np.random.randn(3)
+        e = _second_order(step, Variable(v.copy()))
+        j = _second_order(f, Variable(v.copy()))
+        assert e[2] and j[2]
+        for a, b in zip(e[:2] + e[3:], j[:2] + j[3:]):
+            close(a, b)
+    assert f.cache_info()["hits"] >= 3

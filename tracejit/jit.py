@@ -770,6 +770,12 @@ class Jitted:
                              if leaf[0] == "out" and leaf[2] == VAR]
             _unshare_grads(tr, list(tr.grad_writes.values()) +
                            [x for x, g, _ in tr.made_grads if g is not None])
+            if _unreturned_grad_graph(tr, out_leaves_raw):
+                tr.escapes.append((
+                    "backward(create_graph=True) inside the function leaves a .grad with "
+                    "graph history that it does not return: compiled calls would give it "
+                    "none (a backward through it would reach nothing); return the .grad "
+                    "to compile", self._def_line()))
             n_fwd_inputs = len(tr.graph.inputs)
             n_fwd_nodes = len(tr.graph.nodes)
             bwd_info = None
@@ -1311,6 +1317,19 @@ def _unshare_grads(tr, vars_):
         if g is not None and id(g._data) in tr.captured_arrays and \
                 id(g._data) not in tr.names:
             g._data = g._data.copy()
+
+
+def _unreturned_grad_graph(tr, results):
+    """A .grad the call set (on a Variable from outside or a result) that has a creator
+    from the trace and is not itself a result: the variant's runner sets it as a plain
+    Variable, only a result gets the compiled call as its creator."""
+    returned = {id(x) for x in results}
+    for var in list(tr.grad_writes.values()) + [x for x, _, _ in tr.made_grads]:
+        g = var._grad
+        if g is not None and g.creator is not None and g.creator in tr.functions and \
+                id(g) not in returned:
+            return True
+    return False
 
 
 def jit(fn=None, **options):
