@@ -266,3 +266,35 @@ def test_identity_difference_sees_repeated_lists_and_dicts():
     d = {"a": y}
     assert identity_difference((d, d), ({"a": y}, {"a": y})) is not None
     assert identity_difference((d, d), (d, d)) is None
+
+
+def test_the_checks_compare_the_results_grad(monkeypatch):
+    # A variant that leaves a result's .grad None where eager's backward inside the
+    # call set it (as before results kept it: retain_grad=True) is demoted, warned.
+    real = jit_module.trace_backward
+
+    def without_result_grads(tr, *a, **k):
+        tr.made_grads = []
+        return real(tr, *a, **k)
+
+    monkeypatch.setattr(jit_module, "trace_backward", without_result_grads)
+    W = Parameter(np.random.randn(3))
+
+    def step(x):
+        y = F.tanh(x * W)
+        loss = F.sum(y * y)
+        loss.backward(retain_grad=True)
+        return loss, y
+
+    jf = tj.jit(step)
+    with pytest.warns(tj.JitWarning, match=r"output\[\d\]\.grad is None"):
+        for _ in range(5):
+            xv = np.random.randn(3)
+            res = []
+            for fn in (step, jf):
+                W.cleargrad()
+                loss, y = fn(Variable(xv.copy()))
+                res.append((y.grad.data, W.grad.data))
+            for a, b in zip(*res):
+                np.testing.assert_allclose(b, a, rtol=1e-12)
+    assert jf.cache_info()["variants"] == 0

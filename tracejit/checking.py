@@ -117,10 +117,14 @@ def first_difference(expected, got, path="output"):
                 f"{type(got).__name__}")
     if isinstance(expected, (tuple, list, dict)) and len(expected) != len(got):
         return f"{path}: eager gives {len(expected)} items, compiled {len(got)}"
-    if isinstance(expected, Variable) or isinstance(expected, np.ndarray):
-        e = expected._data if isinstance(expected, Variable) else expected
-        g = got._data if isinstance(got, Variable) else got
-        return array_difference(e, g, path)
+    if isinstance(expected, Variable):
+        # A result's .grad too: a backward inside the call (retain_grad) leaves one.
+        eg, gg = expected._grad, got._grad
+        return array_difference(expected._data, got._data, path) or array_difference(
+            None if eg is None else eg._data, None if gg is None else gg._data,
+            f"{path}.grad", scaled=True)
+    if isinstance(expected, np.ndarray):
+        return array_difference(expected, got, path)
     if isinstance(expected, (tuple, list)):
         for i, (e, g) in enumerate(zip(expected, got)):
             d = first_difference(e, g, f"{path}[{i}]")
