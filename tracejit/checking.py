@@ -8,6 +8,7 @@ kinds, dtypes and identity; the trace-time check compares gradients too.
 import numpy as np
 
 from tracejit.core import DictGrads, Variable, backprop
+from tracejit.pytree import _is_namedtuple
 
 RTOL, ATOL = 1e-5, 1e-7
 
@@ -144,14 +145,32 @@ def first_difference(expected, got, path="output"):
         # tolerance, not equality (one ulp apart in float32 is a match); the same
         # dtype exactly (the type is the same already).
         return array_difference(expected, got, path)
-    return None if expected == got else f"{path}: eager {expected!r}, compiled {got!r}"
+    if got is not expected and not isinstance(expected, (str, bytes, int, bool)) and \
+            type(expected).__eq__ is object.__eq__ or isinstance(expected, _ITERATORS):
+        # An object of the user's (a dataclass, a generator) is a leaf: compiled calls
+        # return the traced call's one again.
+        return (f"{path}: a {type(expected).__name__} is returned by the traced call again "
+                f"(results are rebuilt only as Variables, arrays and numbers in tuples, "
+                f"lists, dicts and NamedTuples)")
+    try:
+        same = bool(expected == got)
+    except Exception:  # noqa: BLE001 - an __eq__ on Variables (a dataclass of them)
+        same = False
+    if not same and hasattr(expected, "__dataclass_fields__"):
+        return (f"{path}: a {type(expected).__name__} is returned by the traced call again "
+                f"(results are rebuilt only as Variables, arrays and numbers in tuples, "
+                f"lists, dicts and NamedTuples)")
+    return None if same else f"{path}: eager {expected!r}, compiled {got!r}"
+
+
+_ITERATORS = (type(x for x in ()), type(iter(())), type(iter([])), type(map(abs, ())))
 
 
 def leaves_with_paths(obj, path="output", out=None, containers=False):
     """(path, leaf) for each leaf of a result tree of tuples, lists and dicts (with
     containers=True, each list and dict too, before what it holds)."""
     out = [] if out is None else out
-    if type(obj) in (tuple, list):
+    if type(obj) in (tuple, list) or _is_namedtuple(type(obj)):
         if containers and type(obj) is list:
             out.append((path, obj))
         for i, x in enumerate(obj):

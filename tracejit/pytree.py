@@ -65,6 +65,8 @@ def unflatten(tree, leaves, it=None, bound=None, argv=None):
         return [unflatten(t, None, it, bound, argv) for t in tree[1:]]
     if tag == "dict":
         return {k: unflatten(t, None, it, bound, argv) for k, t in zip(tree[1], tree[2:])}
+    if tag == "ntuple":
+        return tree[1]._make(unflatten(t, None, it, bound, argv) for t in tree[2:])
     raise AssertionError(tree)
 
 
@@ -144,8 +146,17 @@ def _flatten_result(obj, leaves, shared, keep=None):
         keys = tuple(obj)
         return ("dict", keys) + tuple(flatten_result(obj[k], leaves, shared, keep)
                                       for k in keys)
+    if _is_namedtuple(t):
+        # A NamedTuple of results (Out(loss, h)): rebuilt as one of its class, around
+        # its fields' leaves (as a leaf, compiled calls returned the traced call's).
+        return ("ntuple", t) + tuple(flatten_result(x, leaves, shared, keep) for x in obj)
     leaves.append(obj)
     return VAR
+
+
+def _is_namedtuple(t):
+    return issubclass(t, tuple) and isinstance(getattr(t, "_fields", None), tuple) \
+        and callable(getattr(t, "_make", None))
 
 
 def _count_containers(obj, counts):
@@ -154,7 +165,7 @@ def _count_containers(obj, counts):
         counts[id(obj)] = counts.get(id(obj), 0) + 1
         if counts[id(obj)] > 1:
             return
-    if t is tuple or t is list:
+    if t is tuple or t is list or _is_namedtuple(t):
         for x in obj:
             _count_containers(x, counts)
     elif t is dict:
@@ -355,7 +366,10 @@ def structure_source(tree, exprs, const):
         return f"t{tree[1]}"
     if tag == "argobj":     # an argument's container itself (the runner's args/kwargs)
         return path_source(tree[1], const)
-    parts = [structure_source(t, exprs, const) for t in tree[(2 if tag == "dict" else 1):]]
+    parts = [structure_source(t, exprs, const)
+             for t in tree[(2 if tag in ("dict", "ntuple") else 1):]]
+    if tag == "ntuple":
+        return f"{const(tree[1])}._make(({''.join(p + ', ' for p in parts)}))"
     if tag == "tuple":
         return "(" + "".join(p + ", " for p in parts) + ")"
     if tag == "list":
