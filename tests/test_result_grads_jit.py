@@ -165,3 +165,22 @@ def test_create_graph_grad_returned_compiles():
         for a, b in zip(e[:2] + e[3:], j[:2] + j[3:]):
             close(a, b)
     assert f.cache_info()["hits"] >= 3
+
+
+def test_create_graph_seed_of_a_returned_loss_is_a_constant():
+    # backward(create_graph=True)'s seed is a Constant (it stores no gradient): the
+    # loss returned keeps it as eager's does, a Constant of this call's ones.
+    def step(x):
+        loss = F.sum(F.tanh(x) ** 3)
+        loss.backward(create_graph=True, retain_grad=True)
+        return loss, x.grad
+
+    f = tj.jit(step)
+    for i in range(5):
+        v = np.random.randn(3)
+        e, j = step(Variable(v.copy())), f(Variable(v.copy()))
+        assert type(e[0].grad) is type(j[0].grad) is tj.core.Constant
+        for a, b in zip(e, j):
+            close(a, b)
+            close(a.grad, b.grad)
+    assert f.cache_info()["hits"] >= 3

@@ -325,7 +325,9 @@ class Variant:
             elif id(xg) in made_ids:
                 self.made_grads.append(("same", made_ids[id(xg)]))
             else:
-                self.made_grads.append(("out", len(user_outs) + len(effect_values)))
+                # A Constant (create_graph's seed: it stores no gradient) stays one.
+                self.made_grads.append(("out", len(user_outs) + len(effect_values),
+                                        type(xg) is core.Constant))
                 effect_values.append(gv)
         if not any(self.made_grads):
             self.made_grads = None
@@ -798,8 +800,11 @@ def build_runner(v, leaf_kinds, key=None):
         elif mg is not None:
             # A new array: the graph may give an input or constant (the seed's ones) here.
             body.append(f"val = {out(mg[1])}")
-            body.append(f"{made[m][0]}._grad = wrap(val.copy() if any(val is x for x in "
-                        f"arrays) or not val.flags.owndata else val)")
+            body.append(f"val = val.copy() if any(val is x for x in arrays) or not "
+                        f"val.flags.owndata else val")
+            body.append(f"{made[m][0]}._grad = " +
+                        ("Constant(val)" if mg[2] else "wrap(val)"))
+            env["Constant"] = core.Constant
     body += late
     body.append(f"return {structure}")
     # args/kwargs: the call's own, for a result that is an argument's container.
