@@ -184,3 +184,32 @@ def test_create_graph_seed_of_a_returned_loss_is_a_constant():
             close(a, b)
             close(a.grad, b.grad)
     assert f.cache_info()["hits"] >= 3
+
+
+def test_a_later_backward_adds_to_the_retained_grad():
+    # A backward outside through a result whose .grad the call retained starts from
+    # that .grad plus the new cotangent (DeZero's accumulation), in eager; with the
+    # retained .grad lost, x.grad and P.grad were off.
+    P = Parameter(np.random.RandomState(0).randn(3))
+
+    def step(x):
+        y = F.tanh(x * P)
+        loss = F.sum(y * y)
+        loss.backward(retain_grad=True)
+        return loss, y
+
+    f = tj.jit(step)
+    rng = np.random.RandomState(2)
+    for i in range(5):
+        v = rng.randn(3)
+        got = []
+        for g in (step, f):
+            x = Variable(v.copy())
+            P.cleargrad()
+            loss, y = g(x)
+            F.sum(y * 3.0).backward()
+            got.append((x.grad, P.grad))
+        for a, b in zip(*got):
+            close(a, b)
+        P.data -= 0.1
+    assert f.cache_info()["hits"] >= 3
