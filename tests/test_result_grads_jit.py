@@ -213,3 +213,25 @@ def test_a_later_backward_adds_to_the_retained_grad():
             close(a, b)
         P.data -= 0.1
     assert f.cache_info()["hits"] >= 3
+
+
+@pytest.mark.parametrize("grad_mode", [True, False])
+def test_retained_grads_of_a_call_on_ndarrays(grad_mode):
+    # Nothing differentiable from outside, no effects: the runner's smallest form.
+    def step(x):
+        v = Variable(x)
+        y = F.tanh(v)
+        loss = F.sum(y * y)
+        loss.backward(retain_grad=True)
+        return loss, y, v.grad
+
+    f = tj.jit(step)
+    with tj.using_config("enable_backprop", grad_mode):
+        for i in range(5):
+            x = np.random.randn(3)
+            e, j = step(x.copy()), f(x.copy())
+            for a, b in zip(e, j):
+                close(a, b)
+                if a is not None:
+                    close(a.grad, b.grad)
+    assert f.cache_info()["hits"] >= 3

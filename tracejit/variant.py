@@ -623,7 +623,7 @@ def build_runner(v, leaf_kinds, key=None):
         """The k-th output of the graph: a local of its own when the plan is inline."""
         return f"o{k}" if call is None else f"outs[{k}]"
 
-    if plan is None or v.bwd is not None or v.effects:
+    if plan is None or v.bwd is not None or v.effects or v.made_grads:
         body.append(f"arrays = [{', '.join(names)}]")
         body.append("bwd_arrays = arrays")
 
