@@ -10,7 +10,7 @@ does not hold. Outputs are fresh arrays the caller may keep and write.
 import numpy as np
 
 from tracejit.ir import Lit
-from tracejit.trace_ops import GUARD, GuardFailure
+from tracejit.trace_ops import GUARD, GuardFailure, UserBackwardMismatch
 
 
 class NodeError(Exception):
@@ -63,6 +63,8 @@ def compile(g):
                 xs = [env[r] for r in reads]
             try:
                 ys = forward(*xs)
+            except UserBackwardMismatch:
+                raise       # the caller runs that backward eagerly
             except Exception as e:
                 raise NodeError(f"{n.name} failed at {n.line or '?'}: {e}") from e
             if len(writes) == 1:

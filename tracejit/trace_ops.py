@@ -244,7 +244,7 @@ class UserBackward(Function):
             a = np.asarray(getattr(gx, "data", gx))
             spec = self.specs[len(out)]
             if a.shape != spec.shape or a.dtype != spec.dtype:
-                raise RuntimeError(
+                raise UserBackwardMismatch(
                     f"{self.call.op_name}.backward returned a {a.dtype}{list(a.shape)} "
                     f"gradient for input {i}, where the traced call's was {spec}: run "
                     f"it eagerly (tj.disable_jit())")

@@ -65,20 +65,22 @@ class CompiledFunction(Function):
             try:
                 return self._backward(gys)
             except UserBackwardMismatch:
-                if Config.enable_backprop:
-                    raise
-                # This call's user backward gives gradients to other inputs than the
-                # traced call's did: this backward runs eagerly, on the call's own
-                # instances, so the gradients and their None-ness are eager's.
+                # This call's user backward gives gradients to other inputs (or of
+                # other dtypes) than the traced call's did: this backward runs eagerly,
+                # on the call's own instances, so the gradients and their None-ness are
+                # eager's.
                 return self._eager_backward(gys)
 
     def _eager_backward(self, gys):
         """The gradients of this call's inputs by eager's backward over the region
-        replayed on Variables (fresh leaves stand for the inputs)."""
+        replayed on Variables. Under create_graph the replay starts from the call's
+        own inputs, so the gradients carry the history higher orders need; else fresh
+        leaves stand for them."""
         v = self.variant
         g = v.forward_graph
+        create = bool(Config.enable_backprop)
         diff_pos = {i: k for k, i in enumerate(v.bwd["joint_diff_inputs"])}
-        leaves = [Variable(x._data) for x in self.inputs]
+        leaves = list(self.inputs) if create else [Variable(x._data) for x in self.inputs]
         env = [leaves[diff_pos[i]] if i in diff_pos else
                Constant(current_input(v, i, self.arrays[i])) for i in range(len(g.inputs))]
         user = Graph(g.name, g.inputs, g.nodes, g.outputs[:v.n_user_outs], g.input_names)
@@ -101,8 +103,14 @@ class CompiledFunction(Function):
             if gy is not None and twin.creator is not None:
                 grads.set(twin, gy)
                 roots.append(twin)
-        with core.no_grad():
-            core.backprop(roots, grads=grads)
+        if create:
+            # Walk only the replayed region: the call's inputs have creators of their
+            # own (the graph before the call), which the outer backward visits.
+            core.backprop(roots, grads=grads, create_graph=True,
+                          within=_region(roots, leaves))
+        else:
+            with core.no_grad():
+                core.backprop(roots, grads=grads)
         return tuple(grads.get(x) for x in leaves)
 
     def _eager_dtypes(self, gys, grads):
@@ -238,6 +246,19 @@ class InputlessCompiledFunction(CompiledFunction):
 
     def expand(self):
         pass            # nothing outside the call to cut: eager's inputs have no creator
+
+
+def _region(roots, leaves):
+    """The Functions between `roots` and `leaves` (not past them)."""
+    stop = {id(x) for x in leaves}
+    region, todo = set(), [y.creator for y in roots]
+    while todo:
+        f = todo.pop()
+        if f is None or f in region:
+            continue
+        region.add(f)
+        todo.extend(x.creator for x in f.inputs if id(x) not in stop)
+    return region
 
 
 class Variant:
