@@ -8,11 +8,13 @@ never on sizes: loop extents are arguments, so a new shape reuses the kernel.
 Numerics follow NumPy: literals and parameters are typed to the array dtype (numba
 types a bare 1.5 as float64, which would silently compute float32 kernels in float64),
 each intermediate is cast to its IR dtype, float32 sums accumulate in float64, and
-error_model='numpy' gives inf/nan for x / 0 instead of an exception. fastmath is off,
-except {'reassoc'} in kernels with reductions (lets sums vectorize; keeps NaN/inf
-semantics). Not 'contract': an FMA makes x * 1000 - y in a reduction kernel differ from
-the same value computed elsewhere (eager, or the backward's recompute), and max's
-gradient mask (x == max) then matched nothing: a lost gradient.
+error_model='numpy' gives inf/nan for x / 0 instead of an exception. fastmath is off.
+A sum's accumulator add is vm.acc_add, the one instruction with 'reassoc' (so the sum
+vectorizes; LLVM keeps a callee's flags when inlining): 'reassoc' on the whole kernel
+also reassociated the fused producers ((x * 3.0) * (1 / 3.0) became x). Not 'contract'
+either: an FMA makes x * 1000 - y in a reduction kernel differ from the same value
+computed elsewhere (eager, or the backward's recompute), and max's gradient mask
+(x == max) then matched nothing: a lost gradient.
 """
 import hashlib
 import re
@@ -224,9 +226,9 @@ def loop_kernel(fused, parallel):
         if free:
             order = [free[0]] + [a for a in range(r) if a != free[0]]
             prange_ok = True
-        elif all(n.op.__name__ in ("Sum", "SumTo") and len(ax) == r and _k(ax, order) == 0
-                 for n, ax, _, _ in red_info):
-            prange_ok = True
+        # Full sums stay serial: the prange loop's reduction variable is numba's parfor,
+        # which wants +=, and the kernel has no 'reassoc' for it (see acc_add below);
+        # in order it did not vectorize (mean(tanh(x)) of 4M: 7 times slower).
 
     def ext_index(v):
         # "0" only on an axis that broadcasts (size 1 against a longer extent): an axis
@@ -390,7 +392,13 @@ def loop_kernel(fused, parallel):
         s = f"s_{acc}"
         init = "0.0" if kind in ("Sum", "SumTo") else ("-np.inf" if kind == "Max" else "np.inf")
         opens[d].append(f"{s} = {init}")
-        body.append(_combine(kind, s, f"np.float64({val})"))
+        if kind in ("Sum", "SumTo"):
+            # The one add that may be reordered (so the sum vectorizes): the kernel has
+            # no fastmath, since 'reassoc' on the whole kernel also rewrote the fused
+            # producers ((x * 3.0) * (1 / 3.0) became x, (x * 1e300) * 1e10 * 1e-10 inf).
+            body.append(f"{s} = vm.acc_add({s}, np.float64({val}))")
+        else:
+            body.append(_combine(kind, s, f"np.float64({val})"))
         closes[d].append(_combine(kind, f"{acc}{oidx}", s))
 
     ind = "    "
@@ -433,10 +441,9 @@ def loop_kernel(fused, parallel):
     args += [acc for _, _, _, acc in red_info] + [f"e{j}" for j in range(len(epi_outs))]
     args += [f"n{k}" for k in range(r)]
     args += [f"c{k}" for k in range(len(consts))]
-    fm = "{'reassoc'}" if red_info else "False"
     label = fused.label[:40]
     head = (f"@numba.njit(cache=True, nogil=True, error_model='numpy', "
-            f"parallel={prange_ok}, fastmath={fm})")
+            f"parallel={prange_ok}, fastmath=False)")
     text = "\n".join(out)
     digest = hashlib.sha256((head + text + repr(args)).encode()).hexdigest()[:8]
     name = f"k_{label}_{r}d{'_par' if prange_ok else ''}_{digest}"

@@ -129,6 +129,15 @@ def _always_inline(typingctx):
     return sig, codegen
 
 
+@njit(fastmath={"reassoc"}, error_model="numpy", nogil=True, cache=True)
+def acc_add(s, v):
+    """s + v that LLVM may reorder: a generated kernel's sum accumulator update. The
+    kernel itself has no fastmath (its elementwise ops are NumPy's, op by op); this
+    add's flag survives inlining, which is all the loop vectorizer needs."""
+    _always_inline()
+    return s + v
+
+
 # --- constants -----------------------------------------------------------------------
 
 _SHIFT = 6755399441055744.0              # 1.5 * 2**52: x + _SHIFT - _SHIFT rounds x
