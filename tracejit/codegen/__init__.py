@@ -485,5 +485,8 @@ def _emit_blocked(w, node, parallel=None):
                         for v in n.inputs)
         r = w.define(n.out) if id(n.out) in out_ids else f"ep{len(local)}"
         local[id(n.out)] = r
-        w.emit(f"{r} = {f}({ins})   # {n.name}")
+        # NumPy gives a scalar for an op on 0-d arrays; a result's .data is a 0-d array
+        # (mean of float32 tanh: .data was np.float32 where eager's is an ndarray)
+        call = f"np.asarray({f}({ins}))" if n.out.shape == () else f"{f}({ins})"
+        w.emit(f"{r} = {call}   # {n.name}")
 
