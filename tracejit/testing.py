@@ -323,10 +323,12 @@ def assert_jit_matches_eager(f, *args, calls=4, rtol=1e-6, atol=1e-9, seed=0, **
 
 
 def _perturb(a, rng):
+    # np.asarray: a 0-d array plus a 0-d array is a NumPy scalar, which Variable refuses
     if isinstance(a, Variable) and _is_float(a.data):
-        return Variable(a.data + (0.1 * rng.standard_normal(a.shape)).astype(a.dtype))
+        return Variable(np.asarray(a.data + (0.1 * rng.standard_normal(a.shape))
+                                   .astype(a.dtype)))
     if isinstance(a, np.ndarray) and _is_float(a):
-        return a + (0.1 * rng.standard_normal(a.shape)).astype(a.dtype)
+        return np.asarray(a + (0.1 * rng.standard_normal(a.shape)).astype(a.dtype))
     return a
 
 
