@@ -1487,6 +1487,7 @@ def swap_scalar_code(locs, fn=None):
     roots = {id(f): f for f in _user_functions(fn)} if fn is not None else {}
     _reach_helpers(funcs, roots)
     done = []
+    _swap_np_aliases(list(funcs.values()) + list(roots.values()), done)
     with _swap_lock:
         for f in funcs.values():
             entry = _swapped.get(id(f))
@@ -1507,9 +1508,48 @@ def swap_scalar_code(locs, fn=None):
     return done
 
 
+# NumPy's constructors bound under a module global of the user's code (`from numpy
+# import asarray`) are not the numpy module's attributes that start() swaps: that name
+# handed out a plain array of traced data, and a branch on it was frozen. While a trace
+# runs, such globals of the functions it reaches hold the entries too (counted per
+# (globals, name) across threads; other threads' calls pass straight through).
+_np_alias_swaps = {}   # (id(globals), name) -> [globals, original, entry, traces using it]
+
+
+def _swap_np_aliases(funcs, done):
+    originals = {id(orig): (orig, entry) for orig, entry in _NP_ENTRIES.values()}
+    dicts = {}
+    for f in funcs:
+        g = getattr(f, "__globals__", None)
+        if isinstance(g, dict) and g is not np.__dict__:
+            dicts[id(g)] = g
+    with _swap_lock:
+        for g in dicts.values():
+            for name, val in list(g.items()):
+                key = (id(g), name)
+                swap = _np_alias_swaps.get(key)
+                if swap is None:
+                    if id(val) not in originals or originals[id(val)][0] is not val:
+                        continue
+                    orig, entry = originals[id(val)]
+                    g[name] = entry
+                    swap = _np_alias_swaps[key] = [g, orig, entry, 0]
+                swap[3] += 1
+                done.append(key)
+
+
 def unswap_scalar_code(done):
     with _swap_lock:
         for f in done:
+            if type(f) is tuple:                 # a NumPy constructor alias
+                swap = _np_alias_swaps[f]
+                swap[3] -= 1
+                if swap[3] == 0:
+                    g, orig, entry, _ = swap
+                    if g.get(f[1]) is entry:     # unless the user rebound the name
+                        g[f[1]] = orig
+                    del _np_alias_swaps[f]
+                continue
             entry = _swapped[id(f)]
             entry[2] -= 1
             if entry[2] == 0:
