@@ -228,7 +228,8 @@ def loop_kernel(fused, parallel):
             prange_ok = True
         # Full sums stay serial: the prange loop's reduction variable is numba's parfor,
         # which wants +=, and the kernel has no 'reassoc' for it (see acc_add below);
-        # in order it did not vectorize (mean(tanh(x)) of 4M: 7 times slower).
+        # in order it did not vectorize (mean(tanh(x)) of 4M: 4 times slower). Serial,
+        # sum(x * x) of 4M float64 takes 1.0 ms (prange with reassoc: 0.6-0.7 ms).
 
     def ext_index(v):
         # "0" only on an axis that broadcasts (size 1 against a longer extent): an axis
