@@ -82,7 +82,8 @@ def report(title, results, base, note=""):
 def summary_line(jitted, *args):
     try:
         s = jitted.trace(*args).summary()
-        return (f"graph: {s['nodes']} nodes, kernels {s['kernels']}, numpy calls "
+        # trace() is the optimized graph: count the primitive ops inside its kernels.
+        return (f"graph: {sum(s['ops'].values())} ops, kernels {s['kernels']}, numpy calls "
                 f"{s['numpy_calls']}, materialized {s['materialized']}")
     except Exception as e:  # noqa: BLE001 - a benchmark reports, it does not stop
         return f"graph: n/a ({e})"

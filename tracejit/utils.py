@@ -10,8 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
 import numpy as np
 
@@ -298,6 +296,7 @@ def _download(url, file_path, reporthook, timeout):
     # trust as cached.
     part = file_path + ".part"
     try:
+        import urllib.request   # here, not at import: 20 ms of every start-up
         with urllib.request.urlopen(url, timeout=timeout) as response, \
                 open(part, "wb") as out:
             total = int(response.headers.get("Content-Length") or -1)
@@ -338,7 +337,7 @@ def get_file(url, file_name=None):
     print("Downloading: " + file_name)
     try:
         _download(url, file_path, show_progress, download_timeout)
-    except (urllib.error.URLError, OSError, ValueError) as e:
+    except (OSError, ValueError) as e:      # urllib's URLError is an OSError
         # URLError covers DNS failures and refused connections, socket.timeout (an
         # OSError) a stalled one, HTTPError (a URLError) a missing page.
         reason = getattr(e, "reason", None) or e
