@@ -182,9 +182,19 @@ def trace_backward(tr, out_raw, out_leaves):
     leaf_of = {id(val): i for i, val in tr.arg_inputs}
     for var, val in tr.arg_vars.values():
         boundary.append((("arg", leaf_of[id(val)]), var))
+    grad_owner = {id(v): obj for v, (kind, obj) in tr.captures if kind == "grad"}
     for var, val in tr.captured_vars.values():
-        if not is_grad_capture(tr, val):
+        owner = grad_owner.get(id(val))
+        if owner is None:
             boundary.append((("var", var), var))
+        else:
+            # A .grad used as an operand (F.sum(W.grad * x)): eager gives that .grad
+            # Variable a gradient of its own. The compiled backward gives it to the .grad
+            # the call read, found through its owner at call time (the runner), as the
+            # forward reads its data (variant.read_capture), not the traced call's.
+            leaf = tr.arg_leaf.get(id(owner))
+            boundary.append((("arggrad", leaf) if leaf is not None else ("grad", owner),
+                             var))
     outs = [x for x in out_raw if isinstance(x, Variable)]
     roots = [y for y in outs if y.creator is not None and y.creator in tr.functions
              and y.dtype.kind in "fc"]
@@ -323,6 +333,8 @@ def trace_backward(tr, out_raw, out_leaves):
     info["grad_dtypes"] = _grad_dtypes(tr, roots, out_index, boundary)
     info["joint_meta"] = tr.grad_meta
     info["replay_refusal"] = tr.replay_refusal
+    # The trace's own Variables at the boundary (a .grad source names its owner).
+    info["diff_traced"] = [var for _, var in boundary]
     return info, diff_sources
 
 
@@ -375,9 +387,3 @@ def recompute_rule(fwd_nodes, needed, mutated=frozenset()):
     """
     return remat.partition(fwd_nodes, needed, mutated).recompute_map()
 
-
-def is_grad_capture(tr, val):
-    for v, (kind, obj) in tr.captures:
-        if v is val:
-            return kind == "grad"
-    return False

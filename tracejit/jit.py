@@ -796,7 +796,9 @@ class Jitted:
                 has_creator=has_creator,
                 grad_alias={grad_of[id(x)]: k for k, x in enumerate(made)
                             if id(x) in grad_of},
-                grad_reach=_grad_reach(tr, made, has_creator, diff_vars, leaves)
+                # The traced call's Variables: used here, never kept (they would keep
+                # the first call's arguments alive).
+                grad_reach=_grad_reach(tr, made, has_creator, bwd_info.pop("diff_traced"))
                 if isinstance(bwd_info, dict) else None)
         finally:
             tracing.stop(tr, prev)
@@ -986,7 +988,7 @@ def _known_objects(leaves, state):
     return out
 
 
-def _grad_reach(tr, made, has_creator, diff_sources, leaves):
+def _grad_reach(tr, made, has_creator, diff_traced):
     """Per input of a variant's creator (diff_sources order): the output Variables
     whose eager graph reaches it. A backward from some outputs only leaves the others'
     inputs' gradients None, as eager's does (not zeros). None when every input is
@@ -995,9 +997,9 @@ def _grad_reach(tr, made, has_creator, diff_sources, leaves):
     if sum(has_creator) < 2:
         return None
     pos = {}
-    for j, (kind, obj) in enumerate(diff_sources):
-        pos.setdefault(id(leaves[obj] if kind == "arg" else obj), []).append(j)
-    reach = [set() for _ in diff_sources]
+    for j, var in enumerate(diff_traced):
+        pos.setdefault(id(var), []).append(j)
+    reach = [set() for _ in diff_traced]
     for k, (y, c) in enumerate(zip(made, has_creator)):
         if not c:
             continue

@@ -624,6 +624,14 @@ def build_runner(v, leaf_kinds, key=None):
                         f"raise Stale('a captured {kind} changed shape or dtype')")
         else:
             body.append(f"{n} = {const(obj)}")
+    # A .grad operand's Variable (a differentiable input of the call): the one the call
+    # read, taken before the function's effects run (it may clear or replace the .grad).
+    diff_names = {}
+    for j, (kind, o) in enumerate(v.diff_sources if v.bwd is not None else ()):
+        if kind in ("grad", "arggrad"):
+            diff_names[j] = f"dg{j}"
+            body.append(f"dg{j} = " + (f"leaves[{o}]._grad" if kind == "arggrad" else
+                                       f"{const(o)}._grad"))
     for where, var in v.grad_none:
         t = f"leaves[{var}]._grad" if where == "leafgrad" else const(var)
         msg = f"the .grad of {_label(var)} was None when traced, is set now"
@@ -777,8 +785,9 @@ def build_runner(v, leaf_kinds, key=None):
              f"{name}.generation = 0" for name, slot, _ in made]
     if v.bwd is not None:
         n_saved_from = v.n_user_outs + v.n_effect_outs
-        diff = ", ".join(f"leaves[{o}]" if kind == "arg" else const(o)
-                         for kind, o in v.diff_sources)
+        diff = ", ".join(diff_names[j] if j in diff_names else
+                         f"leaves[{o}]" if kind == "arg" else const(o)
+                         for j, (kind, o) in enumerate(v.diff_sources))
         body.append("if Config.enable_backprop:")
         saved = f"outs[{n_saved_from}:]" if call is not None else \
             f"[{', '.join(out(k) for k in range(n_saved_from, n_outs))}]"
