@@ -133,6 +133,9 @@ class Trace:
         self.late_escapes = []       # escapes reported after the others
         self.views = {}              # id(buffer) -> [(weakref to tracer, line)]: views
                                      # NumPy would give of it (_note_view)
+        self.stale_vars = {}         # id(Variable) -> (weakref, (view line, update line)):
+                                     # a Function's output that is a view (reshape) of a
+                                     # buffer updated in place since (_stale_views)
         self.names = {}              # id(obj) -> (obj, "model.l1.W"): how the user names
                                      # a captured Variable or array (pystate's labels)
         # What eager autodiff sees, for replays on Variables (create_graph, unchain):
@@ -163,6 +166,8 @@ class Trace:
 
     def value_of(self, var):
         """The IR value a Variable stands for, capturing it if it comes from outside."""
+        if self.stale_vars:
+            self._check_stale_var(var)
         tv = var._tv
         if tv is PENDING:
             # Made inside the function from a plain array: capture the array itself.
@@ -257,6 +262,12 @@ class Trace:
             y._tv = v
             self.own(y._data)
             self.owner[id(v)] = y
+            if isinstance(y._data, np.ndarray) and y._data.base is not None:
+                # Eager's output is a view of a buffer (F.reshape, F.transpose of an
+                # ndarray argument or of x): an in-place update of that buffer later
+                # changes it, the graph computed it from the values before.
+                self.views.setdefault(id(_root(y._data)), []).append(
+                    (weakref.ref(y), self.bwd_line or user_line(3)))
         op = _detached(fn) if before is None else self._user_op(fn, before, outs)
         node = Node(op, ins, outs, self.bwd_line or user_line(3))
         # Eager's graph, not just the values: was the call differentiable (no_grad), and
@@ -872,17 +883,28 @@ class Trace:
         of one is what eager computes from the updated buffer: the call runs eagerly)."""
         for ref, line in self.views.pop(id(_root(buf)), ()):
             t = ref()
-            if t is not None:
+            if isinstance(t, Variable):
+                self.stale_vars[id(t)] = (ref, (line, user_line(3)))
+            elif t is not None:
                 t._stale = (line, user_line(3))
+
+    def _check_stale_var(self, var):
+        entry = self.stale_vars.get(id(var))
+        if entry is not None and entry[0]() is var:
+            del self.stale_vars[id(var)]           # one escape is enough
+            self._stale_escape(entry[1])
 
     def check_stale(self, t):
         stale = getattr(t, "_stale", None)
         if stale is not None:
             t._stale = None              # one escape is enough
-            self.escapes.append((
-                f"a view of an array (taken at {stale[0]}) is used after an in-place "
-                f"update of that array (at {stale[1]}): eager's view shows the update, the "
-                f"compiled graph would compute it from the values before", stale[1]))
+            self._stale_escape(stale)
+
+    def _stale_escape(self, stale):
+        self.escapes.append((
+            f"a view of an array (taken at {stale[0]}) is used after an in-place "
+            f"update of that array (at {stale[1]}): eager's view shows the update, the "
+            f"compiled graph would compute it from the values before", stale[1]))
 
     def array_constructor(self, name, orig, a, args, kwargs):
         """np.asarray / np.array / np.ascontiguousarray ... (name) of traced data a,
