@@ -184,3 +184,30 @@ def test_grad_operand_cleared_inside_the_call():
         close(xe, xc)
         assert We is None and Wc is None
     assert jf.cache_info()["hits"] >= 3
+
+
+def test_grad_operand_with_graph_history_reaches_its_owner():
+    # W.grad from backward(create_graph=True) is a function of W: a backward through
+    # the call goes on through W.grad's graph into W, as eager's does.
+    W = Parameter(np.ones(3), name="W")
+    W2 = Parameter(np.ones(3), name="W2")
+
+    def make(P):
+        return lambda x: F.sum(F.exp(P.grad * x))
+
+    f, jf = make(W), tj.jit(make(W2))
+    rng = np.random.default_rng(7)
+    for _ in range(CALLS):
+        wv, xv = rng.standard_normal(3), rng.standard_normal(3)
+        got = []
+        for P, fn in ((W, f), (W2, jf)):
+            P.data[...] = wv                # the captured Parameter, mutated in place
+            P.cleargrad()
+            F.sum(P ** 3).backward(create_graph=True)
+            x = Variable(xv.copy())
+            y = fn(x)
+            y.backward()
+            got.append((y, x.grad, P.grad))
+        for e, c in zip(*got):
+            close(e, c)
+    assert jf.cache_info()["hits"] >= 3
