@@ -1,14 +1,14 @@
 """A Variable that an op returns as a view of a buffer, used after an in-place update of
 that buffer.
 
-`h = F.reshape(a, ...)` (also F.transpose) of an ndarray argument or of a Variable is,
-in eager, a Variable whose data is a view of the operand's buffer: `a *= 0.9` afterwards
-changes `h`, in its forward uses after the update and in the backward of an op that
-reads it. The compiled graph computes `h` from the values before, so such a use runs
-eagerly with a warning naming the view's line and the update's (not the generic "froze a
-value"); a view whose buffer is not updated, or that is not read after the update,
-compiles. Each function is called at least four times with new values, compared with eager
-on values, updated arguments and gradients.
+`h = F.reshape(a, ...)` (also F.transpose, F.expand_dims, F.flatten: any op whose eager
+output is a view) of an ndarray argument or of a Variable is, in eager, a Variable whose
+data is a view of the operand's buffer: `a *= 0.9` afterwards changes `h`, in its forward
+uses after the update and in the backward of an op that reads it. The compiled graph
+computes `h` from the values before, so such a use runs eagerly with a warning naming the
+view's line and the update's (not the generic "froze a value"); a view whose buffer is not
+updated, or that is not read after the update, compiles. Each function is called at least
+four times with new values, compared with eager on values, updated arguments and gradients.
 """
 import warnings
 
@@ -38,6 +38,18 @@ def transpose_of_array(x0, x2):
     h1 = F.transpose(x2)
     x2 -= 1.0
     return F.sum(h1 * x0, axis=1, keepdims=True)
+
+
+def expand_dims_of_array(x0, x2):
+    h1 = F.expand_dims(x2, 1)
+    x2 += 2.0
+    return h1 * x0
+
+
+def flatten_of_reshape(x0, x2):
+    h1 = F.flatten(F.reshape(x2, (1, 3)))      # a view of a view of x2
+    x2 *= 0.5
+    return F.reshape(h1, (3, 1)) * x0
 
 
 def view_read_by_backward(x0, x2):
@@ -90,6 +102,8 @@ def run_both(f, calls=5):
     (reshape_of_array, "h1 = F.reshape(x2, x2.shape + (1,))", "x2 *= 0.9"),
     (reshape_of_variable, "h1 = F.reshape(x2, x2.shape + (1,))", "x2.data *= 0.9"),
     (transpose_of_array, "h1 = F.transpose(x2)", "x2 -= 1.0"),
+    (expand_dims_of_array, "h1 = F.expand_dims(x2, 1)", "x2 += 2.0"),
+    (flatten_of_reshape, "h1 = F.flatten(F.reshape(x2, (1, 3)))", "x2 *= 0.5"),
     (view_read_by_backward, "h1 = F.reshape(x2, x2.shape + (1,))", "x2 *= 0.9"),
 ])
 def test_an_op_view_used_after_an_inplace_update_runs_eagerly_named(f, view_line,
