@@ -1207,36 +1207,34 @@ def _shadowing(name):
     return None if f is _NOT_SHADOWED or f is getattr(builtins, name) else f
 
 
-def _traced_float(*args, **kwargs):
-    own = _shadowing("float")
-    if own is not None:
-        return own(*args, **kwargs)
+def _traced_number(pytype, args, kwargs, kinds=None):
+    """float(x) / int(x) in traced code: a traced number for traced data of this trace
+    (of a dtype kind in `kinds`, if given), else what the builtin gives."""
     if len(args) == 1 and not kwargs:
         x, tr = args[0], core._state.trace
         if tr is not None and not tr.abstract:
             if isinstance(x, TracedScalar) and x._trace is tr:
-                return tr.scalar_convert(x, float)
+                return tr.scalar_convert(x, pytype)
             if isinstance(x, Variable) and x._data is not None:
                 x = x.data        # float(loss): Variable.__float__ is float(loss.data)
-            if isinstance(x, TracedArray) and x._trace is tr:
-                return tr.to_scalar(x, float)
-    return float(*args, **kwargs)
+            if isinstance(x, TracedArray) and x._trace is tr and \
+                    (kinds is None or x.dtype.kind in kinds):
+                return tr.to_scalar(x, pytype)
+    return pytype(*args, **kwargs)
+
+
+def _traced_float(*args, **kwargs):
+    own = _shadowing("float")      # looks two frames up: call it here, not in a helper
+    if own is not None:
+        return own(*args, **kwargs)
+    return _traced_number(float, args, kwargs)
 
 
 def _traced_int(*args, **kwargs):
     own = _shadowing("int")
     if own is not None:
         return own(*args, **kwargs)
-    if len(args) == 1 and not kwargs:
-        x, tr = args[0], core._state.trace
-        if tr is not None and not tr.abstract:
-            if isinstance(x, TracedScalar) and x._trace is tr:
-                return tr.scalar_convert(x, int)
-            if isinstance(x, Variable) and x._data is not None:
-                x = x.data
-            if isinstance(x, TracedArray) and x._trace is tr and x.dtype.kind in "biuf":
-                return tr.to_scalar(x, int)
-    return int(*args, **kwargs)
+    return _traced_number(int, args, kwargs, "biuf")
 
 
 def _traced_isinstance(*args, **kwargs):
