@@ -40,3 +40,15 @@ def kernel_cache_dir(tmp_path_factory):
         os.environ.pop("TRACEJIT_CACHE_DIR", None)
     else:
         os.environ["TRACEJIT_CACHE_DIR"] = old
+
+
+_DUMP_DIR = os.environ.get("TRACEJIT_DUMP_VARIANTS")
+if _DUMP_DIR:
+    # Test-only: see tests/variant_dump.py (checks a restructuring changed no output).
+    from variant_dump import install as _install_dump, write as _write_dump
+    _install_dump()
+
+    @pytest.fixture(autouse=True)
+    def _dump_generated_code(request):
+        yield
+        _write_dump(_DUMP_DIR, request.node.nodeid)
