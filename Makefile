@@ -35,7 +35,7 @@ bench: venv
 FUZZ_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 fuzz: venv
-	$(PY) -m tracejit.fuzz --programs 2000 --jobs $(FUZZ_JOBS) --seed 0 --timeout 60 --out fuzz-out
+	$(PY) -m tracejit.testing.fuzz --programs 2000 --jobs $(FUZZ_JOBS) --seed 0 --timeout 60 --out fuzz-out
 
 fuzz-quick: venv
-	$(PY) -m tracejit.fuzz --programs 100 --jobs $(FUZZ_JOBS) --seed 1 --timeout 60 --out fuzz-out --quiet
+	$(PY) -m tracejit.testing.fuzz --programs 100 --jobs $(FUZZ_JOBS) --seed 1 --timeout 60 --out fuzz-out --quiet

@@ -1,4 +1,4 @@
-"""Compile time of one fused kernel against its size: picks passes.MAX_VECMATH_OPS.
+"""Compile time of one fused kernel against its size: picks fusion.MAX_VECMATH_OPS.
 
 For n transcendental ops (tanh, exp, sin, sigmoid in a non-repeating order, each times
 0.5) on a (3,) float64 input, the time of the slowest of three jitted calls (trace +
@@ -6,7 +6,7 @@ numba compile), each n in a fresh process and a fresh kernel cache directory:
 
     python benchmarks/bench_compile_bound.py [--bound 16] 8 16 32 64 128
 
---bound sets passes.MAX_VECMATH_OPS for the run (a large value: one kernel per chain).
+--bound sets fusion.MAX_VECMATH_OPS for the run (a large value: one kernel per chain).
 Measured on the 2-core project machine, one kernel per chain: 0.6 s (8), 1.3 s (16),
 2.7 s (32), 6.2 s (64), 41 s (128); with the bound of 16: 128 ops in ~8 s (4-8 kernels).
 """
@@ -19,9 +19,9 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = """
 import sys, time, numpy as np
-from tracejit import passes
-passes.MAX_VECMATH_OPS = int(sys.argv[2])
-import tracejit as tj, tracejit.functions as F, tracejit.codegen as CG
+from tracejit.passes import fusion
+fusion.MAX_VECMATH_OPS = int(sys.argv[2])
+import tracejit as tj, tracejit.functions as F, tracejit.backends.numba as CG
 ops = [F.tanh, F.exp, F.sin, F.sigmoid]
 n = int(sys.argv[1])
 def f(x):

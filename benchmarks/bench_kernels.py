@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TRACEJIT_CACHE_DIR", tempfile.mkdtemp(prefix="tj_bench_"))
 
 import tracejit.functions as F  # noqa: E402
-from tracejit import codegen, interpret  # noqa: E402
+from tracejit import interpret  # noqa: E402
+from tracejit.backends.numba import plan as codegen
 from tracejit.ir import Graph, Lit, Node, Value  # noqa: E402
 
 C = [0.9, 1.1, 0.7, 1.3, 0.5]

@@ -42,7 +42,7 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
-from tracejit.codegen import vecmath as vm  # noqa: E402
+from tracejit.backends.numba import vecmath as vm  # noqa: E402
 
 OPTS = dict(error_model="numpy")
 BLOCK = 16384      # NumPy blocks (np-blk)

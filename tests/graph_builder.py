@@ -3,7 +3,7 @@ b.op(F.Tanh(), x) appends a node and returns its (first) output."""
 import numpy as np
 
 from tracejit.ir import Graph, Node, Value
-from tracejit.trace_ops import Guard
+from tracejit.ops.trace_only import Guard
 
 
 class Builder:

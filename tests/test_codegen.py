@@ -13,10 +13,11 @@ from hypothesis.extra import numpy as hnp
 
 import tracejit
 import tracejit.functions as F
-from tracejit import codegen, interpret
-from tracejit.codegen import cache as kcache
+from tracejit.backends.numba import plan as codegen
+from tracejit.ir import interpret
+from tracejit.backends.numba import cache as kcache
 from tracejit.ir import Lit
-from tracejit.trace_ops import GuardFailure
+from tracejit.ops.trace_only import GuardFailure
 
 from graph_builder import Builder
 
@@ -243,8 +244,8 @@ SCRIPT = textwrap.dedent("""
     import sys, numpy as np
     sys.path.insert(0, {root!r})
     import tracejit.functions as F
-    from tracejit import codegen
-    from tracejit.codegen import cache
+    from tracejit.backends.numba import plan as codegen
+    from tracejit.backends.numba import cache
     from tracejit.ir import Graph, Lit, Node, Value
     x, y = Value((5,), np.float64), Value((5,), np.float64)
     t = Value((5,), np.float64); u = Value((5,), np.float64)

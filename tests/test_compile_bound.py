@@ -7,7 +7,7 @@ broadcast along the inner axis) left inside that loop made LLVM's loop vectorize
 time exponential in the chain's length (F.sum(F.sin(F.sigmoid(F.exp(F.tanh(x))))) on a
 (1,) input: > 14 minutes). Kernels now read non-broadcast size-1 axes at the loop index
 (the source of a (1,) group is that of a (3,) one) and compute each value in the
-innermost loop whose index it reads. A group holds at most passes.MAX_VECMATH_OPS
+innermost loop whose index it reads. A group holds at most fusion.MAX_VECMATH_OPS
 transcendental ops, so a long chain is several small compiles.
 """
 import os
@@ -23,7 +23,9 @@ from hypothesis import strategies as st
 
 import tracejit as tj
 import tracejit.functions as F
-from tracejit import codegen, passes
+from tracejit import passes
+from tracejit.passes import fusion
+from tracejit.backends.numba import plan as codegen
 
 from graph_builder import Builder
 
@@ -93,24 +95,24 @@ def test_the_reported_size_one_compile_finishes():
 
 def test_long_chain_is_split_into_bounded_kernels():
     ops = [F.Tanh, F.Sin, F.Exp, F.Cos, F.Sigmoid]
-    g = _chain_graph((3,), [ops[(k * k + k // 3) % 5] for k in range(3 * passes.MAX_VECMATH_OPS)])
+    g = _chain_graph((3,), [ops[(k * k + k // 3) % 5] for k in range(3 * fusion.MAX_VECMATH_OPS)])
     fused = passes.run_pipeline(g)
-    groups = [n for n in fused.nodes if n.kind == passes.FUSED]
+    groups = [n for n in fused.nodes if n.kind == fusion.FUSED]
     assert len(groups) >= 3
     for n in groups:
-        count = sum(m.op.__name__ in passes.VECMATH_OPS for m in n.fn.graph.nodes)
-        assert count <= passes.MAX_VECMATH_OPS
+        count = sum(m.op.__name__ in fusion.VECMATH_OPS for m in n.fn.graph.nodes)
+        assert count <= fusion.MAX_VECMATH_OPS
 
 
 def test_group_bound_counts_cheap_ops_too():
     b = Builder()
     h = b.input((3,))
-    for k in range(passes.MAX_GROUP_OPS + 10):
+    for k in range(fusion.MAX_GROUP_OPS + 10):
         h = b.op(F.Mul(), h, h) if k % 2 else b.op(F.Neg(), h)
     fused = passes.run_pipeline(b.graph(h))
     for n in fused.nodes:
-        if n.kind == passes.FUSED:
-            assert len(n.fn.graph.nodes) <= passes.MAX_GROUP_OPS
+        if n.kind == fusion.FUSED:
+            assert len(n.fn.graph.nodes) <= fusion.MAX_GROUP_OPS
 
 
 # Chains of ops with bounded outputs (exp of a tanh): well conditioned in float32 too.

@@ -523,7 +523,7 @@ def test_the_signature_matcher_agrees_with_the_key():
     from hypothesis import strategies as st
 
     from tracejit.core import Parameter
-    from tracejit.signature import signature_matcher
+    from tracejit.runtime.signature import signature_matcher
     fj = tj.jit(lambda *a: a)
 
     def leaf(kind, shape, dtype, fill):

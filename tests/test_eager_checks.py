@@ -15,11 +15,11 @@ import pytest
 import tracejit as tj
 import tracejit.functions as F
 from tracejit import Parameter, Variable
-from tracejit.checking import first_difference, gradient_difference, identity_difference
+from tracejit.runtime.checking import first_difference, gradient_difference, identity_difference
 from tracejit.testing import assert_jit_matches_eager
 from tests.compare import same
 
-jit_module = importlib.import_module("tracejit.jit")
+jit_module = importlib.import_module("tracejit.runtime.jitted")
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
 
@@ -205,7 +205,7 @@ def test_assert_jit_matches_eager_with_trees_and_repeats():
 
 
 def test_assert_jit_matches_eager_compares_kinds_identity_and_creators():
-    from tracejit.testing import _assert_results_match, _results_and_grads
+    from tracejit.testing.checks import _assert_results_match, _results_and_grads
     x = Variable(np.random.randn(3))
     runs = {
         "arg": lambda x: x,

@@ -1,4 +1,4 @@
-"""The differential fuzzer (tracejit.fuzz): a CI profile of random programs, and tests
+"""The differential fuzzer (tracejit.testing.fuzz): a CI profile of random programs, and tests
 that the fuzzer itself finds what it must (planted faults, a hang, eager's own errors).
 
 Every program runs in a worker process (a hang is killed), eagerly and through jit,
@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from tracejit import fuzz
-from tracejit.fuzz_harness import PLANTS
+from tracejit.testing.fuzz import cli as fuzz
+from tracejit.testing.fuzz.harness import PLANTS
 
 # A program in the generator's format that jit gets right: float64, batch sides 2 and 3
 # (no size-1 extent), one guard on the sign of x1, a captured Parameter, a float

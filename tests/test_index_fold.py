@@ -14,9 +14,10 @@ from hypothesis import given, strategies as st
 
 import tracejit as tj
 import tracejit.functions as F
-from tracejit import codegen, passes
+from tracejit.passes import fusion
+from tracejit.backends.numba import plan as codegen
 from tracejit.autodiff import value_and_grad
-from tracejit.codegen import cache as kcache
+from tracejit.backends.numba import cache as kcache
 
 pytestmark = pytest.mark.usefixtures("kernel_cache_dir", "jit_warnings_are_errors")
 
@@ -32,15 +33,15 @@ def numpy_getitems(source):
 
 def unfolded(graph):
     """Compile `graph` again with indexing not folded (the path before folding)."""
-    im = passes._index_movement
+    im = fusion._index_movement
 
     def old(n):
         return n.op.__name__ not in ("GetItem", "GetItemGrad") and im(n)
-    passes._index_movement = old
+    fusion._index_movement = old
     try:
         run = codegen.compile(graph.replace())   # a copy: graph keeps its source
     finally:
-        passes._index_movement = im
+        fusion._index_movement = im
     return run.graph.notes
 
 

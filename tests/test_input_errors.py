@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import tracejit as tj
 import tracejit.functions as F
-import tracejit.testing_strategies as S
+import tracejit.testing.strategies as S
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 

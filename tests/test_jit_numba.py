@@ -76,7 +76,7 @@ def test_large_transcendental_groups_threaded_blocks_match_eager(dtype):
     # 2**18 elements. float32: NumPy-ufunc blocks split across threads; a per-row
     # reduction writes disjoint slices, so it may be threaded; a group with a full sum
     # (one shared accumulator) must stay on one thread. float64: one vectorized numba
-    # kernel calling tracejit.codegen.vecmath (faster than the blocks there).
+    # kernel calling tracejit.backends.numba.vecmath (faster than the blocks there).
     def rows(x, w):
         return F.sum(F.tanh(x * w) * F.exp(-x * x), axis=1)
 

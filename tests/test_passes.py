@@ -5,9 +5,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tracejit.functions as F
-from tracejit import interpret, passes
+from tracejit import passes
+from tracejit.ir import interpret
 from tracejit.ir import Lit, check
-from tracejit.trace_ops import GuardFailure
+from tracejit.ops.trace_only import GuardFailure
 
 from graph_builder import Builder
 

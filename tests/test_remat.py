@@ -1,4 +1,4 @@
-"""Save vs recompute for the compiled backward: the min cut of tracejit.remat.
+"""Save vs recompute for the compiled backward: the min cut of tracejit.passes.remat.
 
 Unit tests build forward graphs by hand and say which values the backward reads; the
 plan must hold the fewest bytes (and, on ties, the fewest arrays) while never
@@ -12,7 +12,9 @@ import pytest
 
 import tracejit as tj
 import tracejit.functions as F
-from tracejit import Parameter, Variable, autodiff, remat
+from tracejit import Parameter, Variable
+from tracejit.trace import backward as traced_backward
+from tracejit.passes import remat
 from tracejit.ir import Lit, Value
 
 from graph_builder import Builder
@@ -179,7 +181,7 @@ def old_rule(monkeypatch):
     """trace_backward with the rule before the cut: everything recomputable recomputed."""
     def rule(fwd_nodes, needed, mutated=frozenset()):
         return remat.partition(fwd_nodes, needed, mutated, min_cut=False).recompute_map()
-    monkeypatch.setattr(autodiff, "recompute_rule", rule)
+    monkeypatch.setattr(traced_backward, "recompute_rule", rule)
 
 
 def run_and_compare(f, make_args, calls=5):

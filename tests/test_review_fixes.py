@@ -645,7 +645,7 @@ def test_numpy_functions_returning_several_arrays_run_eagerly(record_jit_warning
 
 
 def test_the_checks_against_eager_compare_the_kind_of_result():
-    from tracejit.checking import first_difference
+    from tracejit.runtime.checking import first_difference
     a = np.arange(3.0)
     assert first_difference(np.float64(1.0), np.array(1.0)) is not None
     assert first_difference(True, np.bool_(True)) is not None

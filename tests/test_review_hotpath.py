@@ -15,7 +15,7 @@ import tracejit as tj
 import tracejit.functions as F
 from tracejit import Parameter, Variable
 from tracejit.core import Config, Function
-from tracejit.jit import jit_disabled
+from tracejit.runtime.jitted import jit_disabled
 
 from compare import data_of, same  # noqa: E402
 

@@ -12,7 +12,7 @@ import numpy as np
 
 import tracejit as tj
 from compare import same
-from tracejit.tracers import TracedScalar
+from tracejit.trace.values import TracedScalar
 
 
 @dataclasses.dataclass

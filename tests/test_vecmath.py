@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba import njit
 
-from tracejit.codegen import vecmath as vm
+from tracejit.backends.numba import vecmath as vm
 
 NAMES = ["exp", "log", "tanh", "sigmoid", "sin", "cos", "sin_fast", "cos_fast"]
 

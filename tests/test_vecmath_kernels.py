@@ -1,4 +1,4 @@
-"""Generated kernels calling tracejit.codegen.vecmath: jit against eager for fused
+"""Generated kernels calling tracejit.backends.numba.vecmath: jit against eager for fused
 transcendental chains (values and gradients, reductions, prange and serial sizes),
 NaN/inf inputs, and the libm rerun when a sin/cos argument is beyond the range the
 vector path reduces (it must never return the NaN flag as a value)."""

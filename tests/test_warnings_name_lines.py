@@ -186,7 +186,7 @@ def test_views_of_one_buffer_name_the_def_line():
 
 
 def test_a_backend_failure_names_the_def_line(monkeypatch):
-    from tracejit import codegen
+    from tracejit.backends import numba as codegen
 
     def f(x):
         return F.sum(F.exp(x) * 3.0)
@@ -212,7 +212,7 @@ def test_every_warning_site_goes_through_warn_at():
                     for i, text in enumerate(fh, 1):
                         if re.search(r"warnings\.warn(_explicit)?\(", text):
                             sites.append((name, i))
-    assert [name for name, _ in sites] == ["jit.py", "jit.py"], sites   # inside warn_at
+    assert [name for name, _ in sites] == ["jitted.py", "jitted.py"], sites   # in warn_at
 
 
 @pytest.mark.parametrize("seed", [None, "abc"])

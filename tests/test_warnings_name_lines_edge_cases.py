@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 
 import tracejit as tj
-from tracejit import tracing
+from tracejit.trace import record as tracing
 
 
 def test_a_user_file_beside_the_package_is_the_users_line():

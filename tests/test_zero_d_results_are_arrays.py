@@ -6,7 +6,7 @@ import pytest
 
 import tracejit as tj
 import tracejit.functions as F
-from tracejit.codegen import NUMPY_MATH_MIN
+from tracejit.backends.numba import NUMPY_MATH_MIN
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 

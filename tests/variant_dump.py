@@ -32,12 +32,12 @@ def install():
     import importlib
     targets = os.environ.get(
         "TRACEJIT_DUMP_TARGETS",
-        "tracejit.variant,tracejit.pystate,tracejit.signature")
+        "tracejit.runtime.variant,tracejit.trace.pystate,tracejit.runtime.signature")
     for mod_name in targets.split(","):
         mod = importlib.import_module(mod_name)
         mod.compile = _wrap_compile(builtins.compile)
     codegen = importlib.import_module(os.environ.get("TRACEJIT_DUMP_CODEGEN",
-                                                     "tracejit.codegen"))
+                                                     "tracejit.backends.numba.plan"))
     real_source = codegen.compile_source
 
     def compile_source(source, filename):
@@ -46,7 +46,7 @@ def install():
     codegen.compile_source = compile_source
 
     cache = importlib.import_module(os.environ.get("TRACEJIT_DUMP_KERNELS",
-                                                   "tracejit.codegen.cache"))
+                                                   "tracejit.backends.numba.cache"))
     real_kernel = cache.kernel
 
     def kernel(source, name, *args, **kwargs):

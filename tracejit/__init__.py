@@ -14,7 +14,7 @@ from tracejit.layers import Layer
 from tracejit.models import Model
 from tracejit.datasets import Dataset
 from tracejit.dataloaders import DataLoader, SeqDataLoader
-from tracejit.jit import jit, disable_jit, JitWarning
+from tracejit.runtime.jitted import jit, disable_jit, JitWarning
 from tracejit.autodiff import grad, value_and_grad, eval_shape
 
 # DeZero's switch between its two cores, set by editing dezero/__init__.py. tracejit

@@ -486,7 +486,7 @@ class Constant(Variable):
 
 
 class ScalarTracer:
-    """Base of tracejit.tracers.TracedScalar (a Python number while tracing): the type
+    """Base of tracejit.trace.values.TracedScalar (a Python number while tracing): the type
     test core and functions use (a bare `hasattr(x, "_tv")` also matches Variables)."""
 
     __slots__ = ()

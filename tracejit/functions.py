@@ -15,15 +15,15 @@ import numpy as np
 
 from tracejit.core import Config, Variable, as_array, as_variable, static_value, to_operand
 # The primitives, re-exported: DeZero programs use F.Tanh, F.Sum and subclass them.
-from tracejit.primitive import PRIMITIVES, Elementwise, primitive  # noqa: F401
-from tracejit.elementwise import (  # noqa: F401
+from tracejit.ops.primitive import PRIMITIVES, Elementwise, primitive  # noqa: F401
+from tracejit.ops.elementwise import (  # noqa: F401
     Neg, Exp, Log, Sin, Cos, Tanh, Sqrt, Abs, Sign, Sigmoid, ReLU, LeakyReLU, Pow, Clip, Cast,
     Add, Sub, Mul, Div, PowV, Maximum, Minimum, Greater, GreaterEqual, Less, LessEqual,
     Equal, NotEqual, Where)
-from tracejit.arrayops import (  # noqa: F401
+from tracejit.ops.arrayops import (  # noqa: F401
     Reduction, Sum, Max, Min, SumTo, Reshape, Transpose, BroadcastTo, GetItem, GetItemGrad,
     MatMul, RandomUniform, RandomSeed)
-from tracejit.arrayops import _normalize_axis, _resolve_reshape, _split_index, check_sum_to
+from tracejit.ops.arrayops import _normalize_axis, _resolve_reshape, _split_index, check_sum_to
 
 # ================================================================ user-facing functions
 

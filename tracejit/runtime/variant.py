@@ -11,12 +11,13 @@ import weakref
 
 import numpy as np
 
-from tracejit import core, interpret
+from tracejit import core
+from tracejit.ir import interpret
 from tracejit.core import Config, Constant, Function, Variable
 from tracejit.ir import Graph, Lit
-from tracejit.pytree import FLT, VAR, structure_source
-from tracejit.signature import matcher_lines
-from tracejit.trace_ops import (GUARD, GuardFailure, UserBackwardMismatch, UserCall,
+from tracejit.trace.pytree import FLT, VAR, structure_source
+from tracejit.runtime.signature import matcher_lines
+from tracejit.ops.trace_only import (GUARD, GuardFailure, UserBackwardMismatch, UserCall,
                                 running_backward, take_calls)
 
 
@@ -382,7 +383,7 @@ class Variant:
         leaf_pos = {id(x): i for i, x in enumerate(fwd_inputs)}
         mutated = set()
         if bwd_info:
-            from tracejit.autodiff import mutated_inputs
+            from tracejit.trace.backward import mutated_inputs
             mutated = mutated_inputs(trace)
         # Inputs the call changes in place: a create_graph replay cannot start from them.
         self.mutated_positions = [leaf_pos[i] for i in mutated if i in leaf_pos]
@@ -902,17 +903,17 @@ def compile_graph(g, backend="auto", parallel=None, cache=True, where=None):
     if backend == "auto":
         backend = os.environ.get("TRACEJIT_BACKEND", "numba")
         if backend == "numba":
-            from tracejit import codegen
+            from tracejit.backends import numba as codegen
             try:
                 return codegen.compile(g, parallel=parallel, cache=cache)
             except Exception as e:  # noqa: BLE001 - any codegen failure: still correct
-                from tracejit.jit import warn_at
+                from tracejit.runtime.jitted import warn_at
                 warn_at(f"jit({g.name}): the numba backend failed ({type(e).__name__}: {e}); "
                         f"this graph runs on the interpret backend"
                         + (f", at {where}" if where else ""), where)
                 return interpret.compile(g)
     if backend == "numba":
-        from tracejit import codegen
+        from tracejit.backends import numba as codegen
         return codegen.compile(g, parallel=parallel, cache=cache)
     if backend == "interpret":
         return interpret.compile(g)

@@ -8,7 +8,7 @@ import inspect
 import numpy as np
 
 from tracejit.core import Parameter, Variable
-from tracejit.tracing import TracedArray, TracedScalar
+from tracejit.trace.record import TracedArray, TracedScalar
 
 VAR, ARR, FLT = "V", "A", "F"
 SCALAR = "S"           # a result leaf eager NumPy returns as a scalar (a 0-d reduction)

@@ -87,7 +87,7 @@ def _template(n, dtype):
     return expr, params
 
 
-# libm calls in an expression -> tracejit.codegen.vecmath (branch-free, inlined: a loop
+# libm calls in an expression -> tracejit.backends.numba.vecmath (branch-free, inlined: a loop
 # of them vectorizes). sin/cos take the fast path, exact for |x| <= vm.TRIG_MAX; the
 # kernel counts arguments beyond it and reruns its loops with libm if there are any.
 _VECTOR_MATH = {"math.exp(": "vm.exp{b}(", "math.log(": "vm.log{b}(",
@@ -99,7 +99,7 @@ _VECTOR_OPS = {"Exp", "Log", "Tanh", "Sigmoid", "Sin", "Cos"}
 
 def node_expr(n, operands, vector_math=False):
     """Source of node n's value from operand source strings, cast to its dtype.
-    vector_math: float libm calls become tracejit.codegen.vecmath calls."""
+    vector_math: float libm calls become tracejit.backends.numba.vecmath calls."""
     dtype = n.out.dtype
     calc_dtype = dtype if dtype.kind == "f" else _operand_float(n)
     if vector_math and calc_dtype in _NP_NAME and n.op.__name__ in _VECTOR_OPS:
@@ -456,7 +456,7 @@ def loop_kernel(fused, parallel):
         doc += "\n" + "\n".join(f"    # c{k}: {what}" for k, (_, what) in enumerate(consts))
     imports = "import math\nimport numpy as np\nimport numba\n"
     if "vm." in text:
-        imports += "from tracejit.codegen import vecmath as vm\n"
+        imports += "from tracejit.backends.numba import vecmath as vm\n"
     source = f"{imports}\n\n{head}\ndef {name}({', '.join(args)}):\n{doc}\n{text}\n"
     reductions = [(n, n.op.__name__, axes, acc) for n, axes, _, acc in red_info]
     spec = KernelSpec(name, source, list(sub.inputs), main_outs, reductions, epi_outs, shape)

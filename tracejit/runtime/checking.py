@@ -8,7 +8,7 @@ kinds, dtypes and identity; the trace-time check compares gradients too.
 import numpy as np
 
 from tracejit.core import DictGrads, Variable, backprop
-from tracejit.pytree import _is_namedtuple
+from tracejit.trace.pytree import _is_namedtuple
 
 RTOL, ATOL = 1e-5, 1e-7
 

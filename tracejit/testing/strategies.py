@@ -291,6 +291,6 @@ def programs(draw, min_inputs=1, max_inputs=3, max_steps=6, dtype=np.float64, ma
 def source_programs(**kwargs):
     """Random DeZero-style programs as Python source text, for jit vs eager fuzzing:
     control flow on data, captured state, in-place updates, user Functions, ... (see
-    tracejit/fuzz_gen.py; `python -m tracejit.fuzz` runs them)."""
-    from tracejit.fuzz_gen import source_programs as strategy
+    tracejit/fuzz_gen.py; `python -m tracejit.testing.fuzz` runs them)."""
+    from tracejit.testing.fuzz.programs import source_programs as strategy
     return strategy(**kwargs)

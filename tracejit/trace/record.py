@@ -32,14 +32,15 @@ from tracejit import core
 from tracejit import functions as F
 from tracejit.core import Variable
 from tracejit.ir import Graph, Lit, Node, Value
-from tracejit.tracers import (_PY_OPS, _PY_UNARY, REDUCE_PRIMS, SCALAR_TYPES, UFUNC_PRIMS,
+from tracejit.trace.values import (_PY_OPS, _PY_UNARY, REDUCE_PRIMS, SCALAR_TYPES, UFUNC_PRIMS,
                               TracedArray, TracedFloat, TracedScalar, is_internal,
                               python_value)
-from tracejit.trace_ops import Guard, NumpyCall, UserBackward, UserCall
+from tracejit.ops.trace_only import Guard, NumpyCall, UserBackward, UserCall
 
 log = logging.getLogger("tracejit")
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+# The package root (this file is tracejit/trace/record.py).
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NP_DIR = os.path.dirname(os.path.abspath(np.__file__)) + os.sep
 
 
@@ -1126,7 +1127,7 @@ def _tracing_seed(seed=None):
         # (a new value retraces), as the seed is a parameter of the node.
         seed = tr.freeze(seed, "np.random.seed")
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0:
-        from tracejit.arrayops import RandomSeed
+        from tracejit.ops.arrayops import RandomSeed
         RandomSeed(int(seed))()
         return None
     tr.escape(f"np.random.seed({type(seed).__name__}): only an integer seed is replayed")

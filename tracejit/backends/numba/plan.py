@@ -1,6 +1,6 @@
 """The numba backend: `compile(graph)` -> run(list of input arrays) -> list of outputs.
 
-Last stage of trace -> IR -> passes -> codegen. Same contract as `tracejit.interpret`:
+Last stage of trace -> IR -> passes -> codegen. Same contract as `tracejit.ir.interpret`:
 inputs in graph.inputs order, outputs in graph.outputs order, GuardFailure(index,
 outcome) at the first failing guard (index = position among the graph's guards).
 
@@ -15,7 +15,7 @@ calls and materialized intermediates, so `graph.summary()` reports them.
 Static rules, fixed by measurement (benchmarks/bench_kernels.py, bench_vecmath.py;
 2-core Xeon, AVX-512, numba 0.68, NumPy 2.4; 4e6 elements):
   numba lowers math.exp/tanh/... to scalar libm calls, 4-10x slower per element than
-  NumPy's SIMD ufuncs. float64 kernels call tracejit.codegen.vecmath instead (branch-free,
+  NumPy's SIMD ufuncs. float64 kernels call tracejit.backends.numba.vecmath instead (branch-free,
   inlined, vectorized; <= 1.5 ulp): the 10-op tanh/sin/exp chain runs in ~50 ms against
   187-199 ms with libm and ~100 ms as NumPy ufuncs on threaded blocks.
   float32: NumPy's float32 SIMD math is as fast as vecmath's, so float32 groups that
@@ -33,11 +33,12 @@ import time
 import numpy as np
 
 from tracejit import passes
-from tracejit.arrayops import _join_index
-from tracejit.codegen import cache as _cache
-from tracejit.codegen import kernels as K
+from tracejit.passes import fusion
+from tracejit.ops.arrayops import _join_index
+from tracejit.backends.numba import cache as _cache
+from tracejit.backends.numba import kernels as K
 from tracejit.ir import Lit, Value
-from tracejit.trace_ops import GUARD, GuardFailure
+from tracejit.ops.trace_only import GUARD, GuardFailure
 
 # prange pays above this many elements per kernel. Measured on the idle 2-core machine,
 # 10-op add/mul chain, serial vs prange: 4k 6.0 vs 8.4 us, 16k 11.4 vs 10.4 us,
@@ -72,7 +73,7 @@ def run_blocks(fn, n, rows):
     finally:
         for f in futures:
             f.result()
-# float64 kernels call tracejit.codegen.vecmath (vectorized, fused): no NumPy blocks.
+# float64 kernels call tracejit.backends.numba.vecmath (vectorized, fused): no NumPy blocks.
 # float32 ones keep NumPy's ufuncs, whose float32 SIMD math is as fast (bench_vecmath).
 _NUMPY_MATH_F32 = {"Exp", "Log", "Tanh", "Sigmoid", "Cos", "Sin"}
 
@@ -127,7 +128,7 @@ def _flatten(g):
 
 def _scalar_graph(g, flat):
     if not flat or not all(isinstance(v, Value) and v.shape == () and
-                           v.dtype in passes._IN_DTYPES for v in g.inputs):
+                           v.dtype in fusion._IN_DTYPES for v in g.inputs):
         return False
     for n in flat:
         if n.kind == GUARD:
@@ -136,7 +137,7 @@ def _scalar_graph(g, flat):
             continue
         if len(n.outputs) != 1 or n.out.shape != ():
             return False
-        if passes._fusable_elementwise(n):
+        if fusion._fusable_elementwise(n):
             continue
         if (n.kind == "reduction" and n.op.__name__ in ("Sum", "Max", "Min", "SumTo")
                 and n.inputs[0].shape == () and n.out.dtype == n.inputs[0].dtype

@@ -10,7 +10,7 @@ does not hold. Outputs are fresh arrays the caller may keep and write.
 import numpy as np
 
 from tracejit.ir import Lit
-from tracejit.trace_ops import GUARD, GuardFailure, UserBackwardMismatch
+from tracejit.ops.trace_only import GUARD, GuardFailure, UserBackwardMismatch
 
 
 class NodeError(Exception):
@@ -97,7 +97,7 @@ def run_with_variables(g, variables, meta=None, saved=None, instances=None):
     are the call's own user Functions with per-call state.
     """
     from tracejit.core import Constant, as_variable, using_config
-    from tracejit.trace_ops import UserBackward, UserCall
+    from tracejit.ops.trace_only import UserBackward, UserCall
     env = {id(v): var for v, var in zip(g.inputs, variables)}
     saved = saved or {}
     bound = {}          # UserCall -> the instance this replay's graph holds

@@ -100,8 +100,9 @@ def _is_scalar_config(v):
 
 
 def _jitted_fn(obj):
-    from tracejit.jit import Jitted     # jit imports this module
-    return obj.fn if isinstance(obj, Jitted) else None
+    # A nested jit: runtime.jitted.Jitted marks its class (tracing sits below the runtime
+    # and does not import it). Looked up on the type, so no user __getattr__ runs.
+    return obj.fn if getattr(type(obj), "_tracejit_jitted", False) is True else None
 
 
 def _roots(fn, seen_functions):

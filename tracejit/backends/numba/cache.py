@@ -64,10 +64,10 @@ def _fingerprint():
             .get_host_cpu_name()
     except Exception:  # noqa: BLE001
         cpu = "unknown"
-    # Kernels call tracejit.codegen.vecmath: numba's cache does not track that
+    # Kernels call tracejit.backends.numba.vecmath: numba's cache does not track that
     # dependency, so its source is part of every key.
     try:                                # read, not imported: it costs 0.1 s to import
-        vm = importlib.util.find_spec("tracejit.codegen.vecmath").origin
+        vm = importlib.util.find_spec("tracejit.backends.numba.vecmath").origin
         with open(vm, "rb") as f:
             vm_hash = hashlib.sha256(f.read()).hexdigest()[:16]
     except (OSError, TypeError, AttributeError):    # no source file: never reuse

@@ -1,6 +1,6 @@
-"""Differential fuzzing: random programs, jit vs eager (`python -m tracejit.fuzz`).
+"""Differential fuzzing: random programs, jit vs eager (`python -m tracejit.testing.fuzz`).
 
-    python -m tracejit.fuzz --programs 500 --jobs 2 --seed 0 --timeout 60 --out fuzz-out
+    python -m tracejit.testing.fuzz --programs 500 --jobs 2 --seed 0 --timeout 60 --out fuzz-out
 
 Hypothesis generates programs (tracejit/fuzz_gen.py: `strategies.source_programs()`);
 worker processes run each one eagerly and through `tj.jit` and compare call by call
@@ -30,7 +30,7 @@ import time
 from collections import Counter
 from multiprocessing.connection import wait
 
-from tracejit.fuzz_gen import AVOIDABLE
+from tracejit.testing.fuzz.programs import AVOIDABLE
 
 __all__ = ["generate", "run_many", "normalize_warning", "summarize", "categories",
            "format_summary", "reproducer", "main", "AVOIDABLE"]
@@ -43,7 +43,7 @@ def generate(n, seed=0, avoid=()):
     """n distinct programs from `source_programs(avoid=avoid)`, deterministic for a seed."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
-    from tracejit.fuzz_gen import source_programs
+    from tracejit.testing.fuzz.programs import source_programs
 
     # One short hypothesis run per program: a long run's engine mutates the examples
     # it has seen, which gives bursts of near-identical programs. Each run's first
@@ -74,7 +74,7 @@ def _worker(conn, scratch):
     """Runs programs sent over `conn` until it receives None."""
     import warnings
     warnings.simplefilter("ignore")     # the sides record JitWarnings themselves
-    from tracejit.fuzz_harness import run_program
+    from tracejit.testing.fuzz.harness import run_program
     while True:
         msg = conn.recv()
         if msg is None:
@@ -271,13 +271,13 @@ def reproducer(source, res):
     head.append("# Run: python THIS_FILE  (jit vs eager, call by call; prints the first "
                 "difference)")
     tail = ["", "", 'if __name__ == "__main__":',
-            "    from tracejit.fuzz_harness import check_file",
+            "    from tracejit.testing.fuzz.harness import check_file",
             "    check_file(__file__)", ""]
     return "\n".join(head) + "\n" + source + "\n".join(tail)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m tracejit.fuzz", description=__doc__.split(
+    ap = argparse.ArgumentParser(prog="python -m tracejit.testing.fuzz", description=__doc__.split(
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--programs", type=int, default=100)
     ap.add_argument("--jobs", type=int, default=1)

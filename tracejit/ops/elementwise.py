@@ -7,7 +7,7 @@ expression a fused kernel evaluates ({0}, {1} the operands, {name} a parameter).
 import numpy as np
 
 from tracejit import functions as F
-from tracejit.primitive import Elementwise, differentiable, primitive, sum_to_shape
+from tracejit.ops.primitive import Elementwise, differentiable, primitive, sum_to_shape
 
 # ---------------------------------------------------------------- unary elementwise
 

@@ -1,28 +1,15 @@
-"""Graph -> Graph passes: dead code, common subexpressions, constants, fusion.
-
-Sits between tracing (which builds a Graph) and the backends. Every pass is a pure
-function: it returns a new Graph whose nodes are the old Node objects (or new ones)
-and whose values keep their identity, so `ir.check` and the interpret backend work on
-every intermediate result. Guards keep their relative order (a backend numbers them
-by position), and impure nodes (random draws, opaque calls, guards) are never dropped,
-merged, folded or reordered against each other.
-
-`fuse` groups nodes into `Fused` nodes, one per kernel the code generator emits:
+"""Fusion, Graph -> Graph: `fuse` groups nodes into `Fused` nodes, one per kernel the code generator emits:
 elementwise DAGs over one iteration shape (operands may broadcast), the reductions
 that consume them (sum((a - b) ** 2) in one pass), 0-d epilogues after a full
 reduction (mean = sum / n), and movement ops that read a group input (broadcast_to,
 transpose, reshape that only adds or drops size-1 axes, basic indexing x[1:, 0, None,
 ..., ::-2] and its gradient, a masked read) folded into index arithmetic.
 """
-import os
-import sys
-import time
-
 import numpy as np
 
 from tracejit.core import ELEMENTWISE, MOVEMENT, OPAQUE, RANDOM, REDUCTION, Function
 from tracejit.ir import Graph, Lit, Node, Value
-from tracejit.trace_ops import GUARD
+from tracejit.ops.trace_only import GUARD
 
 FUSED = "fused"
 # Kinds whose nodes have effects or draw: kept, never merged, kept in order.
@@ -71,7 +58,7 @@ class Fused(Function):
 
     def forward(self, *xs):
         if self._run is None:
-            from tracejit import interpret
+            from tracejit.ir import interpret
             self._run = interpret.compile(self.graph)
         ys = self._run(list(xs))
         return tuple(ys) if len(ys) > 1 else ys[0]
@@ -83,103 +70,6 @@ def _dedup(names):
         if x not in out:
             out.append(x)
     return out
-
-
-# ---------------------------------------------------------------- dead code
-
-def _roots_kind(n):
-    return n.kind in (GUARD, RANDOM) or (n.kind == OPAQUE and not n.outputs)
-
-
-def eliminate_dead_code(g):
-    """Drop nodes that no output, guard or random draw reads.
-
-    Guard inputs are roots: dropping them would let a variant run without checking
-    the condition it was traced under. Random draws are roots: dropping one would
-    shift every later draw of NumPy's global stream.
-    """
-    live = {id(v) for v in g.outputs if isinstance(v, Value)}
-    keep = []
-    for n in reversed(g.nodes):
-        if _roots_kind(n) or any(id(v) in live for v in n.outputs):
-            keep.append(n)
-            live.update(id(v) for v in n.inputs if isinstance(v, Value))
-    keep.reverse()
-    return g.replace(nodes=keep)
-
-
-# ---------------------------------------------------------------- CSE
-
-def _substitute(n, subst):
-    """n with its inputs renamed through subst (a new Node only if something changed)."""
-    if not any(isinstance(v, Value) and id(v) in subst for v in n.inputs):
-        return n
-    ins = [subst.get(id(v), v) if isinstance(v, Value) else v for v in n.inputs]
-    m = Node(n.fn, ins, n.outputs, n.line)
-    return m
-
-
-def _finish(g, nodes, subst):
-    outs = [subst.get(id(v), v) if isinstance(v, Value) else v for v in g.outputs]
-    return g.replace(nodes=nodes, outputs=outs)
-
-
-def eliminate_common_subexpressions(g):
-    """Merge nodes with the same op, parameters and inputs (pure ops only)."""
-    seen = {}
-    subst = {}
-    nodes = []
-    for n in g.nodes:
-        n = _substitute(n, subst)
-        if n.kind in _IMPURE or n.kind in (FUSED, "constant") or not n.outputs:
-            nodes.append(n)
-            continue
-        try:
-            key = (n.op, n.params,
-                   tuple(("v", id(v)) if isinstance(v, Value) else ("l", v) for v in n.inputs),
-                   tuple((v.shape, v.dtype) for v in n.outputs))
-            hash(key)
-        except TypeError:          # unhashable parameters: leave the node alone
-            nodes.append(n)
-            continue
-        prev = seen.get(key)
-        if prev is None:
-            seen[key] = n
-            nodes.append(n)
-        else:
-            for old, new in zip(n.outputs, prev.outputs):
-                subst[id(old)] = new
-    return _finish(g, nodes, subst)
-
-
-# ---------------------------------------------------------------- constants
-
-def fold_constants(g):
-    """Evaluate elementwise nodes whose inputs are all literals, with their own forward.
-
-    The result is NumPy's, NaN and inf included. A folded value that a guard reads
-    stays a node: guards read values, and the guard numbering must not change.
-    """
-    guard_reads = {id(v) for n in g.nodes if n.kind == GUARD for v in n.inputs}
-    subst = {}
-    nodes = []
-    for n in g.nodes:
-        n = _substitute(n, subst)
-        if (n.kind == ELEMENTWISE and n.inputs and len(n.outputs) == 1
-                and all(isinstance(v, Lit) for v in n.inputs)
-                and n.out.shape == () and id(n.out) not in guard_reads):
-            try:
-                with np.errstate(all="ignore"):
-                    y = np.asarray(n.fn.forward(*[np.asarray(v.value, v.dtype)
-                                                  for v in n.inputs]))
-            except Exception:  # noqa: BLE001 - leave it to run (and fail) at run time
-                nodes.append(n)
-                continue
-            if y.shape == () and y.dtype == n.out.dtype:
-                subst[id(n.out)] = Lit(y[()], y.dtype)
-                continue
-        nodes.append(n)
-    return _finish(g, nodes, subst)
 
 
 # ---------------------------------------------------------------- fusion
@@ -236,7 +126,7 @@ def basic_index_of(n):
     [key] (a basic index never selects an element twice, so the scatter-add is a
     masked read). The resolution is checked against the node's shapes.
     """
-    from tracejit.arrayops import GetItem
+    from tracejit.ops.arrayops import GetItem
     name = n.op.__name__
     full = n.inputs[0].shape if name == "GetItem" else n.fn.in_shape
     part = n.out.shape if name == "GetItem" else n.inputs[0].shape
@@ -539,46 +429,3 @@ def _make_fused_node(g, grp):
     sub = Graph(f"{g.name}_fused{grp.gid}", inputs, grp.nodes, outputs)
     return Node(Fused(sub, grp.shape), inputs, outputs, grp.nodes[-1].line)
 
-
-# ---------------------------------------------------------------- pipeline
-
-PIPELINE = (eliminate_dead_code, fold_constants, eliminate_common_subexpressions,
-            eliminate_dead_code, fuse)
-
-
-class PassError(Exception):
-    pass
-
-
-def run_pipeline(g, dump=None, passes=None, timings=None):
-    """Run the passes in order; time each, name the pass in errors, dump on request.
-
-    `dump` is a pass name (TRACEJIT_DUMP=fuse) or "all": the graph is printed to
-    stderr after that pass. Timings (seconds per pass) go to g.notes["pass_seconds"].
-    """
-    if dump is None:
-        dump = os.environ.get("TRACEJIT_DUMP")
-    times = {}
-    for p in (PIPELINE if passes is None else passes):
-        name = p.__name__
-        t0 = time.perf_counter()
-        try:
-            g = p(g)
-        except Exception as e:
-            raise PassError(f"pass {name} failed on graph {g.name}: "
-                            f"{type(e).__name__}: {e}") from e
-        times[name] = times.get(name, 0.0) + time.perf_counter() - t0
-        if dump and (dump == name or dump == "all"):
-            print(f"# after {name}\n{g}", file=sys.stderr)
-    g.notes["pass_seconds"] = {k: round(v, 6) for k, v in times.items()}
-    if timings is not None:
-        timings.update(times)
-    return g
-
-
-def is_fused(g):
-    return any(n.kind == FUSED for n in g.nodes)
-
-
-__all__ = ["Fused", "FUSED", "eliminate_dead_code", "eliminate_common_subexpressions",
-           "fold_constants", "fuse", "PIPELINE", "run_pipeline", "PassError"]

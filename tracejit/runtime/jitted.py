@@ -1,4 +1,4 @@
-"""tracejit.jit: the decorator, its variant cache, and the compiled call.
+"""tracejit.runtime.jitted: the decorator, its variant cache, and the compiled call.
 
 The path of one call: the arguments give a signature key (shapes, dtypes, static
 values, grad mode). Under that key sit the variants traced so far, one per sequence
@@ -21,17 +21,19 @@ import warnings
 
 import numpy as np
 
-from tracejit import core, pystate, tracing
-from tracejit.autodiff import trace_backward
-from tracejit.checking import (LiveState, first_difference, gradient_difference,
+from tracejit import core
+from tracejit.trace import pystate
+from tracejit.trace import record as tracing
+from tracejit.trace.backward import trace_backward
+from tracejit.runtime.checking import (LiveState, first_difference, gradient_difference,
                                identity_difference)
 from tracejit.core import Config, Parameter, Variable
-from tracejit.pytree import (ARR, FLT, VAR, arg_at, arg_names, flatten_args, flatten_result,
+from tracejit.trace.pytree import (ARR, FLT, VAR, arg_at, arg_names, flatten_args, flatten_result,
                              leaf_key, result_leaves, strip_tracers, unflatten)
-from tracejit.signature import PAR, alias_pattern, key_change, key_distance
-from tracejit.tracing import TracedArray, TracedFloat, Trace, wrapped_function
-from tracejit.trace_ops import GuardFailure
-from tracejit.variant import (MISS, SLOW, InplaceAlias, JitWarning, Stale, Variant,
+from tracejit.runtime.signature import PAR, alias_pattern, key_change, key_distance
+from tracejit.trace.record import TracedArray, TracedFloat, Trace, wrapped_function
+from tracejit.ops.trace_only import GuardFailure
+from tracejit.runtime.variant import (MISS, SLOW, InplaceAlias, JitWarning, Stale, Variant,
                               compile_graph)
 
 log = logging.getLogger("tracejit")
@@ -90,6 +92,9 @@ def _read(counter):
 
 class Jitted:
     """The callable `tj.jit(f)` returns."""
+
+    # Read by trace.pystate, which follows a nested jit into its function.
+    _tracejit_jitted = True
 
     def __init__(self, fn, static_argnums=(), static_argnames=(), max_variants=8,
                  backend="auto", parallel=None, cache=True, check=None, name=None):
@@ -1299,7 +1304,7 @@ def _set_stream_state(gen, state):
 
 
 def _optimize(g):
-    from tracejit.codegen import optimize
+    from tracejit.backends.numba import optimize
     return optimize(g)
 
 

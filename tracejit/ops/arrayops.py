@@ -8,7 +8,7 @@ import numpy as np
 from tracejit import functions as F
 from tracejit.core import (MATMUL, MOVEMENT, RANDOM, REDUCTION, Function, ShapeDtype, Variable,
                            static_value)
-from tracejit.primitive import primitive, probe_dtype, sum_to_shape
+from tracejit.ops.primitive import primitive, probe_dtype, sum_to_shape
 
 # ---------------------------------------------------------------- reductions
 

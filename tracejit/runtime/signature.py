@@ -10,7 +10,7 @@ in the user's terms how a new key differs from an old one (the retrace log).
 import numpy as np
 
 from tracejit.core import Config, Parameter, Variable
-from tracejit.pytree import ARR, FLT, VAR
+from tracejit.trace.pytree import ARR, FLT, VAR
 
 PAR = "P"        # a Parameter argument in a signature key (VAR: a Variable)
 

@@ -1,4 +1,4 @@
-"""tracejit.testing: tools for testing differentiable code, yours and tracejit's own.
+"""gradcheck and assert_jit_matches_eager: checks of differentiable code, yours and ours.
 
 `gradcheck` compares the analytic gradient of a function (from `backward()`) with
 central differences in float64, contracting the outputs with seeded random cotangents
@@ -14,15 +14,7 @@ import numpy as np
 from tracejit.core import Variable, as_variable
 from tracejit import functions as F
 
-__all__ = ["gradcheck", "assert_jit_matches_eager", "strategies"]
-
-
-def __getattr__(name):
-    # `from tracejit.testing import strategies` imports hypothesis only when asked for.
-    if name == "strategies":
-        from tracejit import testing_strategies
-        return testing_strategies
-    raise AttributeError(f"module 'tracejit.testing' has no attribute {name!r}")
+__all__ = ["gradcheck", "assert_jit_matches_eager"]
 
 
 # ---------------------------------------------------------------- helpers
@@ -335,7 +327,7 @@ def _perturb(a, rng):
 def _results_and_grads(fn, args, seed):
     """What a call gives, in terms two calls on different copies can compare: per
     result leaf (path, kind, value, identity), and the gradients of the arguments."""
-    from tracejit.checking import leaves_with_paths
+    from tracejit.runtime.checking import leaves_with_paths
     args = [Variable(a.data.copy()) if isinstance(a, Variable) else a for a in args]
     wrt = [Variable(a) if isinstance(a, np.ndarray) and _is_float(a) else a for a in args]
     out = fn(*wrt)

@@ -1,0 +1,5 @@
+import sys
+
+from tracejit.testing.fuzz.cli import main
+
+sys.exit(main())

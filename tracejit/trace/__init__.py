@@ -1,0 +1,3 @@
+"""Tracing: tracer values (values.py), recording a call into a Graph (record.py),
+Python state the call reads (pystate.py), argument/result trees (pytree.py), shape-only
+evaluation (abstract.py) and the traced backward (backward.py)."""

@@ -1,0 +1,228 @@
+"""The backward of a traced region: the eager backward, traced, split from the forward
+(trace_backward); tracejit.passes.remat chooses which forward values it recomputes
+rather than saves.
+"""
+import numpy as np
+
+from tracejit import core, passes
+from tracejit.core import DictGrads, Variable, backprop
+from tracejit.ir import Graph, Value
+from tracejit.ops.trace_only import GUARD
+from tracejit.passes import remat
+from tracejit.trace.pytree import VAR
+
+
+def trace_backward(tr, out_raw, out_leaves):
+    """Trace the eager backward over the traced forward: the backward graph."""
+    # Variables at the region's boundary: arguments and captures, of every dtype (eager
+    # gives an int Variable the float gradient of `x + w`; primitives return None for
+    # most int inputs, and then so does the compiled backward).
+    boundary = []
+    leaf_of = {id(val): i for i, val in tr.arg_inputs}
+    for var, val in tr.arg_vars.values():
+        boundary.append((("arg", leaf_of[id(val)]), var))
+    grad_owner = {id(v): obj for v, (kind, obj) in tr.captures if kind == "grad"}
+    for var, val in tr.captured_vars.values():
+        owner = grad_owner.get(id(val))
+        if owner is None:
+            boundary.append((("var", var), var))
+        else:
+            # A .grad used as an operand (F.sum(W.grad * x)): eager gives that .grad
+            # Variable a gradient of its own. The compiled backward gives it to the .grad
+            # the call read, found through its owner at call time (the runner), as the
+            # forward reads its data (variant.read_capture), not the traced call's.
+            leaf = tr.arg_leaf.get(id(owner))
+            boundary.append((("arggrad", leaf) if leaf is not None else ("grad", owner),
+                             var))
+    outs = [x for x in out_raw if isinstance(x, Variable)]
+    roots = [y for y in outs if y.creator is not None and y.creator in tr.functions
+             and y.dtype.kind in "fc"]
+    if not boundary or not roots:
+        return None, []
+    g = tr.graph
+    n_nodes = len(g.nodes)
+    n_inputs = len(g.inputs)
+    grads = DictGrads()
+    gy_values = {}
+    out_index = {}
+    # gys are numbered like the compiled call's output Variables (its creator's outputs).
+    k = 0
+    for x, (kind, _, b) in zip(out_raw, out_leaves):
+        if kind == "out" and b == VAR:
+            out_index.setdefault(id(x), k)
+            k += 1
+    roots = [y for y in roots if id(y) in out_index]
+    for y in roots:
+        gy = Variable(np.ones_like(y._data))
+        gv = tr.add_input(y.shape, y.dtype, f"g{out_index[id(y)]}")
+        gy._tv = gv
+        tr.owner[id(gv)] = gy
+        gy_values[id(gv)] = out_index[id(y)]
+        grads.set(y, gy)
+    # Traced as backward(create_graph=True) computes (the same values as a plain
+    # backward): the nodes then say what a create_graph replay differentiates, as
+    # eager would (a .data read in a user backward is a leaf, not a path).
+    tr.region_backward = True
+    backprop(roots, grads=grads, within=tr.functions, create_graph=True)
+    tr.bwd_line = None
+    bwd_nodes = g.nodes[n_nodes:]
+    if any(n.kind == GUARD for n in bwd_nodes) or tr.escapes:
+        return "escape", []
+    grad_values = []
+    diff_sources = []
+    for src, var in boundary:
+        gvar = grads.get(var)
+        diff_sources.append(src)
+        grad_values.append(None if gvar is None else tr.value_of(gvar))
+    # Backward graph inputs: forward values it reads (saved), and the gys.
+    defined = {id(v) for n in bwd_nodes for v in n.outputs}
+    fwd_inputs = g.inputs[:n_inputs]
+    bwd_inputs, sources, saved = [], [], []
+    seen = set()
+    new_caps = {id(v) for v in g.inputs[n_inputs:] if id(v) not in gy_values}
+    cap_source = {id(v): src for v, src in tr.captures if id(v) in new_caps}
+
+    # Inputs the call updates in place (param.data -= ...) hold new values by the time
+    # the backward runs. The backward reads such an input's buffer as it is then, as
+    # eager's backward reads the Variable's data; but nothing computed from the input is
+    # recomputed from that buffer (those values are saved).
+    mutated = mutated_inputs(tr)
+    fwd_pos = {id(v): i for i, v in enumerate(fwd_inputs)}
+    # What the backward reads, counted over live nodes only: a dead one (the gradient
+    # of a literal operand, x * 0.5) would make the forward save what it reads.
+    outs_b = [v for v in grad_values if v is not None]
+    bwd_nodes = passes.eliminate_dead_code(Graph("", (), bwd_nodes, outs_b)).nodes
+    needed = [v for n in bwd_nodes for v in n.inputs] + outs_b
+    # Captured state (a Parameter) may also be updated in place between this call and
+    # its backward (an optimizer step on another loss): eager's backward then still has
+    # the intermediates computed from the old values, so none computed from captured
+    # state is recomputed from its buffer either.
+    live = {id(v) for v, _ in tr.captures}
+    recompute = recompute_rule(g.nodes[:n_nodes], needed, mutated | live)
+    recomputed = {}
+
+    def need(v):
+        if not isinstance(v, Value) or id(v) in defined or id(v) in seen:
+            return
+        seen.add(id(v))
+        node = recompute.get(id(v))
+        if node is not None:
+            # Cheaper to recompute in the backward kernel than to store and reload.
+            recomputed[node[0]] = node[1]
+            for u in node[1].inputs:
+                need(u)
+            return
+        bwd_inputs.append(v)
+        if id(v) in gy_values:
+            sources.append(("gy", gy_values[id(v)]))
+        elif id(v) in new_caps:
+            # Captured by the backward alone (a constant array a user Function's
+            # backward builds): read from where it lives, like a forward capture.
+            sources.append(cap_source[id(v)])
+        elif id(v) in fwd_pos:
+            sources.append(("input", fwd_pos[id(v)]))   # the call's own input array
+        else:
+            sources.append(("saved", len(saved)))
+            saved.append(v)
+
+    for n in bwd_nodes:
+        for v in n.inputs:
+            need(v)
+    for v in grad_values:
+        if v is not None:
+            need(v)
+    bwd_nodes = [recomputed[i] for i in sorted(recomputed)] + bwd_nodes
+    slot, grad_slots = 0, []
+    for v in grad_values:
+        if v is None:
+            grad_slots.append(None)
+        else:
+            grad_slots.append(slot)
+            slot += 1
+    bgraph = Graph(g.name + "_backward", bwd_inputs, bwd_nodes, outs_b,
+                   [v.name for v in bwd_inputs])
+    # The joint graph (for create_graph): all inputs, all nodes.
+    joint = Graph(g.name + "_joint", g.inputs, g.nodes,
+                  outs_b, g.input_names)
+    pos = {id(v): i for i, v in enumerate(g.inputs)}
+    joint_diff = []
+    for src, var in boundary:
+        val = tr.arg_vars[id(var)][1] if src[0] == "arg" else tr.captured_vars[id(var)][1]
+        joint_diff.append(pos[id(val)])
+    joint_gy = {pos[id(v)]: gy_values[id(v)] for v in g.inputs if id(v) in gy_values}
+    recomputed_bytes = sum(v.nbytes for n in recomputed.values() for v in n.outputs)
+    info = dict(graph=bgraph, sources=sources, grad_slots=grad_slots, saved=saved,
+                saved_bytes=sum(v.nbytes for v in saved), recomputed_bytes=recomputed_bytes,
+                joint=joint, joint_diff_inputs=joint_diff, joint_gy_inputs=joint_gy,
+                joint_grad_slots=grad_slots)
+    info["joint_captures"] = {pos[id(v)]: cap_source[id(v)] for v in g.inputs
+                              if id(v) in new_caps}
+    # A create_graph replay recomputes the forward with NumPy from the inputs as they
+    # are at backward time: right for values computed from inputs nothing changes (as
+    # eager computed them, bit for bit), wrong for those computed from an input the call
+    # updates in place or live captured state, which may have changed since. Those the
+    # backward reads were saved (remat never recomputes them): the replay takes them
+    # from the call. Only those: a saved value next to a NumPy-recomputed one could
+    # differ by rounding, and a max's mask (x == max) would then lose its gradient.
+    tainted = set(mutated | live)
+    for n in g.nodes[:n_nodes]:
+        if any(isinstance(u, Value) and id(u) in tainted for u in n.inputs):
+            tainted.update(id(o) for o in n.outputs)
+    info["replay_saved"] = [k for k, v in enumerate(saved) if id(v) in tainted]
+    info["grad_dtypes"] = _grad_dtypes(tr, roots, out_index, boundary)
+    info["joint_meta"] = tr.grad_meta
+    info["replay_refusal"] = tr.replay_refusal
+    # The trace's own Variables at the boundary (a .grad source names its owner).
+    info["diff_traced"] = [var for _, var in boundary]
+    return info, diff_sources
+
+
+def _grad_dtypes(tr, roots, out_index, boundary):
+    """Per output k (the gys' numbering), per boundary Variable: the dtype of the
+    gradient eager's backward from that output alone gives it (None: none). A backward
+    from some of the outputs gets eager's dtype from these: the compiled backward also
+    adds the others' zero contributions, whose dtype may promote (a float32 input
+    reached through float64 from one output and float32 from another). None when every
+    output gives every input the same dtype (the common case costs nothing)."""
+    if len(roots) < 2:
+        return None
+    table = {}
+    prev = core.set_trace(None)       # eager, unrecorded: only the dtypes are wanted
+    try:
+        with core.no_grad():
+            for y in roots:
+                grads = DictGrads()
+                grads.set(y, Variable(np.ones_like(y._data)))
+                backprop([y], grads=grads, within=tr.functions)
+                table[out_index[id(y)]] = [None if grads.get(var) is None else
+                                           grads.get(var).dtype for _, var in boundary]
+    finally:
+        core.set_trace(prev)
+    for j in range(len(boundary)):
+        if len({row[j] for row in table.values() if row[j] is not None}) > 1:
+            return table
+    return None
+
+
+def mutated_inputs(tr):
+    """ids of the graph inputs whose objects the trace updates in place."""
+    targets = {id(obj) for _, obj, _ in tr.effects}
+    out = {id(v) for v, (_, obj) in tr.captures if id(obj) in targets}
+    by_leaf = dict(tr.arg_inputs)
+    out |= {id(by_leaf[leaf]) for obj_id, leaf in tr.arg_leaf.items()
+            if obj_id in targets and leaf in by_leaf}
+    return out
+
+
+def recompute_rule(fwd_nodes, needed, mutated=frozenset()):
+    """id(value) -> (index, node) for forward values the backward recomputes.
+
+    The minimum cut of tracejit.passes.remat: of the values the backward reads (`needed`),
+    the forward saves the fewest bytes it can, and the backward recomputes the rest
+    from those and from the call's inputs. Reductions, matmuls, random draws, opaque
+    nodes, costly elementwise math and values computed from inputs the call mutates
+    are never recomputed; on a graph of 0-d values everything else is (the cost is the
+    call, not the memory).
+    """
+    return remat.partition(fwd_nodes, needed, mutated).recompute_map()
+
