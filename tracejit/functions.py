@@ -455,3 +455,12 @@ def softmax_cross_entropy_simple(x, t):
     log_p = log(p)
     tlog_p = get_item(log_p, (np.arange(N), reshape(t, (N,))))
     return -1 * sum(tlog_p) / N
+
+
+# ---------------------------------------------------------------- convolutions
+# DeZero's functions module ends by importing these from functions_conv; so does this
+# one (at the end: functions_conv's primitives call back into this module).
+from tracejit.functions_conv import (  # noqa: E402,F401
+    conv2d, deconv2d, conv2d_simple, im2col, col2im, im2col_array, col2im_array,
+    pooling_simple, pooling, average_pooling, Conv2d, Deconv2d, Conv2DGradW, Pooling,
+    Pooling2DGrad, Pooling2DWithIndexes, AveragePooling, Im2col, Col2im)

@@ -1,0 +1,446 @@
+"""Convolution primitives (DeZero's functions_conv): im2col / col2im, conv2d, deconv2d,
+the weight gradient Conv2DGradW, max pooling with its two index-carrying companions,
+and average pooling. Images are NCHW; conv weights are (OC, C, KH, KW), deconv
+weights (C, OC, KH, KW), as in DeZero.
+
+Every op here is a NumPy call on whole arrays (a BLAS product or a strided copy), so
+each has the MATMUL kind: under jit it runs as one call between fused kernels, and a
+graph holding one keeps its kernels serial (BLAS threads and numba's would contend).
+Backward rules are written with these same ops (conv's is deconv's forward and back),
+so higher-order gradients trace.
+
+Max pooling keeps no state between forward and backward (DeZero keeps the argmax on
+the Function): a compiled plan runs a fresh copy of each op, so Pooling2DGrad and
+Pooling2DWithIndexes take the pooled input x and find the argmax again.
+"""
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from tracejit import functions as F
+from tracejit.core import MATMUL, Function, ShapeDtype
+
+# ---------------------------------------------------------------- sizes
+
+
+def pair(x, name="size"):
+    """(x, x) for an int, x for a pair of ints (DeZero's utils.pair), else ValueError."""
+    if isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
+        return (int(x), int(x))
+    if isinstance(x, (tuple, list)) and len(x) == 2 and all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+            for v in x):
+        return (int(x[0]), int(x[1]))
+    raise ValueError(f"{name} must be an int or a pair of ints, got {x!r}")
+
+
+def get_conv_outsize(input_size, kernel_size, stride, pad):
+    return (input_size + pad * 2 - kernel_size) // stride + 1
+
+
+def get_deconv_outsize(size, k, s, p):
+    return s * (size - 1) + k - 2 * p
+
+
+def _window(name, kernel_size, stride, pad):
+    """The static (kernel, stride, pad) pairs of an op, checked once at construction."""
+    k, s, p = pair(kernel_size, f"{name}: kernel_size"), pair(stride, f"{name}: stride"), \
+        pair(pad, f"{name}: pad")
+    if min(k) < 1 or min(s) < 1 or min(p) < 0:
+        raise ValueError(f"{name}: kernel_size and stride must be >= 1 and pad >= 0, got "
+                         f"kernel_size={k}, stride={s}, pad={p}")
+    return k, s, p
+
+
+def _out_hw(name, shape, k, s, p):
+    if len(shape) != 4:
+        raise ValueError(f"{name}: the input must be 4-D (N, C, H, W), got shape {shape}")
+    oh = get_conv_outsize(shape[2], k[0], s[0], p[0])
+    ow = get_conv_outsize(shape[3], k[1], s[1], p[1])
+    if oh < 1 or ow < 1:
+        raise ValueError(f"{name}: a {k[0]}x{k[1]} window with pad {p} does not fit an "
+                         f"input of height x width {shape[2]}x{shape[3]} (output "
+                         f"{oh}x{ow})")
+    return oh, ow
+
+
+def _col_shape(name, col_shape, img_shape, k, s, p, to_matrix):
+    """The column shape an image of img_shape gives; ValueError if col_shape is not it."""
+    oh, ow = _out_hw(name, tuple(img_shape), k, s, p)
+    N, C = img_shape[:2]
+    want = (N * oh * ow, C * k[0] * k[1]) if to_matrix else (N, C, k[0], k[1], oh, ow)
+    if col_shape is not None and tuple(col_shape) != want:
+        raise ValueError(f"{name}: columns of shape {tuple(col_shape)} do not match an "
+                         f"image of shape {tuple(img_shape)} (expected {want})")
+    return want
+
+
+# ---------------------------------------------------------------- NumPy kernels
+
+def im2col_array(img, kernel_size, stride, pad, to_matrix=True):
+    """Patches of an NCHW image: (N, C, KH, KW, OH, OW), or (N*OH*OW, C*KH*KW) with
+    to_matrix (DeZero's layout). A strided view of the padded image, copied once."""
+    k, s, p = _window("im2col", kernel_size, stride, pad)
+    N, C, H, W = img.shape
+    oh, ow = _out_hw("im2col", img.shape, k, s, p)
+    if p != (0, 0):
+        img = np.pad(img, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
+    else:
+        img = np.ascontiguousarray(img)
+    sn, sc, sh, sw = img.strides
+    view = as_strided(img, (N, C, k[0], k[1], oh, ow),
+                      (sn, sc, sh, sw, sh * s[0], sw * s[1]), writeable=False)
+    if to_matrix:
+        return view.transpose(0, 4, 5, 1, 2, 3).reshape(N * oh * ow, -1)
+    return np.ascontiguousarray(view)
+
+
+def col2im_array(col, img_shape, kernel_size, stride, pad, to_matrix=True):
+    """The adjoint of im2col_array: every patch element added back to its pixel.
+
+    One strided add per kernel offset (KH*KW adds of whole (N, C, OH, OW) slabs), not
+    np.add.at's element-by-element scatter."""
+    k, s, p = _window("col2im", kernel_size, stride, pad)
+    N, C, H, W = img_shape
+    oh, ow = _out_hw("col2im", tuple(img_shape), k, s, p)
+    if to_matrix:
+        col = col.reshape(N, oh, ow, C, k[0], k[1]).transpose(0, 3, 4, 5, 1, 2)
+    # Room for the last window at every offset: (oh - 1) * s + k <= H + 2p.
+    img = np.zeros((N, C, H + 2 * p[0], W + 2 * p[1]), dtype=col.dtype)
+    for j in range(k[0]):
+        j_lim = j + s[0] * oh
+        for i in range(k[1]):
+            i_lim = i + s[1] * ow
+            img[:, :, j:j_lim:s[0], i:i_lim:s[1]] += col[:, :, j, i, :, :]
+    return np.ascontiguousarray(img[:, :, p[0]:H + p[0], p[1]:W + p[1]])
+
+
+def _conv_forward(x, W, s, p):
+    OC, C, KH, KW = W.shape
+    N = x.shape[0]
+    col = im2col_array(x, (KH, KW), s, p, to_matrix=False)
+    oh, ow = col.shape[4:]
+    # (OC, C*KH*KW) @ (N, C*KH*KW, OH*OW): NCHW comes out directly, no transpose copy.
+    y = np.matmul(W.reshape(OC, -1), col.reshape(N, C * KH * KW, oh * ow))
+    return y.reshape(N, OC, oh, ow)
+
+
+def _deconv_forward(x, W, s, p, outsize):
+    C, OC, KH, KW = W.shape
+    N, _, H, Wd = x.shape
+    # (OC*KH*KW, C) @ (N, C, H*W): the columns conv2d would have read, then summed back.
+    gcol = np.matmul(W.reshape(C, -1).T, x.reshape(N, C, H * Wd))
+    gcol = gcol.reshape(N, OC, KH, KW, H, Wd)
+    return col2im_array(gcol, (N, OC) + outsize, (KH, KW), s, p, to_matrix=False)
+
+
+def _grad_w_forward(x, gy, k, s, p):
+    col = im2col_array(x, k, s, p, to_matrix=False)
+    return np.tensordot(gy, col, ((0, 2, 3), (0, 4, 5)))
+
+
+# ---------------------------------------------------------------- shape checks
+
+def _check_conv(name, x, W, b=None):
+    if x.ndim != 4:
+        raise ValueError(f"{name}: x must be 4-D (N, C, H, W), got shape {x.shape}")
+    if W.ndim != 4:
+        raise ValueError(f"{name}: W must be 4-D, got shape {W.shape}")
+    if b is not None and b.shape != (W.shape[0 if name == "conv2d" else 1],):
+        raise ValueError(f"{name}: b must have shape ({W.shape[0 if name == 'conv2d' else 1]},)"
+                         f", got {b.shape}")
+
+
+def _dtype(*specs):
+    return np.result_type(*[s.dtype for s in specs])
+
+
+def _with_bias(y, b):
+    # DeZero adds b in forward; here only in the Function form called with a bias.
+    if b is not None:
+        y += b.reshape(1, -1, 1, 1)
+    return y
+
+
+class _ConvBase(Function):
+    kind = MATMUL
+
+    def __call__(self, x, W, b=None):
+        # DeZero's Conv2d(...)(x, W, None): a bias of None is no input at all.
+        return super().__call__(x, W) if b is None else super().__call__(x, W, b)
+
+
+# ---------------------------------------------------------------- primitives
+
+class Conv2d(_ConvBase):
+    """y[n, o] = sum_c,kh,kw x_pad[n, c, oh*s + kh, ow*s + kw] W[o, c, kh, kw] (+ b[o])."""
+
+    params = ("stride", "pad")
+
+    def __init__(self, stride=1, pad=0):
+        _, self.stride, self.pad = _window("conv2d", 1, stride, pad)
+
+    def forward(self, x, W, b=None):
+        if x.ndim != 4 or W.ndim != 4 or x.shape[1] != W.shape[1]:
+            self.shape_rule(*[ShapeDtype(a.shape, a.dtype) for a in (x, W)])
+        y = _conv_forward(x, W, self.stride, self.pad)
+        return _with_bias(y.astype(np.result_type(x, W, *(() if b is None else (b,))),
+                                   copy=False), b)
+
+    def backward(self, gy):
+        x, W, *b = self.inputs
+        gx = F.deconv2d(gy, W, stride=self.stride, pad=self.pad, outsize=x.shape[2:])
+        gW = Conv2DGradW(W.shape[2:], self.stride, self.pad)(x, gy)
+        if b:
+            return gx, gW, F.sum(gy, axis=(0, 2, 3))
+        return gx, gW
+
+    def shape_rule(self, x, W, b=None):
+        _check_conv("conv2d", x, W, b)
+        if x.ndim != 4 or x.shape[1] != W.shape[1]:
+            raise ValueError(f"conv2d: x of shape {x.shape} (N, C, H, W) does not match W "
+                             f"of shape {W.shape} (OC, C, KH, KW): C differs")
+        oh, ow = _out_hw("conv2d", x.shape, W.shape[2:], self.stride, self.pad)
+        dtype = _dtype(x, W) if b is None else _dtype(x, W, b)
+        return ShapeDtype((x.shape[0], W.shape[0], oh, ow), dtype)
+
+
+class Deconv2d(_ConvBase):
+    """The transposed convolution: conv2d's gradient with respect to its input."""
+
+    params = ("stride", "pad", "outsize")
+
+    def __init__(self, stride=1, pad=0, outsize=None):
+        _, self.stride, self.pad = _window("deconv2d", 1, stride, pad)
+        if outsize is not None and not isinstance(outsize, (int, np.integer)):
+            outsize = tuple(outsize)
+        self.outsize = None if outsize is None else pair(outsize, "deconv2d: outsize")
+
+    def _outsize(self, x_shape, W_shape):
+        if self.outsize is not None:
+            return self.outsize
+        return (get_deconv_outsize(x_shape[2], W_shape[2], self.stride[0], self.pad[0]),
+                get_deconv_outsize(x_shape[3], W_shape[3], self.stride[1], self.pad[1]))
+
+    def forward(self, x, W, b=None):
+        self.shape_rule(*[ShapeDtype(a.shape, a.dtype) for a in (x, W)])
+        y = _deconv_forward(x, W, self.stride, self.pad, self._outsize(x.shape, W.shape))
+        return _with_bias(y.astype(np.result_type(x, W, *(() if b is None else (b,))),
+                                   copy=False), b)
+
+    def backward(self, gy):
+        x, W, *b = self.inputs
+        gx = F.conv2d(gy, W, stride=self.stride, pad=self.pad)
+        gW = Conv2DGradW(W.shape[2:], self.stride, self.pad)(gy, x)
+        if b:
+            return gx, gW, F.sum(gy, axis=(0, 2, 3))
+        return gx, gW
+
+    def shape_rule(self, x, W, b=None):
+        _check_conv("deconv2d", x, W, b)
+        if x.ndim != 4 or x.shape[1] != W.shape[0]:
+            raise ValueError(f"deconv2d: x of shape {x.shape} (N, C, H, W) does not match W "
+                             f"of shape {W.shape} (C, OC, KH, KW): C differs")
+        oh, ow = self._outsize(x.shape, W.shape)
+        if oh < 1 or ow < 1:
+            raise ValueError(f"deconv2d: the output size {oh}x{ow} is empty")
+        # The output must be an image the matching conv2d maps back onto x's size.
+        back = _out_hw("deconv2d", (1, 1, oh, ow), W.shape[2:], self.stride, self.pad)
+        if back != tuple(x.shape[2:]):
+            raise ValueError(f"deconv2d: outsize {(oh, ow)} does not match x's height x "
+                             f"width {x.shape[2:]} (conv2d of an {oh}x{ow} image with "
+                             f"this kernel, stride and pad gives {back[0]}x{back[1]})")
+        dtype = _dtype(x, W) if b is None else _dtype(x, W, b)
+        return ShapeDtype((x.shape[0], W.shape[1], oh, ow), dtype)
+
+
+class Conv2DGradW(Function):
+    """conv2d's weight gradient from its input x and output gradient gy.
+
+    Conv2DGradW(conv) takes the window from a Conv2d or Deconv2d call as DeZero's
+    does; Conv2DGradW(kernel_size, stride, pad) gives it directly."""
+
+    kind = MATMUL
+    params = ("kernel_size", "stride", "pad")
+
+    def __init__(self, kernel_size, stride=1, pad=0):
+        if isinstance(kernel_size, (Conv2d, Deconv2d)):
+            conv = kernel_size
+            kernel_size, stride, pad = conv.inputs[1].shape[2:], conv.stride, conv.pad
+        if not isinstance(kernel_size, (int, np.integer)):
+            kernel_size = tuple(kernel_size)
+        self.kernel_size, self.stride, self.pad = _window("conv2d", kernel_size, stride, pad)
+
+    def forward(self, x, gy):
+        self.shape_rule(ShapeDtype(x.shape, x.dtype), ShapeDtype(gy.shape, gy.dtype))
+        gW = _grad_w_forward(x, gy, self.kernel_size, self.stride, self.pad)
+        return gW.astype(np.result_type(x, gy), copy=False)
+
+    def backward(self, ggW):
+        x, gy = self.inputs
+        gx = F.deconv2d(gy, ggW, stride=self.stride, pad=self.pad, outsize=x.shape[2:])
+        ggy = F.conv2d(x, ggW, stride=self.stride, pad=self.pad)
+        return gx, ggy
+
+    def shape_rule(self, x, gy):
+        oh, ow = _out_hw("conv2d", x.shape, self.kernel_size, self.stride, self.pad)
+        if gy.ndim != 4 or gy.shape[0] != x.shape[0] or gy.shape[2:] != (oh, ow):
+            raise ValueError(f"conv2d: the output gradient's shape {gy.shape} does not match "
+                             f"the output of an input of shape {x.shape} "
+                             f"(N={x.shape[0]}, OH x OW = {oh}x{ow})")
+        return ShapeDtype((gy.shape[1], x.shape[1]) + self.kernel_size, _dtype(x, gy))
+
+
+# ---------------------------------------------------------------- pooling
+
+def _pool_cols(x, k, s, p):
+    N, C = x.shape[:2]
+    col = im2col_array(x, k, s, p, to_matrix=False)
+    return col.reshape(N, C, k[0] * k[1], col.shape[4], col.shape[5])
+
+
+class _Window(Function):
+    kind = MATMUL
+    params = ("kernel_size", "stride", "pad")
+
+    def __init__(self, kernel_size, stride=1, pad=0):
+        if isinstance(kernel_size, _Window):        # DeZero: Pooling2DGrad(pooling_fn)
+            src = kernel_size
+            kernel_size, stride, pad = src.kernel_size, src.stride, src.pad
+        self.kernel_size, self.stride, self.pad = _window(
+            type(self).__name__.lower(), kernel_size, stride, pad)
+
+    def _pooled(self, x):
+        oh, ow = _out_hw(type(self).__name__.lower(), x.shape, self.kernel_size, self.stride,
+                         self.pad)
+        return x.shape[:2] + (oh, ow)
+
+
+class Pooling(_Window):
+    """Max pooling; padding is zeros, as in DeZero (a window of negatives over the
+    border pools to 0). The gradient goes to the first maximum of each window."""
+
+    def forward(self, x):
+        self._pooled(x)
+        return _pool_cols(x, self.kernel_size, self.stride, self.pad).max(axis=2)
+
+    def backward(self, gy):
+        x, = self.inputs
+        return Pooling2DGrad(self.kernel_size, self.stride, self.pad)(x, gy)
+
+    def shape_rule(self, x):
+        return ShapeDtype(self._pooled(x), x.dtype)
+
+
+class Pooling2DGrad(_Window):
+    """Max pooling's input gradient: gy scattered to each window's argmax in x."""
+
+    def forward(self, x, gy):
+        self.shape_rule(ShapeDtype(x.shape, x.dtype), ShapeDtype(gy.shape, gy.dtype))
+        k = self.kernel_size
+        col = _pool_cols(x, k, self.stride, self.pad)
+        idx = col.argmax(axis=2)[:, :, None]
+        gcol = np.zeros(col.shape, dtype=gy.dtype)
+        np.put_along_axis(gcol, idx, gy[:, :, None], axis=2)
+        N, C, _, oh, ow = col.shape
+        return col2im_array(gcol.reshape(N, C, k[0], k[1], oh, ow), x.shape, k, self.stride,
+                            self.pad, to_matrix=False)
+
+    def backward(self, ggx):
+        x, _ = self.inputs
+        # Piecewise linear in gy, constant in x (away from ties).
+        return None, Pooling2DWithIndexes(self.kernel_size, self.stride, self.pad)(x, ggx)
+
+    def shape_rule(self, x, gy):
+        if gy.shape != self._pooled(x):
+            raise ValueError(f"pooling: the output gradient's shape {gy.shape} does not "
+                             f"match the pooled shape {self._pooled(x)}")
+        return ShapeDtype(x.shape, gy.dtype)
+
+
+class Pooling2DWithIndexes(_Window):
+    """z pooled at the positions where x has its window maxima (z has x's shape)."""
+
+    def forward(self, x, z):
+        self.shape_rule(ShapeDtype(x.shape, x.dtype), ShapeDtype(z.shape, z.dtype))
+        k, s, p = self.kernel_size, self.stride, self.pad
+        idx = _pool_cols(x, k, s, p).argmax(axis=2)[:, :, None]
+        return np.take_along_axis(_pool_cols(z, k, s, p), idx, axis=2)[:, :, 0]
+
+    def backward(self, gy):
+        x, _ = self.inputs
+        return None, Pooling2DGrad(self.kernel_size, self.stride, self.pad)(x, gy)
+
+    def shape_rule(self, x, z):
+        if z.shape != x.shape:
+            raise ValueError(f"pooling: the array to pool ({z.shape}) must have the shape "
+                             f"of the pooled input ({x.shape})")
+        return ShapeDtype(self._pooled(x), z.dtype)
+
+
+class AveragePooling(_Window):
+    """The mean of each window (padding zeros count, as in DeZero)."""
+
+    def forward(self, x):
+        self._pooled(x)
+        y = _pool_cols(x, self.kernel_size, self.stride, self.pad).mean(axis=2)
+        return y.astype(x.dtype, copy=False) if x.dtype.kind == "f" else y
+
+    def backward(self, gy):
+        x, = self.inputs
+        k = self.kernel_size
+        N, C, oh, ow = gy.shape
+        g = F.reshape(gy / (k[0] * k[1]), (N, C, 1, 1, oh, ow))
+        gcol = F.broadcast_to(g, (N, C, k[0], k[1], oh, ow))
+        return Col2im(x.shape, k, self.stride, self.pad, False)(gcol)
+
+    def shape_rule(self, x):
+        dtype = x.dtype if x.dtype.kind == "f" else np.dtype(np.float64)
+        return ShapeDtype(self._pooled(x), dtype)
+
+
+# ---------------------------------------------------------------- im2col / col2im
+
+class Im2col(Function):
+    kind = MATMUL
+    params = ("kernel_size", "stride", "pad", "to_matrix")
+
+    def __init__(self, kernel_size, stride=1, pad=0, to_matrix=True):
+        self.kernel_size, self.stride, self.pad = _window("im2col", kernel_size, stride, pad)
+        self.to_matrix = bool(to_matrix)
+
+    def forward(self, x):
+        return im2col_array(x, self.kernel_size, self.stride, self.pad, self.to_matrix)
+
+    def backward(self, gy):
+        x, = self.inputs
+        return Col2im(x.shape, self.kernel_size, self.stride, self.pad, self.to_matrix)(gy)
+
+    def shape_rule(self, x):
+        shape = _col_shape("im2col", None, x.shape, self.kernel_size, self.stride, self.pad,
+                           self.to_matrix)
+        return ShapeDtype(shape, x.dtype)
+
+
+class Col2im(Function):
+    kind = MATMUL
+    params = ("input_shape", "kernel_size", "stride", "pad", "to_matrix")
+
+    def __init__(self, input_shape, kernel_size, stride=1, pad=0, to_matrix=True):
+        self.input_shape = tuple(int(d) for d in input_shape)
+        if len(self.input_shape) != 4:
+            raise ValueError(f"col2im: input_shape must be (N, C, H, W), got {input_shape}")
+        self.kernel_size, self.stride, self.pad = _window("col2im", kernel_size, stride, pad)
+        self.to_matrix = bool(to_matrix)
+
+    def forward(self, x):
+        self.shape_rule(ShapeDtype(x.shape, x.dtype))
+        return col2im_array(x, self.input_shape, self.kernel_size, self.stride, self.pad,
+                            self.to_matrix)
+
+    def backward(self, gy):
+        return Im2col(self.kernel_size, self.stride, self.pad, self.to_matrix)(gy)
+
+    def shape_rule(self, x):
+        _col_shape("col2im", x.shape, self.input_shape, self.kernel_size, self.stride,
+                   self.pad, self.to_matrix)
+        return ShapeDtype(self.input_shape, x.dtype)
