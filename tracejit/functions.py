@@ -464,3 +464,172 @@ from tracejit.functions_conv import (  # noqa: E402,F401
     conv2d, deconv2d, conv2d_simple, im2col, col2im, im2col_array, col2im_array,
     pooling_simple, pooling, average_pooling, Conv2d, Deconv2d, Conv2DGradW, Pooling,
     Pooling2DGrad, Pooling2DWithIndexes, AveragePooling, Im2col, Col2im)
+
+
+# ---------------------------------------------------------------- batch norm, embed_id
+# Compositions of the primitives above: the gradient (through the batch mean and
+# variance) is their chain rule, and under jit the normalization fuses into kernels.
+
+def batch_norm(x, gamma, beta, mean, var, decay=0.9, eps=2e-5):
+    """Batch normalization over axis 0 of a 2-D x, or axes (0, 2, 3) of an NCHW x.
+
+    In train mode (Config.train) x is normalized with its own mean and (biased)
+    variance, and the running averages `mean` and `var` (ndarrays of shape (C,)) are
+    updated in place: mean = decay * mean + (1 - decay) * batch mean, and var alike
+    with the unbiased batch variance (DeZero's rule). In test mode (tj.test_mode())
+    they normalize x and are left unchanged."""
+    x, gamma, beta = as_variable(x), as_variable(gamma), as_variable(beta)
+    if x.ndim not in (2, 4):
+        raise ValueError(f"batch_norm: x must be 2-D (N, C) or 4-D (N, C, H, W), got "
+                         f"shape {x.shape}")
+    C = x.shape[1]
+    for name, a in (("gamma", gamma), ("beta", beta), ("mean", mean), ("var", var)):
+        if tuple(a.shape) != (C,):
+            raise ValueError(f"batch_norm: {name} must have shape ({C},) for x of shape "
+                             f"{x.shape}, got {tuple(a.shape)}")
+    axes = (0,) if x.ndim == 2 else (0, 2, 3)
+
+    def per_channel(a):
+        # (C,) against (N, C, H, W): a[:, None, None], a copy, where a reshape would be
+        # a view of the Parameter's buffer, which the tracer refuses to read after the
+        # optimizer's in-place update of that buffer (its backward is recorded later).
+        a = as_variable(a)
+        return a if x.ndim == 2 else get_item(a, (slice(None), None, None))
+    if Config.train:
+        # (`mean` is DeZero's name for the running mean argument, so no F.mean here.)
+        m = x.size // C
+        mu = sum(x, axis=axes, keepdims=True) / m
+        xc = x - mu
+        v = sum(xc * xc, axis=axes, keepdims=True) / m
+        xhat = xc / sqrt(v + eps)
+        adjust = m / builtins.max(m - 1.0, 1.0)     # unbiased estimate of the variance
+        # In place, as DeZero: the caller's arrays (a BatchNorm layer's avg_mean.data)
+        # are the running state. Under jit these writes are recorded and replayed.
+        mean *= decay
+        mean += (1 - decay) * reshape(mu, (C,)).data
+        var *= decay
+        var += (1 - decay) * adjust * reshape(v, (C,)).data
+    else:
+        xhat = (x - per_channel(mean)) / sqrt(per_channel(var) + eps)
+    return per_channel(gamma) * xhat + per_channel(beta)
+
+
+batch_nrom = batch_norm     # DeZero's name (sic)
+
+
+def embed_id(x, W):
+    """Rows of W picked by the integer ids x: W[x] (shape x.shape + (W.shape[1],))."""
+    return get_item(as_variable(W), x)
+
+
+# ---------------------------------------------------------------- DeZero's Function classes
+# DeZero computes these in dedicated Functions; tracejit's functions above compose
+# primitives instead (which is what jit fuses). The classes exist for programs that
+# name them (F.Linear()(x, W, b), subclasses): a NumPy forward as DeZero's, and a
+# backward in tracejit functions that recomputes what it needs from the inputs (never
+# from self.outputs, which may be dead), so higher-order gradients work.
+
+from tracejit.core import Function  # noqa: E402 (this section is appended)
+
+
+def _call_dropping_none(fn, xs):
+    # DeZero passes b=None to Linear; a None input is no input here.
+    return Function.__call__(fn, *[x for x in xs if x is not None])
+
+
+class Linear(Function):
+    """y = x @ W (+ b)."""
+
+    def __call__(self, x, W, b=None):
+        return _call_dropping_none(self, (x, W, b))
+
+    def forward(self, x, W, b=None):
+        y = x.dot(W)
+        return y if b is None else y + b
+
+    def backward(self, gy):
+        x, W, *b = self.inputs
+        gx = matmul(gy, transpose(W))
+        gW = matmul(transpose(x), gy)
+        return (gx, gW, sum_to(gy, b[0].shape)) if b else (gx, gW)
+
+
+class Softmax(Function):
+    # Declared: a graph node is rebuilt from its params (a copy without axis would
+    # take the default).
+    params = ("axis",)
+
+    def __init__(self, axis=1):
+        self.axis = axis
+
+    def forward(self, x):
+        y = np.exp(x - x.max(axis=self.axis, keepdims=True))
+        return y / y.sum(axis=self.axis, keepdims=True)
+
+    def backward(self, gy):
+        x, = self.inputs
+        y = softmax(x, self.axis)
+        gx = y * gy
+        return gx - y * sum(gx, axis=self.axis, keepdims=True)
+
+
+class LogSoftmax(Function):
+    # Declared: a graph node is rebuilt from its params (a copy without axis would
+    # take the default).
+    params = ("axis",)
+
+    def __init__(self, axis=1):
+        self.axis = axis
+
+    def forward(self, x):
+        m = x.max(axis=self.axis, keepdims=True)
+        return x - m - np.log(np.exp(x - m).sum(axis=self.axis, keepdims=True))
+
+    def backward(self, gy):
+        x, = self.inputs
+        return gy - softmax(x, self.axis) * sum(gy, axis=self.axis, keepdims=True)
+
+
+class MeanSquaredError(Function):
+    def forward(self, x0, x1):
+        diff = x0 - x1
+        return (diff ** 2).sum() / len(diff)
+
+    def backward(self, gy):
+        x0, x1 = self.inputs
+        diff = x0 - x1
+        gx0 = gy * diff * (2.0 / len(diff))
+        return gx0, -gx0
+
+
+class SoftmaxCrossEntropy(Function):
+    """The mean over rows of -log softmax(x)[row, t[row]]; t holds integer labels."""
+
+    def forward(self, x, t):
+        N = x.shape[0]
+        m = x.max(axis=1, keepdims=True)
+        log_p = x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+        return -log_p[np.arange(N), t.ravel()].sum() / x.dtype.type(N)
+
+    def backward(self, gy):
+        x, t = self.inputs
+        N, classes = x.shape
+        onehot = cast(equal(reshape(t, (N, 1)), np.arange(classes)[None, :]), x.dtype)
+        return (softmax(x) - onehot) * (gy / N), None
+
+
+class BatchNorm(Function):
+    """DeZero's BatchNorm(mean, var, decay, eps)(x, gamma, beta): batch_norm, with
+    the running averages `mean` and `var` (ndarrays) updated in place in train mode."""
+
+    def __init__(self, mean, var, decay=0.9, eps=2e-5):
+        self.avg_mean = mean
+        self.avg_var = var
+        self.decay = decay
+        self.eps = eps
+
+    def __call__(self, x, gamma, beta):
+        # The composition, not a NumPy forward: its chain rule is the gradient, and
+        # under jit the running-average updates are recorded as in-place writes.
+        return batch_norm(x, gamma, beta, self.avg_mean, self.avg_var, self.decay,
+                          self.eps)

@@ -22,7 +22,9 @@ def _add_bias(y, b):
     if b.ndim != 1 or b.shape[0] != y.shape[1]:
         raise ValueError(f"bias of shape {b.shape} does not match {y.shape[1]} output "
                          f"channels")
-    return y + F.reshape(b, (1, b.shape[0], 1, 1))
+    # b[:, None, None], a copy: F.reshape would give a view of the Parameter's buffer,
+    # which the tracer will not read after an optimizer's in-place update of it.
+    return y + F.get_item(b, (slice(None), None, None))
 
 
 # ---------------------------------------------------------------- simple versions
