@@ -12,6 +12,7 @@ import weakref
 import numpy as np
 
 import tracejit.functions as F
+from tracejit.functions_conv import pair
 from tracejit.core import Parameter
 
 
@@ -150,3 +151,175 @@ class Linear(Layer):
             self.in_size = x.shape[1]
             self._init_W()
         return F.linear(x, self.W, self.b)
+
+
+# ---------------------------------------------------------------- convolution
+
+class Conv2d(Layer):
+    """2-D convolution of NCHW images; W is (out_channels, in_channels, KH, KW).
+
+    With in_channels None, W is created on the first call from x.shape[1]. The draw is
+    DeZero's: randn in float64, cast to dtype, times sqrt(1 / (C * KH * KW))."""
+
+    def __init__(self, out_channels, kernel_size, stride=1, pad=0, nobias=False,
+                 dtype=np.float32, in_channels=None):
+        super().__init__()
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = kernel_size
+        self.stride = stride
+        self.pad = pad
+        self.dtype = dtype
+
+        self.W = Parameter(None, name="W")
+        if in_channels is not None:
+            self._init_W()
+
+        if nobias:
+            self.b = None
+        else:
+            self.b = Parameter(np.zeros(out_channels, dtype=dtype), name="b")
+
+    def _w_shape(self, C, OC, KH, KW):
+        return (OC, C, KH, KW)
+
+    def _init_W(self, xp=np):
+        C, OC = self.in_channels, self.out_channels
+        KH, KW = pair(self.kernel_size, f"{type(self).__name__}: kernel_size")
+        scale = float(np.sqrt(1 / (C * KH * KW)))     # a Python float: keeps dtype
+        self.W.data = xp.random.randn(*self._w_shape(C, OC, KH, KW)).astype(self.dtype) \
+            * scale
+
+    def _lazy_init(self, x):
+        # Created eagerly on the first call, as Linear's W: the JIT traces once it exists.
+        if self.W.data is None:
+            self.in_channels = x.shape[1]
+            self._init_W()
+
+    def forward(self, x):
+        self._lazy_init(x)
+        return F.conv2d(x, self.W, self.b, self.stride, self.pad)
+
+
+class Deconv2d(Conv2d):
+    """2-D transposed convolution; W is (in_channels, out_channels, KH, KW)."""
+
+    def _w_shape(self, C, OC, KH, KW):
+        return (C, OC, KH, KW)
+
+    def forward(self, x):
+        self._lazy_init(x)
+        return F.deconv2d(x, self.W, self.b, self.stride, self.pad)
+
+
+# ---------------------------------------------------------------- RNN / LSTM
+
+class RNN(Layer):
+    """An Elman RNN: h = tanh(x2h(x) + h2h(h)). The hidden state h carries over calls
+    until reset_state(); the first call after a reset has no h2h term."""
+
+    def __init__(self, hidden_size, in_size=None):
+        super().__init__()
+        self.x2h = Linear(hidden_size, in_size=in_size)
+        # h2h maps the hidden state: its input size is hidden_size. (DeZero passes
+        # in_size, which only works when in_size is None or equals hidden_size.)
+        self.h2h = Linear(hidden_size, in_size=None if in_size is None else hidden_size,
+                          nobias=True)
+        self.h = None
+
+    def reset_state(self):
+        self.h = None
+
+    def forward(self, x):
+        if self.h is None:
+            h_new = F.tanh(self.x2h(x))
+        else:
+            h_new = F.tanh(self.x2h(x) + self.h2h(self.h))
+        self.h = h_new
+        return h_new
+
+
+class LSTM(Layer):
+    """An LSTM cell (DeZero's: four input and four hidden Linears, gates f, i, o and
+    the candidate u). State h and c carry over calls until reset_state()."""
+
+    def __init__(self, hidden_size, in_size=None):
+        super().__init__()
+        H, I = hidden_size, in_size
+        self.x2f = Linear(H, in_size=I)
+        self.x2i = Linear(H, in_size=I)
+        self.x2o = Linear(H, in_size=I)
+        self.x2u = Linear(H, in_size=I)
+        self.h2f = Linear(H, in_size=H, nobias=True)
+        self.h2i = Linear(H, in_size=H, nobias=True)
+        self.h2o = Linear(H, in_size=H, nobias=True)
+        self.h2u = Linear(H, in_size=H, nobias=True)
+        self.reset_state()
+
+    def reset_state(self):
+        self.h = None
+        self.c = None
+
+    def forward(self, x):
+        if self.h is None:
+            f = F.sigmoid(self.x2f(x))
+            i = F.sigmoid(self.x2i(x))
+            o = F.sigmoid(self.x2o(x))
+            u = F.tanh(self.x2u(x))
+        else:
+            f = F.sigmoid(self.x2f(x) + self.h2f(self.h))
+            i = F.sigmoid(self.x2i(x) + self.h2i(self.h))
+            o = F.sigmoid(self.x2o(x) + self.h2o(self.h))
+            u = F.tanh(self.x2u(x) + self.h2u(self.h))
+
+        if self.c is None:
+            c_new = i * u
+        else:
+            c_new = (f * self.c) + (i * u)
+        h_new = o * F.tanh(c_new)
+        self.h, self.c = h_new, c_new
+        return h_new
+
+
+# ---------------------------------------------------------------- EmbedID / BatchNorm
+
+class EmbedID(Layer):
+    """A lookup table: row x of W (in_size, out_size), drawn with randn as DeZero."""
+
+    def __init__(self, in_size, out_size):
+        super().__init__()
+        self.W = Parameter(np.random.randn(in_size, out_size), name="W")
+
+    def forward(self, x):
+        return F.embed_id(x, self.W)
+
+
+class BatchNorm(Layer):
+    """Batch normalization (F.batch_norm) with learned gamma, beta and running
+    averages avg_mean, avg_var: updated by every call in train mode, used instead of
+    the batch's statistics in test mode (tj.test_mode()). All four are Parameters, so
+    save_weights stores them; avg_mean and avg_var never get gradients, so optimizers
+    leave them alone. All are created from x.shape[1] and x.dtype on the first call."""
+
+    def __init__(self):
+        super().__init__()
+        self.avg_mean = Parameter(None, name="avg_mean")
+        self.avg_var = Parameter(None, name="avg_var")
+        self.gamma = Parameter(None, name="gamma")
+        self.beta = Parameter(None, name="beta")
+
+    def _init_params(self, x):
+        D = x.shape[1]
+        if self.avg_mean.data is None:
+            self.avg_mean.data = np.zeros(D, dtype=x.dtype)
+        if self.avg_var.data is None:
+            self.avg_var.data = np.ones(D, dtype=x.dtype)
+        if self.gamma.data is None:
+            self.gamma.data = np.ones(D, dtype=x.dtype)
+        if self.beta.data is None:
+            self.beta.data = np.zeros(D, dtype=x.dtype)
+
+    def forward(self, x):
+        if self.avg_mean.data is None:
+            self._init_params(x)
+        return F.batch_norm(x, self.gamma, self.beta, self.avg_mean.data, self.avg_var.data)
