@@ -7,7 +7,7 @@ jit against eager over several calls with new values, with no fallback allowed.
 """
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import tracejit as tj
@@ -16,6 +16,10 @@ from tracejit import functions_conv
 from tracejit.testing import assert_jit_matches_eager, gradcheck
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+# Each example runs several first- and second-order gradient checks: fewer examples
+# than the profile's default keep the file within seconds.
+few = settings(max_examples=12)
 
 
 # ---------------------------------------------------------------- naive references
@@ -90,6 +94,7 @@ def _close(y, ref, dtype=np.float64):
 
 # ---------------------------------------------------------------- im2col / col2im
 
+@few
 @given(windows(), st.booleans())
 def test_im2col_values_and_gradients(w, to_matrix):
     x, k, s, p, _ = w
@@ -102,6 +107,7 @@ def test_im2col_values_and_gradients(w, to_matrix):
     gradcheck(lambda a: F.im2col(a, k, s, p, to_matrix), x, second_order=True)
 
 
+@few
 @given(windows(), st.booleans())
 def test_col2im_values_and_gradients(w, to_matrix):
     x, k, s, p, rng = w
@@ -119,6 +125,7 @@ def test_col2im_values_and_gradients(w, to_matrix):
 
 # ---------------------------------------------------------------- conv2d / deconv2d
 
+@few
 @given(windows(), st.integers(1, 3), st.booleans())
 def test_conv2d_values_and_gradients(w, OC, bias):
     x, k, s, p, rng = w
@@ -136,6 +143,7 @@ def test_conv2d_values_and_gradients(w, OC, bias):
     gradcheck(lambda a, v: F.conv2d_simple(a, v, None, s, p), x, W)
 
 
+@few
 @given(windows(), st.integers(1, 3), st.booleans(), st.booleans())
 def test_deconv2d_values_and_gradients(w, OC, bias, explicit):
     img, k, s, p, rng = w
@@ -159,6 +167,7 @@ def test_deconv2d_values_and_gradients(w, OC, bias, explicit):
         gradcheck(lambda c: F.deconv2d(x, W, c, s, p, arg), b)
 
 
+@few
 @given(windows(), st.integers(1, 3))
 def test_conv2d_grad_w_is_the_weight_gradient(w, OC):
     x, k, s, p, rng = w
@@ -173,6 +182,7 @@ def test_conv2d_grad_w_is_the_weight_gradient(w, OC):
 
 # ---------------------------------------------------------------- pooling
 
+@few
 @given(windows())
 def test_pooling_values_and_gradients(w):
     x, k, s, p, _ = w
@@ -185,6 +195,7 @@ def test_pooling_values_and_gradients(w):
     gradcheck(lambda a: F.pooling_simple(a, k, s, p), x)
 
 
+@few
 @given(windows())
 def test_pooling_grad_classes(w):
     x, k, s, p, rng = w
@@ -205,6 +216,7 @@ def test_pooling_grad_classes(w):
     gradcheck(lambda v: F.Pooling2DWithIndexes(k, s, p)(x, v), z, second_order=True)
 
 
+@few
 @given(windows())
 def test_average_pooling_values_and_gradients(w):
     x, k, s, p, _ = w
