@@ -251,6 +251,18 @@ def test_dezero_class_forms():
         assert hasattr(functions_conv, name), name
 
 
+@pytest.mark.parametrize("to_matrix", [True, False])
+def test_results_are_fresh_writable_arrays(to_matrix):
+    # A 1x1 window at stride 1 without padding: the patches are x itself, viewed.
+    x = np.arange(6.).reshape(1, 1, 2, 3)
+    for y in [F.im2col(x, 1, 1, 0, to_matrix), F.col2im(F.im2col(x, 1).data, x.shape, 1),
+              F.conv2d(x, np.ones((1, 1, 1, 1))), F.pooling(x, 1), F.average_pooling(x, 1),
+              F.deconv2d(x, np.ones((1, 1, 1, 1)))]:
+        assert y.data.flags.writeable and not np.shares_memory(y.data, x)
+        y.data += 1
+    np.testing.assert_array_equal(x, np.arange(6.).reshape(1, 1, 2, 3))
+
+
 def test_conv2d_backward_twice_and_shape_rules():
     # eval_shape runs the shape rules only: they must give forward's shapes and dtypes.
     x = np.zeros((2, 3, 7, 6), np.float32)

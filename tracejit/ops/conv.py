@@ -89,9 +89,12 @@ def im2col_array(img, kernel_size, stride, pad, to_matrix=True):
     sn, sc, sh, sw = img.strides
     view = as_strided(img, (N, C, k[0], k[1], oh, ow),
                       (sn, sc, sh, sw, sh * s[0], sw * s[1]), writeable=False)
+    # Always a fresh array: with a 1x1 window, stride 1 and no padding the view is x's
+    # own buffer (read-only), and a result must neither alias an input nor be frozen.
     if to_matrix:
-        return view.transpose(0, 4, 5, 1, 2, 3).reshape(N * oh * ow, -1)
-    return np.ascontiguousarray(view)
+        col = view.transpose(0, 4, 5, 1, 2, 3).reshape(N * oh * ow, -1)
+        return col if col.flags.owndata else col.copy()
+    return view.copy()
 
 
 def col2im_array(col, img_shape, kernel_size, stride, pad, to_matrix=True):
@@ -111,7 +114,9 @@ def col2im_array(col, img_shape, kernel_size, stride, pad, to_matrix=True):
         for i in range(k[1]):
             i_lim = i + s[1] * ow
             img[:, :, j:j_lim:s[0], i:i_lim:s[1]] += col[:, :, j, i, :, :]
-    return np.ascontiguousarray(img[:, :, p[0]:H + p[0], p[1]:W + p[1]])
+    if p == (0, 0):
+        return img
+    return img[:, :, p[0]:H + p[0], p[1]:W + p[1]].copy()      # fresh, not a view
 
 
 def _conv_forward(x, W, s, p):
