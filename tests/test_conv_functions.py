@@ -244,6 +244,16 @@ def test_dezero_class_forms():
     assert F.Pooling2DGrad(pool).kernel_size == (2, 2)
     assert F.Pooling2DWithIndexes(pool).stride == (2, 2)
     assert functions_conv.conv2d is F.conv2d
+    # The bias as the Function's third input, DeZero's form: values and gradients.
+    b = rng.standard_normal(4)
+    np.testing.assert_allclose(F.Conv2d(2, 1)(x, W, b).data, F.conv2d(x, W, b, 2, 1).data)
+    gradcheck(lambda a, v, c: F.Conv2d(2, 1)(a, v, c), x, W, b, second_order=True,
+              jit=True)
+    Wd, bd = rng.standard_normal((3, 2, 3, 3)), rng.standard_normal(2)
+    np.testing.assert_allclose(F.Deconv2d(2, 1)(x[:, :3], Wd, bd).data,
+                               F.deconv2d(x[:, :3], Wd, bd, 2, 1).data)
+    gradcheck(lambda a, v, c: F.Deconv2d(2, 1, (7, 8))(a, v, c), x.data[:, :3, :4, :4], Wd, bd,
+              jit=True)
     for name in ["conv2d", "deconv2d", "conv2d_simple", "pooling", "pooling_simple",
                  "average_pooling", "im2col", "col2im", "im2col_array", "col2im_array",
                  "Conv2d", "Deconv2d", "Conv2DGradW", "Pooling", "Pooling2DGrad",
