@@ -76,19 +76,26 @@ def _col_shape(name, col_shape, img_shape, k, s, p, to_matrix):
 
 # ---------------------------------------------------------------- NumPy kernels
 
+def _patches(img, k, s, p):
+    """A read-only (N, C, KH, KW, OH, OW) strided view of the zero-padded image."""
+    N, C, H, W = img.shape
+    oh, ow = get_conv_outsize(H, k[0], s[0], p[0]), get_conv_outsize(W, k[1], s[1], p[1])
+    if p != (0, 0):
+        img = np.pad(img, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
+    else:
+        img = np.ascontiguousarray(img)
+    sn, sc, sh, sw = img.strides
+    return as_strided(img, (N, C, k[0], k[1], oh, ow),
+                      (sn, sc, sh, sw, sh * s[0], sw * s[1]), writeable=False)
+
+
 def im2col_array(img, kernel_size, stride, pad, to_matrix=True):
     """Patches of an NCHW image: (N, C, KH, KW, OH, OW), or (N*OH*OW, C*KH*KW) with
     to_matrix (DeZero's layout). A strided view of the padded image, copied once."""
     k, s, p = _window("im2col", kernel_size, stride, pad)
     N, C, H, W = img.shape
     oh, ow = _out_hw("im2col", img.shape, k, s, p)
-    if p != (0, 0):
-        img = np.pad(img, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
-    else:
-        img = np.ascontiguousarray(img)
-    sn, sc, sh, sw = img.strides
-    view = as_strided(img, (N, C, k[0], k[1], oh, ow),
-                      (sn, sc, sh, sw, sh * s[0], sw * s[1]), writeable=False)
+    view = _patches(img, k, s, p)
     # Always a fresh array: with a 1x1 window, stride 1 and no padding the view is x's
     # own buffer (read-only), and a result must neither alias an input nor be frozen.
     if to_matrix:
@@ -139,8 +146,16 @@ def _deconv_forward(x, W, s, p, outsize):
 
 
 def _grad_w_forward(x, gy, k, s, p):
-    col = im2col_array(x, k, s, p, to_matrix=False)
-    return np.tensordot(gy, col, ((0, 2, 3), (0, 4, 5)))
+    N, C = x.shape[:2]
+    OC = gy.shape[1]
+    # The patches copied once straight into (C*KH*KW, N*OH*OW) rows, then one GEMM with
+    # the long N*OH*OW axis contiguous in both operands. Measured on the W6 CNN's second
+    # conv (N=32, 16 -> 32 channels, 14x14): 17 ms, against 117 ms for tensordot over
+    # im2col's (N, C, KH, KW, OH, OW), whose transposed copy and GEMM shape are slower.
+    col = _patches(x, k, s, p).transpose(1, 2, 3, 0, 4, 5).reshape(C * k[0] * k[1], -1)
+    g = gy.transpose(1, 0, 2, 3).reshape(OC, -1)
+    gW = (col @ g.T).T.reshape(OC, C, k[0], k[1])
+    return gW if gW.flags.owndata else gW.copy()
 
 
 # ---------------------------------------------------------------- shape checks
