@@ -243,6 +243,11 @@ def test_dezero_class_forms():
     pool(x)
     assert F.Pooling2DGrad(pool).kernel_size == (2, 2)
     assert F.Pooling2DWithIndexes(pool).stride == (2, 2)
+    # DeZero's call forms: Pooling2DGrad(pool)(gy), Pooling2DWithIndexes(pool)(z).
+    gp = rng.standard_normal((2, 3, 2, 2))
+    np.testing.assert_array_equal(F.Pooling2DGrad(pool)(gp).data,
+                                  F.Pooling2DGrad(2, 2, 0)(x, gp).data)
+    np.testing.assert_array_equal(F.Pooling2DWithIndexes(pool)(x).data, pool(x).data)
     assert functions_conv.conv2d is F.conv2d
     # The bias as the Function's third input, DeZero's form: values and gradients.
     b = rng.standard_normal(4)

@@ -351,7 +351,23 @@ class Pooling(_Window):
         return ShapeDtype(self._pooled(x), x.dtype)
 
 
-class Pooling2DGrad(_Window):
+class _WithPooledInput(_Window):
+    """Called as (x, gy), x the pooled input; built from a called Pooling (DeZero's
+    Pooling2DGrad(pooling_fn)), also as (gy) alone: x is that call's input."""
+
+    def __init__(self, kernel_size, stride=1, pad=0):
+        super().__init__(kernel_size, stride, pad)
+        inputs = getattr(kernel_size, "inputs", None) if isinstance(kernel_size, _Window) \
+            else None
+        self._x = inputs[0] if inputs else None
+
+    def __call__(self, *xs):
+        if len(xs) == 1 and self._x is not None:
+            xs = (self._x,) + xs
+        return super().__call__(*xs)
+
+
+class Pooling2DGrad(_WithPooledInput):
     """Max pooling's input gradient: gy scattered to each window's argmax in x."""
 
     def forward(self, x, gy):
@@ -377,7 +393,7 @@ class Pooling2DGrad(_Window):
         return ShapeDtype(x.shape, gy.dtype)
 
 
-class Pooling2DWithIndexes(_Window):
+class Pooling2DWithIndexes(_WithPooledInput):
     """z pooled at the positions where x has its window maxima (z has x's shape)."""
 
     def forward(self, x, z):
