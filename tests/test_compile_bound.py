@@ -100,7 +100,7 @@ def test_long_chain_is_split_into_bounded_kernels():
     groups = [n for n in fused.nodes if n.kind == fusion.FUSED]
     assert len(groups) >= 3
     for n in groups:
-        count = sum(m.op.__name__ in fusion.VECMATH_OPS for m in n.fn.graph.nodes)
+        count = sum(m.fn.vector_math for m in n.fn.graph.nodes)   # vecmath calls
         assert count <= fusion.MAX_VECMATH_OPS
 
 

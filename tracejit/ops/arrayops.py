@@ -6,9 +6,9 @@ import builtins
 import numpy as np
 
 from tracejit import functions as F
-from tracejit.core import (MATMUL, MOVEMENT, RANDOM, REDUCTION, Function, ShapeDtype, Variable,
+from tracejit.core import (MATMUL, MOVEMENT, RANDOM, REDUCTION, ShapeDtype, Variable,
                            static_value)
-from tracejit.ops.primitive import primitive, probe_dtype, sum_to_shape
+from tracejit.ops.primitive import Primitive, primitive, probe_dtype, sum_to_shape
 
 # ---------------------------------------------------------------- reductions
 
@@ -57,7 +57,10 @@ def _keepdims_grad(gy, x_shape, axis, keepdims):
     return F.reshape(gy, shape)
 
 
-class Reduction(Function):
+class Reduction(Primitive):
+    """Base of the reductions a kernel computes: a subclass declares its NumPy ufunc
+    (reduction_combine) and the accumulator's start (reduction_identity)."""
+
     kind = REDUCTION
     params = ("axis", "keepdims")
 
@@ -70,9 +73,33 @@ class Reduction(Function):
         shape = _reduced_shape(x.shape, self.axis, self.keepdims)
         return ShapeDtype(shape, probe_dtype(type(self), (None, False), (x.dtype,)))
 
+    def reduced_axes(self, rank):
+        """The axes of a rank-`rank` iteration space this reduces over, and per output
+        axis the iteration axis it is indexed by (None: a kept size-1 axis, index 0)."""
+        axes = set(range(rank)) if self.axis is None else set(self.axis)
+        out_index = []
+        for k in range(rank):
+            if k in axes:
+                if self.keepdims:
+                    out_index.append(None)
+            else:
+                out_index.append(k)
+        return axes, out_index
+
+    def kernel_template(self, node):
+        # A reduction of one element (a 0-d input) is the element itself; a sum starts
+        # from +0.0 as NumPy's does: the sum of a lone -0.0 is +0.0 (0.0 + x is x for
+        # every other value, nan and inf included).
+        if self.reduction_combine is np.add:
+            return ("(0.0 + {0})" if node.out.dtype.kind == "f" else "(0 + {0})"), {}
+        return "{0}", {}
+
 
 @primitive
 class Sum(Reduction):
+    reduction_combine = np.add
+    reduction_identity = 0.0
+
     def forward(self, x):
         return np.sum(x, axis=self.axis, keepdims=self.keepdims)
 
@@ -84,6 +111,9 @@ class Sum(Reduction):
 
 @primitive
 class Max(Reduction):
+    reduction_combine = np.maximum
+    reduction_identity = -np.inf
+
     def forward(self, x):
         return np.max(x, axis=self.axis, keepdims=self.keepdims)
 
@@ -102,16 +132,20 @@ class Max(Reduction):
 
 @primitive
 class Min(Max):
+    reduction_combine = np.minimum
+    reduction_identity = np.inf
+
     def forward(self, x):
         return np.min(x, axis=self.axis, keepdims=self.keepdims)
 
 
 @primitive
-class SumTo(Function):
+class SumTo(Reduction):
     """Sum a broadcast array back to `shape` (the gradient of broadcasting)."""
 
-    kind = REDUCTION
     params = ("shape",)
+    reduction_combine = np.add
+    reduction_identity = 0.0
 
     def __init__(self, shape):
         self.shape = tuple(shape)
@@ -126,6 +160,13 @@ class SumTo(Function):
     def shape_rule(self, x):
         check_sum_to(x.shape, self.shape)
         return ShapeDtype(self.shape, x.dtype)
+
+    def reduced_axes(self, rank):
+        # The leading axes broadcasting added, and the size-1 axes of the target.
+        lead = rank - len(self.shape)
+        axes = set(range(lead)) | {k + lead for k, d in enumerate(self.shape) if d == 1}
+        out_index = [None if d == 1 else k + lead for k, d in enumerate(self.shape)]
+        return axes, out_index
 
 
 def check_sum_to(x_shape, shape):
@@ -153,8 +194,18 @@ def _np_sum_to(x, shape):
 
 # ---------------------------------------------------------------- movement
 
+def affine(c, step, i):
+    """Index source of c + step * i (c, i: index names or integer literals)."""
+    if i == "0":
+        return c
+    term = i if abs(step) == 1 else f"{abs(step)} * {i}"
+    if c == "0":
+        return term if step > 0 else f"-{term}"
+    return f"{c} {'+' if step > 0 else '-'} {term}"
+
+
 @primitive
-class Reshape(Function):
+class Reshape(Primitive):
     kind = MOVEMENT
     params = ("shape",)
 
@@ -170,6 +221,21 @@ class Reshape(Function):
 
     def shape_rule(self, x):
         return ShapeDtype(_resolve_reshape(x.shape, self.shape), x.dtype)
+
+    def index_foldable(self, node):
+        # Only adding or dropping size-1 axes is a renaming of the loop indices.
+        a = [d for d in node.inputs[0].shape if d != 1]
+        b = [d for d in node.out.shape if d != 1]
+        return a == b
+
+    def index_read(self, node, out_idx, const, src):
+        u = node.inputs[0]
+        P = [k for k, d in enumerate(node.out.shape) if d != 1]
+        Q = [k for k, d in enumerate(u.shape) if d != 1]
+        idx = ["0"] * len(u.shape)
+        for pk, qk in zip(P, Q):
+            idx[qk] = out_idx[pk]
+        return idx, []
 
 
 def _resolve_reshape(in_shape, shape):
@@ -189,7 +255,7 @@ def _resolve_reshape(in_shape, shape):
 
 
 @primitive
-class Transpose(Function):
+class Transpose(Primitive):
     kind = MOVEMENT
     params = ("axes",)
 
@@ -212,9 +278,20 @@ class Transpose(Function):
                              f"shape {x.shape}")
         return ShapeDtype(tuple(x.shape[a] for a in axes), x.dtype)
 
+    def index_foldable(self, node):
+        return True
+
+    def index_read(self, node, out_idx, const, src):
+        q = len(node.inputs[0].shape)
+        axes = self.axes if self.axes is not None else tuple(reversed(range(q)))
+        idx = ["0"] * q
+        for k, a in enumerate(axes):
+            idx[a] = out_idx[k]
+        return idx, []
+
 
 @primitive
-class BroadcastTo(Function):
+class BroadcastTo(Primitive):
     kind = MOVEMENT
     params = ("shape",)
 
@@ -237,6 +314,16 @@ class BroadcastTo(Function):
         if shape != self.shape:
             raise ValueError(f"broadcast_to: cannot broadcast shape {x.shape} to {self.shape}")
         return ShapeDtype(self.shape, x.dtype)
+
+    def index_foldable(self, node):
+        return True
+
+    def index_read(self, node, out_idx, const, src):
+        # An input axis of size 1 against a longer output axis is read at 0.
+        u, out = node.inputs[0], node.out
+        q, p = len(u.shape), len(out.shape)
+        return [("0" if u.shape[k] == 1 and out.shape[k + p - q] != 1
+                 else out_idx[k + p - q]) for k in range(q)], []
 
 
 class _Slice(tuple):
@@ -281,8 +368,25 @@ def _join_index(template, arrays):
     return tuple(out)
 
 
+def _plan_fits(plan, part):
+    """The basic-index plan, if the shape it selects is `part` (else None)."""
+    if plan is None:
+        return None
+    shape = [None] * len(part)
+    for e in plan:
+        if e[0] == "slice":
+            if e[2] >= len(part):
+                return None
+            shape[e[2]] = e[5]
+        elif e[0] == "new":
+            if e[1] >= len(part):
+                return None
+            shape[e[1]] = 1
+    return plan if tuple(shape) == tuple(part) else None
+
+
 @primitive
-class GetItem(Function):
+class GetItem(Primitive):
     """x[key]: slices and ints are the static `key`; index arrays are inputs."""
 
     kind = MOVEMENT
@@ -308,6 +412,33 @@ class GetItem(Function):
         except IndexError as e:
             raise IndexError(f"get_item: {e} (array of shape {x.shape})") from None
         return ShapeDtype(shape, x.dtype)
+
+    def basic_index_plan(self, node):
+        """basic_index of x[key] for `node`, checked against its shapes (None: not
+        foldable)."""
+        return _plan_fits(GetItem.basic_index(self.key, node.inputs[0].shape),
+                          node.out.shape)
+
+    def index_foldable(self, node):
+        return self.basic_index_plan(node) is not None
+
+    def index_read(self, node, out_idx, const, src):
+        # x[key] is an affine read: start + step * i per sliced axis, ints fixed.
+        idx = []
+        for e in self.basic_index_plan(node):
+            if e[0] == "slice":
+                _, ia, oa, start, step, _, static = e
+                c = str(static) if static is not None else \
+                    const(start, f"start of the slice of {src} axis {ia} (step {step})")
+                idx.append(affine(c, step, out_idx[oa]))
+            elif e[0] == "int":
+                idx.append(str(e[3]) if e[3] is not None else
+                           const(e[2], f"index into {src} axis {e[1]}"))
+        return idx, []
+
+    def view_index(self, node):
+        # Basic indexing is a NumPy view (no copy).
+        return _join_index(self.key, ()) if self.basic_index_plan(node) is not None else None
 
     @staticmethod
     def basic_index(key, in_shape):
@@ -378,7 +509,7 @@ class GetItem(Function):
 
 
 @primitive
-class GetItemGrad(Function):
+class GetItemGrad(Primitive):
     """Scatter-add gy into zeros of x's shape (the gradient of GetItem)."""
 
     kind = MOVEMENT
@@ -405,11 +536,49 @@ class GetItemGrad(Function):
     def shape_rule(self, gy, *indices):
         return ShapeDtype(self.in_shape, gy.dtype)
 
+    def basic_index_plan(self, node):
+        """basic_index of the [key] this writes gy into zeros of in_shape at, checked
+        against the node's shapes (None: not foldable). A basic index never selects an
+        element twice, so the scatter-add is a masked read."""
+        if node.out.shape != self.in_shape:
+            return None
+        return _plan_fits(GetItem.basic_index(self.key, self.in_shape), node.inputs[0].shape)
+
+    def index_foldable(self, node):
+        return self.basic_index_plan(node) is not None
+
+    def index_read(self, node, out_idx, const, src):
+        # zeros with gy at [key]: element j of a sliced axis reads gy at (j - start) /
+        # step where that is a whole index in range, and is 0 elsewhere.
+        idx, conds = [], []
+        for e in self.basic_index_plan(node):
+            if e[0] == "slice":
+                _, ia, oa, start, step, _, static = e
+                c = str(static) if static is not None else \
+                    const(start, f"start of the slice {src} fills, axis {ia} (step {step})")
+                m = const(e[5], f"length of the slice {src} fills, axis {ia}")
+                j = out_idx[ia]
+                d = affine(j, -1, c) if step > 0 else affine(c, -1, j)
+                if abs(step) == 1:
+                    conds.append(f"0 <= {d} < {m}")
+                    idx.append(d)
+                else:
+                    a = abs(step)
+                    conds.append(f"({d}) % {a} == 0 and 0 <= {d} < {a} * {m}")
+                    idx.append(f"({d}) // {a}")
+            elif e[0] == "int":
+                c = str(e[3]) if e[3] is not None else \
+                    const(e[2], f"index {src} fills on axis {e[1]} (zeros elsewhere)")
+                conds.append(f"{out_idx[e[1]]} == {c}")
+            else:
+                idx.append("0")
+        return idx, conds
+
 
 # ---------------------------------------------------------------- matmul
 
 @primitive
-class MatMul(Function):
+class MatMul(Primitive):
     """Matrix product over the last two axes (both operands at least 2-D)."""
 
     kind = MATMUL
@@ -447,7 +616,7 @@ def _swap_last(x):
 # ---------------------------------------------------------------- random
 
 @primitive
-class RandomUniform(Function):
+class RandomUniform(Primitive):
     """Uniform [0, 1) draws from NumPy's global stream: impure, never merged or folded."""
 
     kind = RANDOM
@@ -470,7 +639,7 @@ _NUMPY_SEED = np.random.seed    # bound at import, before any trace swaps it
 
 
 @primitive
-class RandomSeed(Function):
+class RandomSeed(Primitive):
     """np.random.seed(seed) inside a traced function: an effect on NumPy's global
     stream, ordered with the draws around it (impure, like RandomUniform), so a compiled
     call reseeds where eager does and the draws after it match eager's. Its output is

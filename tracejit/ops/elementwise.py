@@ -7,7 +7,8 @@ expression a fused kernel evaluates ({0}, {1} the operands, {name} a parameter).
 import numpy as np
 
 from tracejit import functions as F
-from tracejit.ops.primitive import Elementwise, differentiable, primitive, sum_to_shape
+from tracejit.ops.primitive import (KERNEL_FLOATS, Elementwise, differentiable, primitive,
+                                    sum_to_shape)
 
 # ---------------------------------------------------------------- unary elementwise
 
@@ -25,6 +26,7 @@ class Neg(Elementwise):
 @primitive
 class Exp(Elementwise):
     expr = "math.exp({0})"
+    vector_math = True
 
     def forward(self, x):
         return np.exp(x)
@@ -36,6 +38,7 @@ class Exp(Elementwise):
 @primitive
 class Log(Elementwise):
     expr = "math.log({0})"
+    vector_math = True
 
     def forward(self, x):
         return np.log(x)
@@ -48,6 +51,8 @@ class Log(Elementwise):
 @primitive
 class Sin(Elementwise):
     expr = "math.sin({0})"
+    vector_math = True
+    checks_trig_range = True
 
     def forward(self, x):
         return np.sin(x)
@@ -60,6 +65,8 @@ class Sin(Elementwise):
 @primitive
 class Cos(Elementwise):
     expr = "math.cos({0})"
+    vector_math = True
+    checks_trig_range = True
 
     def forward(self, x):
         return np.cos(x)
@@ -72,6 +79,7 @@ class Cos(Elementwise):
 @primitive
 class Tanh(Elementwise):
     expr = "math.tanh({0})"
+    vector_math = True
 
     def forward(self, x):
         return np.tanh(x)
@@ -121,6 +129,7 @@ class Sign(Elementwise):
 class Sigmoid(Elementwise):
     # tanh form: no overflow for large |x|, unlike 1 / (1 + F.exp(-x)).
     expr = "math.tanh({0} * 0.5) * 0.5 + 0.5"
+    vector_math = True
 
     def forward(self, x):
         return np.tanh(x * 0.5) * 0.5 + 0.5
@@ -172,6 +181,23 @@ class Pow(Elementwise):
     def forward(self, x):
         return x ** self.c
 
+    def cheap_to_recompute(self):
+        # x ** 2 is a multiply; x ** 0.3 is libm's pow.
+        return float(self.c).is_integer()
+
+    def kernel_template(self, node):
+        # The exponents with an exact cheaper form (as NumPy's own fast paths).
+        c = self.c
+        if c == 2:
+            return "({0} * {0})", {}
+        if c == 1:
+            return "({0})", {}
+        if c == 0.5:
+            return "math.sqrt({0})", {}
+        if c == -1:
+            return "(1.0 / {0})", {}
+        return "({0} ** {c})", {"c": float(c)}
+
     def backward(self, gy):
         x, = self.inputs
         c = self.c
@@ -187,7 +213,8 @@ class Pow(Elementwise):
 @primitive
 class Clip(Elementwise):
     params = ("x_min", "x_max")
-    expr = "min(max({0}, {x_min}), {x_max})"
+    # NumPy's clip propagates NaN; min(max(nan, lo), hi) alone would give lo.
+    expr = "({0} if {0} != {0} else min(max({0}, {x_min}), {x_max}))"
 
     def __init__(self, x_min, x_max):
         self.x_min = x_min
@@ -211,6 +238,17 @@ class Cast(Elementwise):
 
     def forward(self, x):
         return x.astype(self.dtype)
+
+    def fuses_for(self, in_dtypes, out_dtype):
+        if out_dtype == np.bool_:
+            return True
+        # To float from float or bool only: int inputs stay a NumPy cast.
+        return out_dtype in KERNEL_FLOATS and all(d in KERNEL_FLOATS or d == np.bool_
+                                                  for d in in_dtypes)
+
+    def kernel_template(self, node):
+        out = node.out.dtype
+        return ("({0} != 0)" if out == np.bool_ else f"np.{out.name}({{0}})"), {}
 
     def backward(self, gy):
         x, = self.inputs
@@ -284,6 +322,16 @@ class PowV(Elementwise):
     def forward(self, x0, x1):
         return x0 ** x1
 
+    def cheap_to_recompute(self):
+        return False           # libm's pow
+
+    def kernel_template(self, node):
+        if all(d == 1 for d in node.inputs[1].shape):
+            # NumPy's power with a one-element exponent of 0.5 is sqrt (its scalar fast
+            # path): (-inf) ** 0.5 is nan there, inf from C's pow, and -0.0 keeps its sign.
+            return "(math.sqrt({0}) if {1} == 0.5 else {0} ** {1})", {}
+        return self.expr, {}
+
     def backward(self, gy):
         x0, x1 = self.inputs
         y = self.outputs[0]()
@@ -328,6 +376,9 @@ class _Compare(Elementwise):
 
     def backward(self, gy):
         return None, None
+
+    def fuses_for(self, in_dtypes, out_dtype):
+        return True            # a bool result: a kernel writes it as NumPy's bool
 
 
 @primitive
@@ -384,6 +435,11 @@ class Where(Elementwise):
 
     def forward(self, cond, x0, x1):
         return np.where(cond, x0, x1)
+
+    def fuses_for(self, in_dtypes, out_dtype):
+        if out_dtype == np.bool_:
+            return all(d == np.bool_ for d in in_dtypes)
+        return super().fuses_for(in_dtypes, out_dtype)
 
     def backward(self, gy):
         cond, x0, x1 = self.inputs

@@ -5,6 +5,10 @@ A primitive is a Function subclass registered here: its eager forward, its backw
 elementwise ops, the scalar expression code generation emits. The primitives live in
 elementwise.py and arrayops.py; tracejit.functions re-exports them with the functions
 users call.
+
+What the passes and the backends need to know about an op beyond that, its *facets*,
+is declared on its class too (defaults on Primitive, overridden where an op differs):
+no pass or backend tests an op's name, so a new op is one class.
 """
 import functools
 
@@ -39,7 +43,66 @@ def broadcast_shape(name, specs):
         raise ValueError(f"{name}: operands cannot be broadcast together: {shapes}") from None
 
 
-class Elementwise(Function):
+# The float dtypes a fused kernel computes in (float16 and longdouble stay NumPy calls).
+KERNEL_FLOATS = frozenset(np.dtype(d) for d in ("f4", "f8"))
+
+
+class Primitive(Function):
+    """Base of the primitives: the facets fusion, remat and the backends read, with
+    the defaults of an op that has none of them."""
+
+    # Elementwise: its expr calls libm (math.exp, ...), which a kernel replaces with
+    # tracejit's inlined vector math (backends/numba/vecmath.py). Such an op counts
+    # against fusion.MAX_VECMATH_OPS (compile time), and a large float32 group holding
+    # one runs as NumPy ufuncs on blocks (NumPy's float32 SIMD math is as fast).
+    vector_math = False
+    # Elementwise: vecmath's fast sin / cos are exact only for |x| <= vm.TRIG_MAX: the
+    # kernel counts arguments beyond it and reruns its loops with libm.
+    checks_trig_range = False
+    # Reduction: the NumPy ufunc that folds a value into the accumulator (np.add,
+    # np.maximum, np.minimum), None for an op a kernel does not reduce, and the value
+    # the accumulator starts from. `reduction_combine.identity is None`: reducing zero
+    # elements raises, as NumPy's does.
+    reduction_combine = None
+    reduction_identity = None
+
+    def cheap_to_recompute(self):
+        """Elementwise: is recomputing the value in the backward's kernel cheaper than
+        a store and a load of it (remat)? The vector math ops are not."""
+        return not self.vector_math
+
+    def fuses_for(self, in_dtypes, out_dtype):
+        """Elementwise: can a fused kernel compute this op from operands of `in_dtypes`
+        (each a kernel dtype: float32/64, bool, int32/64) into `out_dtype`? Float
+        results only, by default: integer results (NumPy's wrap-around and division
+        rules) stay NumPy calls."""
+        return out_dtype in KERNEL_FLOATS
+
+    def kernel_template(self, node):
+        """The scalar source a kernel computes for `node`: (template, params), the
+        template formatting with operand sources {0}, {1}, ... and the names in params;
+        the backend types float literals and numeric params to the kernel's dtype."""
+        return self.expr, dict(zip(self.params, node.params))
+
+    def index_foldable(self, node):
+        """Movement: is `node` pure index arithmetic on its one input (foldable into
+        the kernel that reads it)?"""
+        return False
+
+    def index_read(self, node, out_idx, const, src):
+        """Movement, index_foldable: where `node`'s element at `out_idx` (index source
+        strings, one per output axis) comes from: (input index sources, conditions).
+        An element whose conditions do not all hold is 0. `const(value, what)` makes a
+        shape-dependent constant a kernel argument; `src` names the array read."""
+        raise NotImplementedError(f"{type(self).__name__} is no index read")
+
+    def view_index(self, node):
+        """Movement: the index whose NumPy view of the input `node` reads (x[1:]), or
+        None when the result is no view."""
+        return None
+
+
+class Elementwise(Primitive):
     """Base of elementwise primitives: broadcasting shape rule, NumPy's dtype."""
 
     kind = ELEMENTWISE

@@ -8,7 +8,8 @@ transpose, reshape that only adds or drops size-1 axes, basic indexing x[1:, 0, 
 import numpy as np
 
 from tracejit.core import ELEMENTWISE, MOVEMENT, OPAQUE, RANDOM, REDUCTION, Function
-from tracejit.ir import Graph, Lit, Node, Value
+from tracejit.ir import Graph, Node, Value
+from tracejit.ops.primitive import KERNEL_FLOATS, Primitive
 from tracejit.ops.trace_only import GUARD
 
 FUSED = "fused"
@@ -16,7 +17,7 @@ FUSED = "fused"
 _IMPURE = (GUARD, RANDOM, OPAQUE)
 # Dtypes a fused kernel reads / writes (bool only from comparisons, where, cast).
 _IN_DTYPES = frozenset(np.dtype(d) for d in ("f4", "f8", "b1", "i4", "i8"))
-_FLOAT = frozenset(np.dtype(d) for d in ("f4", "f8"))
+_FLOAT = KERNEL_FLOATS
 
 
 # What one kernel may contain. numba + LLVM compile time grows faster than linearly in
@@ -29,12 +30,11 @@ _FLOAT = frozenset(np.dtype(d) for d in ("f4", "f8"))
 # cheap ops (numba's typing and SSA passes grow with the kernel's length too).
 MAX_VECMATH_OPS = 16
 MAX_GROUP_OPS = 256
-VECMATH_OPS = frozenset({"Exp", "Log", "Tanh", "Sigmoid", "Sin", "Cos"})
 
 
 def _cost(n):
-    """(vecmath calls, ops) node n adds to a group's kernel."""
-    return (1 if n.op.__name__ in VECMATH_OPS else 0), 1
+    """(vecmath calls, ops) node n adds to a group's kernel (ops: Primitive.vector_math)."""
+    return (1 if n.fn.vector_math else 0), 1
 
 
 # ---------------------------------------------------------------- the Fused op
@@ -74,29 +74,21 @@ def _dedup(names):
 
 # ---------------------------------------------------------------- fusion
 
+# What a kernel may compute is asked of the op (its facets, ops/primitive.py). Only a
+# Primitive declares them: a user Function of a primitive kind stays a NumPy call.
+
 def _fusable_elementwise(n):
-    if n.kind != ELEMENTWISE or n.fn.expr is None or len(n.outputs) != 1:
+    if n.kind != ELEMENTWISE or n.fn.expr is None or len(n.outputs) != 1 \
+            or not isinstance(n.fn, Primitive):
         return False
-    if any(isinstance(v, Value) and v.dtype not in _IN_DTYPES for v in n.inputs):
+    if any(v.dtype not in _IN_DTYPES for v in n.inputs):     # Values and literals
         return False
-    if any(isinstance(v, Lit) and v.dtype not in _IN_DTYPES for v in n.inputs):
-        return False
-    dt = n.out.dtype
-    name = n.op.__name__
-    if dt in _FLOAT:
-        if name == "Cast":
-            return all(v.dtype in _FLOAT or v.dtype == np.bool_ for v in n.inputs)
-        return True
-    if dt == np.bool_:
-        if name == "Cast":
-            return True
-        return name in ("Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual") \
-            or (name == "Where" and all(v.dtype == np.bool_ for v in n.inputs))
-    return False
+    return n.fn.fuses_for([v.dtype for v in n.inputs], n.out.dtype)
 
 
 def _fusable_reduction(n):
-    return (n.kind == REDUCTION and n.op.__name__ in ("Sum", "Max", "Min", "SumTo")
+    return (n.kind == REDUCTION and isinstance(n.fn, Primitive)
+            and n.fn.reduction_combine is not None
             and len(n.inputs) == 1 and isinstance(n.inputs[0], Value)
             and n.inputs[0].dtype in _FLOAT and n.out.dtype == n.inputs[0].dtype)
 
@@ -107,45 +99,7 @@ def _index_movement(n):
         return False
     if n.inputs[0].dtype not in _IN_DTYPES:
         return False
-    name = n.op.__name__
-    if name in ("BroadcastTo", "Transpose"):
-        return True
-    if name == "Reshape":   # only adding / dropping size-1 axes
-        a = [d for d in n.inputs[0].shape if d != 1]
-        b = [d for d in n.out.shape if d != 1]
-        return a == b
-    if name in ("GetItem", "GetItemGrad"):
-        return basic_index_of(n) is not None
-    return False
-
-
-def basic_index_of(n):
-    """The resolved basic index of a GetItem / GetItemGrad node (None: not foldable).
-
-    GetItem reads x[key]; GetItemGrad writes its input into zeros of `in_shape` at
-    [key] (a basic index never selects an element twice, so the scatter-add is a
-    masked read). The resolution is checked against the node's shapes.
-    """
-    from tracejit.ops.arrayops import GetItem
-    name = n.op.__name__
-    full = n.inputs[0].shape if name == "GetItem" else n.fn.in_shape
-    part = n.out.shape if name == "GetItem" else n.inputs[0].shape
-    if name == "GetItemGrad" and n.out.shape != full:
-        return None
-    plan = GetItem.basic_index(n.fn.key, full)
-    if plan is None:
-        return None
-    shape = [None] * len(part)
-    for e in plan:
-        if e[0] == "slice":
-            if e[2] >= len(part):
-                return None
-            shape[e[2]] = e[5]
-        elif e[0] == "new":
-            if e[1] >= len(part):
-                return None
-            shape[e[1]] = 1
-    return plan if tuple(shape) == tuple(part) else None
+    return isinstance(n.fn, Primitive) and n.fn.index_foldable(n)
 
 
 class _Group:

@@ -24,9 +24,6 @@ from collections import deque
 from tracejit import core
 from tracejit.ir import Value
 
-# Elementwise ops whose recomputation costs more than a store and a load of the value.
-COSTLY = {"Exp", "Log", "Tanh", "Sin", "Cos", "Sigmoid", "PowV"}
-
 
 class Plan:
     """The partition: `saved` values (forward order), `recompute` as (index, node)."""
@@ -74,8 +71,10 @@ def recomputable(fwd_nodes, mutated=frozenset()):
 
 
 def _costly(n):
-    name = n.op.__name__
-    return name in COSTLY or (name == "Pow" and not float(n.params[0]).is_integer())
+    # The op says (Primitive.cheap_to_recompute); a user Function of elementwise kind
+    # declares nothing and counts as cheap, as it always did.
+    cheap = getattr(n.fn, "cheap_to_recompute", None)
+    return cheap is not None and not cheap()
 
 
 def partition(fwd_nodes, needed, mutated=frozenset(), min_cut=True):

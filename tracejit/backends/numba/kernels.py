@@ -22,7 +22,6 @@ import re
 import numpy as np
 
 from tracejit.ir import Lit, Value
-from tracejit.passes import basic_index_of
 
 _FLOAT_LIT = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][-+]?\d+)?)")
 _NP_NAME = {np.dtype("f4"): "np.float32", np.dtype("f8"): "np.float64"}
@@ -48,42 +47,13 @@ def lit_text(value, dtype):
 
 
 def _template(n, dtype):
-    """The node's expression template with parameters and literals typed to `dtype`."""
-    name = n.op.__name__
-    if name in ("Max", "Min"):                      # of a 0-d value: the value itself
-        return "{0}"
-    if name in ("Sum", "SumTo"):
-        # NumPy's sum starts from +0.0: the sum of a lone -0.0 is +0.0 (0.0 + x is x
-        # for every other value, nan and inf included).
-        zero = lit_text(0.0, dtype) if n.out.dtype.kind == "f" else lit_text(0, n.out.dtype)
-        return f"({zero} + {{0}})"
-    if name == "Cast":
-        out = n.out.dtype
-        return "({0} != 0)" if out == np.bool_ else f"{_NP_NAME[out]}({{0}})"
-    if name == "Pow":
-        c = n.fn.c
-        if c == 2:
-            return "({0} * {0})"
-        if c == 1:
-            return "({0})"
-        if c == 0.5:
-            return "math.sqrt({0})"
-        if c == -1:
-            return f"({lit_text(1.0, dtype)} / {{0}})"
-        return f"({{0}} ** {lit_text(float(c), dtype)})"
-    if name == "PowV" and all(d == 1 for d in n.inputs[1].shape):
-        # NumPy's power with a one-element exponent of 0.5 is sqrt (its scalar fast
-        # path): (-inf) ** 0.5 is nan there, inf from C's pow, and -0.0 keeps its sign.
-        return f"(math.sqrt({{0}}) if {{1}} == {lit_text(0.5, dtype)} else {{0}} ** {{1}})"
-    if name == "Clip":
-        # NumPy's clip propagates NaN; min(max(nan, lo), hi) would give lo.
-        expr = "({0} if {0} != {0} else min(max({0}, {x_min}), {x_max}))"
-    else:
-        expr = n.fn.expr
+    """The op's kernel template for node n (Primitive.kernel_template), its float
+    literals and numeric parameters typed to `dtype`."""
+    expr, params = n.fn.kernel_template(n)
     if dtype.kind == "f" and dtype != np.float64:
         expr = _FLOAT_LIT.sub(lambda m: f"{_NP_NAME[dtype]}({m.group(1)})", expr)
     params = {p: lit_text(v, dtype) if isinstance(v, (int, float)) and not isinstance(v, bool)
-              else v for p, v in zip(n.op.params, n.params)}
+              else v for p, v in params.items()}
     return expr, params
 
 
@@ -93,8 +63,6 @@ def _template(n, dtype):
 _VECTOR_MATH = {"math.exp(": "vm.exp{b}(", "math.log(": "vm.log{b}(",
                 "math.tanh(": "vm.tanh{b}(", "math.sin(": "vm.sin{b}_fast(",
                 "math.cos(": "vm.cos{b}_fast("}
-_TRIG = ("Sin", "Cos")
-_VECTOR_OPS = {"Exp", "Log", "Tanh", "Sigmoid", "Sin", "Cos"}
 
 
 def node_expr(n, operands, vector_math=False):
@@ -102,16 +70,12 @@ def node_expr(n, operands, vector_math=False):
     vector_math: float libm calls become tracejit.backends.numba.vecmath calls."""
     dtype = n.out.dtype
     calc_dtype = dtype if dtype.kind == "f" else _operand_float(n)
-    if vector_math and calc_dtype in _NP_NAME and n.op.__name__ in _VECTOR_OPS:
+    if vector_math and calc_dtype in _NP_NAME and n.fn.vector_math:
         # vecmath takes floats only (libm's math.tanh took an int64 too)
         operands = [o if isinstance(v, Value) and v.dtype == calc_dtype
                     else f"{_NP_NAME[calc_dtype]}({o})" for v, o in zip(n.inputs, operands)]
-    t = _template(n, calc_dtype)
-    if isinstance(t, tuple):
-        expr, params = t
-        body = expr.format(*operands, **params)
-    else:
-        body = t.format(*operands)
+    expr, params = _template(n, calc_dtype)
+    body = expr.format(*operands, **params)
     if vector_math and calc_dtype in _NP_NAME:
         bits = "32" if calc_dtype == np.float32 else "64"
         for libm, vm in _VECTOR_MATH.items():
@@ -149,7 +113,7 @@ class KernelSpec:
         self.source = source
         self.inputs = inputs                  # ext input Values, argument order
         self.outputs = outputs                # main outputs (shape = iteration shape)
-        self.reductions = reductions          # (node, kind, axes, init) per reduction
+        self.reductions = reductions          # (node, combine ufunc, axes, acc name)
         self.epilogue_outputs = epilogue_outputs
         self.shape = shape
 
@@ -172,23 +136,12 @@ def _roles(fused):
 
 def reduced_axes(n, rank):
     """Axes of the iteration space a reduction node sums over, and its output index."""
-    name = n.op.__name__
-    if name == "SumTo":
-        target = n.fn.shape
-        lead = rank - len(target)
-        axes = set(range(lead)) | {k + lead for k, d in enumerate(target) if d == 1}
-        out_index = [None if d == 1 else k + lead for k, d in enumerate(target)]
-        return axes, out_index
-    axis, keepdims = n.fn.axis, n.fn.keepdims
-    axes = set(range(rank)) if axis is None else set(axis)
-    out_index = []
-    for k in range(rank):
-        if k in axes:
-            if keepdims:
-                out_index.append(None)
-        else:
-            out_index.append(k)
-    return axes, out_index
+    return n.fn.reduced_axes(rank)
+
+
+def float_text(x):
+    """A float constant of a reduction's accumulator as source (0.0, np.inf, -np.inf)."""
+    return "np.inf" if x == np.inf else "-np.inf" if x == -np.inf else repr(float(x))
 
 
 def _index(idx):
@@ -240,66 +193,14 @@ def loop_kernel(fused, parallel):
                 for k in range(q)]
 
     def load_index(n, out_idx):
-        """Index source of a movement chain down to a group input."""
+        """Index source of a movement chain down to a group input (Primitive.index_read:
+        the op maps its output index to its input's, with conditions for a masked read)."""
         u = n.inputs[0]
-        name = n.op.__name__
-        q = len(u.shape)
-        if name == "BroadcastTo":
-            p = len(n.out.shape)
-            idx = [("0" if u.shape[k] == 1 and n.out.shape[k + p - q] != 1
-                    else out_idx[k + p - q]) for k in range(q)]
-        elif name == "Transpose":
-            axes = n.fn.axes if n.fn.axes is not None else tuple(reversed(range(q)))
-            idx = ["0"] * q
-            for k, a in enumerate(axes):
-                idx[a] = out_idx[k]
-        elif name == "GetItem":                     # x[key]: an affine read
-            src = leaf_name(u)
-            idx = []
-            for e in basic_index_of(n):
-                if e[0] == "slice":
-                    _, ia, oa, start, step, _, static = e
-                    c = str(static) if static is not None else \
-                        const(start, f"start of the slice of {src} axis {ia} (step {step})")
-                    idx.append(_affine(c, step, out_idx[oa]))
-                elif e[0] == "int":
-                    idx.append(str(e[3]) if e[3] is not None else
-                               const(e[2], f"index into {src} axis {e[1]}"))
-        elif name == "GetItemGrad":                 # zeros with gy at [key]: a masked read
-            src = leaf_name(u)
-            idx, conds = [], []
-            for e in basic_index_of(n):
-                if e[0] == "slice":
-                    _, ia, oa, start, step, _, static = e
-                    c = str(static) if static is not None else \
-                        const(start, f"start of the slice {src} fills, axis {ia} (step {step})")
-                    m = const(e[5], f"length of the slice {src} fills, axis {ia}")
-                    j = out_idx[ia]
-                    d = _affine(j, -1, c) if step > 0 else _affine(c, -1, j)
-                    if abs(step) == 1:
-                        conds.append(f"0 <= {d} < {m}")
-                        idx.append(d)
-                    else:
-                        a = abs(step)
-                        conds.append(f"({d}) % {a} == 0 and 0 <= {d} < {a} * {m}")
-                        idx.append(f"({d}) // {a}")
-                elif e[0] == "int":
-                    c = str(e[3]) if e[3] is not None else \
-                        const(e[2], f"index {src} fills on axis {e[1]} (zeros elsewhere)")
-                    conds.append(f"{out_idx[e[1]]} == {c}")
-                else:
-                    idx.append("0")
-            inner = read(u, idx)
-            if not conds:
-                return inner
-            return f"({inner} if {' and '.join(conds)} else {lit_text(0, n.out.dtype)})"
-        else:                                       # reshape adding / dropping size-1 axes
-            P = [k for k, d in enumerate(n.out.shape) if d != 1]
-            Q = [k for k, d in enumerate(u.shape) if d != 1]
-            idx = ["0"] * q
-            for pk, qk in zip(P, Q):
-                idx[qk] = out_idx[pk]
-        return read(u, idx)
+        idx, conds = n.fn.index_read(n, out_idx, const, leaf_name(u))
+        inner = read(u, idx)
+        if not conds:
+            return inner
+        return f"({inner} if {' and '.join(conds)} else {lit_text(0, n.out.dtype)})"
 
     def read(u, idx):
         """u at index idx: a group input or the chain of loads below u. A 0-d input
@@ -367,7 +268,7 @@ def loop_kernel(fused, parallel):
             names[id(n.out)] = f"v{i}"
             ops = [operand_text(v, names) for v in n.inputs]
             body.append(f"v{i} = {node_expr(n, ops, vector_math=True)}")
-            if n.op.__name__ in _TRIG and n.out.dtype in _NP_NAME and ops[0] not in checked:
+            if n.fn.checks_trig_range and n.out.dtype in _NP_NAME and ops[0] not in checked:
                 checked.add(ops[0])       # sin(x) and cos(x) (a gradient): one check
                 body.append(f"nbad += 1 if vm.trig_out_of_range({ops[0]}) else 0" + _TRIG_TAG)
         elif role == "load":
@@ -384,23 +285,22 @@ def loop_kernel(fused, parallel):
     closes = {d: [] for d in range(r + 1)}
     for n, axes, out_index, acc in red_info:
         val = names[id(n.inputs[0])]
-        kind = n.op.__name__
+        combine = n.fn.reduction_combine
         d = _k(axes, order)
         oidx = _index(["0" if k is None else f"i{k}" for k in out_index])
         if d == r:
-            body.append(_combine(kind, f"{acc}{oidx}", f"np.float64({val})"))
+            body.append(_combine(combine, f"{acc}{oidx}", f"np.float64({val})"))
             continue
         s = f"s_{acc}"
-        init = "0.0" if kind in ("Sum", "SumTo") else ("-np.inf" if kind == "Max" else "np.inf")
-        opens[d].append(f"{s} = {init}")
-        if kind in ("Sum", "SumTo"):
+        opens[d].append(f"{s} = {float_text(n.fn.reduction_identity)}")
+        if combine is np.add:
             # The one add that may be reordered (so the sum vectorizes): the kernel has
             # no fastmath, since 'reassoc' on the whole kernel also rewrote the fused
             # producers ((x * 3.0) * (1 / 3.0) became x, (x * 1e300) * 1e10 * 1e-10 inf).
             body.append(f"{s} = vm.acc_add({s}, np.float64({val}))")
         else:
-            body.append(_combine(kind, s, f"np.float64({val})"))
-        closes[d].append(_combine(kind, f"{acc}{oidx}", s))
+            body.append(_combine(combine, s, f"np.float64({val})"))
+        closes[d].append(_combine(combine, f"{acc}{oidx}", s))
 
     ind = "    "
     out = list(ind + h for h in hoisted)
@@ -458,7 +358,7 @@ def loop_kernel(fused, parallel):
     if "vm." in text:
         imports += "from tracejit.backends.numba import vecmath as vm\n"
     source = f"{imports}\n\n{head}\ndef {name}({', '.join(args)}):\n{doc}\n{text}\n"
-    reductions = [(n, n.op.__name__, axes, acc) for n, axes, _, acc in red_info]
+    reductions = [(n, n.fn.reduction_combine, axes, acc) for n, axes, _, acc in red_info]
     spec = KernelSpec(name, source, list(sub.inputs), main_outs, reductions, epi_outs, shape)
     spec.consts = [v for v, _ in consts]
     return spec
@@ -512,8 +412,7 @@ def _with_libm_rerun(lines, red_info):
         exact.append("    " + line)
     resets = []
     for n, _, _, acc in red_info:
-        kind = n.op.__name__
-        init = "0.0" if kind in ("Sum", "SumTo") else ("-np.inf" if kind == "Max" else "np.inf")
+        init = float_text(n.fn.reduction_identity)
         q = len(n.out.shape)       # ndarray.fill does not type for 0-d arrays in numba
         pad = "        "
         for k in range(q):
@@ -521,16 +420,6 @@ def _with_libm_rerun(lines, red_info):
             pad += "    "
         resets.append(f"{pad}{acc}{_index([f'j{k}' for k in range(q)])} = {init}")
     return (["    nbad = 0"] + lines + ["    if nbad > 0:"] + resets + exact)
-
-
-def _affine(c, step, i):
-    """Source of c + step * i (c, i: index names or integer literals)."""
-    if i == "0":
-        return c
-    term = i if abs(step) == 1 else f"{abs(step)} * {i}"
-    if c == "0":
-        return term if step > 0 else f"-{term}"
-    return f"{c} {'+' if step > 0 else '-'} {term}"
 
 
 def _k(axes, order):
@@ -541,10 +430,12 @@ def _k(axes, order):
     return d
 
 
-def _combine(kind, acc, val):
-    if kind in ("Sum", "SumTo"):
+def _combine(combine, acc, val):
+    """Source folding val into acc with the reduction's ufunc (np.add, np.maximum,
+    np.minimum)."""
+    if combine is np.add:
         return f"{acc} += {val}"
-    cmp = ">" if kind == "Max" else "<"
+    cmp = ">" if combine is np.maximum else "<"
     # NaN propagates as in np.max: once acc is NaN, nothing replaces it.
     return f"{acc} = {val} if ({val} {cmp} {acc} or {val} != {val}) else {acc}"
 

@@ -34,10 +34,10 @@ import numpy as np
 
 from tracejit import passes
 from tracejit.passes import fusion
-from tracejit.ops.arrayops import _join_index
 from tracejit.backends.numba import cache as _cache
 from tracejit.backends.numba import kernels as K
 from tracejit.ir import Lit, Value
+from tracejit.ops.primitive import Primitive
 from tracejit.ops.trace_only import GUARD, GuardFailure
 
 # prange pays above this many elements per kernel. Measured on the idle 2-core machine,
@@ -73,10 +73,6 @@ def run_blocks(fn, n, rows):
     finally:
         for f in futures:
             f.result()
-# float64 kernels call tracejit.backends.numba.vecmath (vectorized, fused): no NumPy blocks.
-# float32 ones keep NumPy's ufuncs, whose float32 SIMD math is as fast (bench_vecmath).
-_NUMPY_MATH_F32 = {"Exp", "Log", "Tanh", "Sigmoid", "Cos", "Sin"}
-
 __all__ = ["compile", "optimize", "PARALLEL_MIN", "NUMPY_MATH_MIN", "stats"]
 
 
@@ -139,7 +135,8 @@ def _scalar_graph(g, flat):
             return False
         if fusion._fusable_elementwise(n):
             continue
-        if (n.kind == "reduction" and n.op.__name__ in ("Sum", "Max", "Min", "SumTo")
+        if (n.kind == "reduction" and isinstance(n.fn, Primitive)
+                and n.fn.reduction_combine is not None
                 and n.inputs[0].shape == () and n.out.dtype == n.inputs[0].dtype
                 and n.out.dtype.kind == "f"):
             continue
@@ -315,14 +312,16 @@ def _numpy_math_group(fn):
         return False
     if any(n.kind == "movement" and not _view_load(fn, n) for n in fn.graph.nodes):
         return False
-    return any(n.out.dtype == np.float32 and n.op.__name__ in _NUMPY_MATH_F32
-               for n in fn.graph.nodes)
+    # float64 kernels call tracejit.backends.numba.vecmath (vectorized, fused): no NumPy
+    # blocks. float32 ones keep NumPy's ufuncs, whose float32 SIMD math is as fast
+    # (bench_vecmath).
+    return any(n.out.dtype == np.float32 and n.fn.vector_math for n in fn.graph.nodes)
 
 
 def _view_load(fn, n):
     """A basic-index read of a group input that the blocked path takes as a NumPy view."""
     sub = fn.graph
-    return (n.op.__name__ == "GetItem" and passes.basic_index_of(n) is not None
+    return (n.fn.view_index(n) is not None
             and any(n.inputs[0] is v for v in sub.inputs)
             and not any(n.out is v for v in sub.outputs))
 
@@ -349,15 +348,12 @@ def _emit_group(w, node, parallel, use_disk):
         w.emit(f"{o} = np.empty({v.shape!r}, np.{v.dtype.name})")
         args.append(o)
     finals = []
-    for rn, kind, axes, acc in spec.reductions:
+    for rn, combine, axes, acc in spec.reductions:
         a = f"{acc}_{len(w.names)}"
         out = rn.out
-        init = "np.zeros" if kind in ("Sum", "SumTo") else "np.full"
-        fill = "" if init == "np.zeros" else (", -np.inf" if kind == "Max" else ", np.inf")
-        w.emit(f"{a} = {init}({out.shape!r}{fill})")
-        if kind in ("Max", "Min") and any(fn.shape[k] == 0 for k in axes) and out.size:
-            w.emit(f"raise ValueError('zero-size array to reduction operation "
-                   f"{'maximum' if kind == 'Max' else 'minimum'} which has no identity')")
+        w.emit(f"{a} = {_acc_init(rn, out.shape)}")
+        if combine.identity is None and any(fn.shape[k] == 0 for k in axes) and out.size:
+            w.emit(_no_identity(combine))
         args.append(a)
         finals.append((rn, a))
     for v in spec.epilogue_outputs:
@@ -383,6 +379,20 @@ def _emit_group(w, node, parallel, use_disk):
             w.emit(f"{r} = {a}.astype(np.{rn.out.dtype.name})")
 
 
+def _acc_init(n, shape):
+    """Source of a float64 accumulator array for reduction node n, at its identity."""
+    x = n.fn.reduction_identity
+    if x == 0:
+        return f"np.zeros({shape!r})"
+    return f"np.full({shape!r}, {K.float_text(x)})"
+
+
+def _no_identity(combine):
+    # NumPy's error for max / min over zero elements.
+    return (f"raise ValueError('zero-size array to reduction operation "
+            f"{combine.__name__} which has no identity')")
+
+
 def _emit_blocked(w, node, parallel=None):
     """A group as NumPy ufuncs on blocks of rows: each member's own forward."""
     fn = node.fn
@@ -406,17 +416,15 @@ def _emit_blocked(w, node, parallel=None):
         if role == "red":
             axes, _ = K.reduced_axes(n, len(shape))
             a = f"acc{len(w.names)}_{len(acc_of)}"
-            kind = n.op.__name__
+            combine = n.fn.reduction_combine
             if 0 in axes:
-                init = {"Max": "np.full({s}, -np.inf)", "Min": "np.full({s}, np.inf)"}.get(
-                    kind, "np.zeros({s})").format(s=repr(n.out.shape))
+                init = _acc_init(n, n.out.shape)
             else:
                 init = f"np.empty({n.out.shape!r}, np.{n.out.dtype.name})"
-            if kind in ("Max", "Min") and shape[0] == 0 and n.out.size:
-                w.emit(f"raise ValueError('zero-size array to reduction operation "
-                       f"{'maximum' if kind == 'Max' else 'minimum'} which has no identity')")
+            if combine.identity is None and shape[0] == 0 and n.out.size:
+                w.emit(_no_identity(combine))
             w.emit(f"{a} = {init}")
-            acc_of[id(n)] = (a, 0 in axes, kind)
+            acc_of[id(n)] = (a, 0 in axes, combine)
     # Blocks split across threads when the group is large and no accumulator is shared
     # (NumPy's ufuncs release the GIL, so the two halves run on two cores).
     threaded = (parallel is not False and shape[0] >= 2 * rows
@@ -426,7 +434,7 @@ def _emit_blocked(w, node, parallel=None):
     views = []
     for n in sub.nodes:
         if roles[id(n)] == "load":
-            key = w.const(_join_index(n.fn.key, ()), "_ix")
+            key = w.const(n.fn.view_index(n), "_ix")
             name = f"view{len(w.env)}"
             w.emit(f"{name} = {w.val(n.inputs[0])}[{key}]   # {n.name}, a view")
             views.append((n.out, name))
@@ -452,15 +460,13 @@ def _emit_blocked(w, node, parallel=None):
         ins = ", ".join(local[id(v)] if isinstance(v, Value) else w.const(v.value)
                         for v in n.inputs)
         if role == "red":
-            a, over0, kind = acc_of[id(n)]
+            a, over0, combine = acc_of[id(n)]
             if not over0:
                 w.emit(pad + f"{a}[lo:lo + {rows}] = {f}({ins})")
-            elif kind == "Max":
-                w.emit(pad + f"np.maximum({a}, {f}({ins}), out={a})")
-            elif kind == "Min":
-                w.emit(pad + f"np.minimum({a}, {f}({ins}), out={a})")
-            else:
+            elif combine is np.add:
                 w.emit(pad + f"{a} += {f}({ins})")
+            else:
+                w.emit(pad + f"np.{combine.__name__}({a}, {f}({ins}), out={a})")
             continue
         t = f"b{i}"
         local[id(n.out)] = t
