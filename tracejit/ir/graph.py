@@ -140,6 +140,9 @@ class Graph:
         self.source = ""          # generated kernel source, set by a compiling backend
         self.notes = {}           # facts passes and backends report (summary() shows them)
         self.stage = None         # which graph this is, for its header ("forward, optimized")
+        # True on the graph passes.run_pipeline returned (not copied by replace: a graph
+        # made from it is another graph): passes.optimize returns such a graph as is.
+        self.optimized = False
         # Per output, what it is for: "result", "effect" (written back to live state) or
         # "saved" (kept for the backward); None when unknown (a graph built by hand).
         self.output_roles = None

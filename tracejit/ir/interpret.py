@@ -44,6 +44,10 @@ def compile(g):
             writes = tuple(slot[id(v)] for v in n.outputs)
             steps.append((None, n.fn.forward, reads, writes, n, any(lits)))
     out_slots = [(slot[id(v)] if not isinstance(v, Lit) else v) for v in g.outputs]
+    # An output that is an input is copied, as numba's plans do: outputs are fresh
+    # arrays, and a runner given the graph that ran (run.graph: runtime.variant's
+    # fresh_copies) copies only the outputs it returns twice.
+    copied = {j for j, o in enumerate(out_slots) if not isinstance(o, Lit) and o < n_inputs}
 
     def run(arrays):
         if len(arrays) != n_inputs:
@@ -74,7 +78,8 @@ def compile(g):
             else:
                 for w, y in zip(writes, ys):
                     env[w] = y if type(y) is np.ndarray else np.asarray(y)
-        return [(np.asarray(o.value) if isinstance(o, Lit) else env[o]) for o in out_slots]
+        return [(np.asarray(o.value) if isinstance(o, Lit) else
+                 np.array(env[o]) if j in copied else env[o]) for j, o in enumerate(out_slots)]
 
     return run
 

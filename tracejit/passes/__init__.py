@@ -8,10 +8,10 @@ Every pass is a pure function returning a new Graph whose values keep their iden
 so `ir.check` and the interpreter work on every intermediate result.
 """
 from tracejit.passes.fusion import FUSED, Fused, fuse
-from tracejit.passes.pipeline import PIPELINE, PassError, is_fused, run_pipeline
+from tracejit.passes.pipeline import PIPELINE, PassError, is_fused, optimize, run_pipeline
 from tracejit.passes.simplify import (eliminate_common_subexpressions, eliminate_dead_code,
                                       fold_constants)
 
 __all__ = ["Fused", "FUSED", "eliminate_dead_code",
            "eliminate_common_subexpressions", "fold_constants", "fuse", "PIPELINE",
-           "run_pipeline", "PassError", "is_fused"]
+           "run_pipeline", "PassError", "is_fused", "optimize"]

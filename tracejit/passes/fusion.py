@@ -1,9 +1,10 @@
-"""Fusion, Graph -> Graph: `fuse` groups nodes into `Fused` nodes, one per kernel the code generator emits:
-elementwise DAGs over one iteration shape (operands may broadcast), the reductions
-that consume them (sum((a - b) ** 2) in one pass), 0-d epilogues after a full
-reduction (mean = sum / n), and movement ops that read a group input (broadcast_to,
-transpose, reshape that only adds or drops size-1 axes, basic indexing x[1:, 0, None,
-..., ::-2] and its gradient, a masked read) folded into index arithmetic.
+"""Fusion, Graph -> Graph: `fuse` groups nodes into `Fused` nodes, one per kernel the
+code generator emits: elementwise DAGs over one iteration shape (operands may
+broadcast), the reductions that consume them (sum((a - b) ** 2) in one pass), 0-d
+epilogues after a full reduction (mean = sum / n), and movement ops that read a group
+input (broadcast_to, transpose, reshape that only adds or drops size-1 axes, basic
+indexing x[1:, 0, None, ..., ::-2] and its gradient, a masked read) folded into index
+arithmetic. What each op allows is its facets (ops/primitive.py).
 """
 import numpy as np
 

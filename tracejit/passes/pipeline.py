@@ -1,7 +1,9 @@
 """The pipeline: the passes every traced graph goes through, in order, by name.
 
-run_pipeline times each pass, names the pass in errors and prints the graph after a
-pass on request (TRACEJIT_DUMP=<pass name> or all).
+The JIT runs it (`optimize`) on every graph before handing it to a backend, the
+interpret backend included: backends only lower the optimized graph. run_pipeline
+times each pass (g.notes["pass_seconds"]), names the pass in errors and prints the
+graph after a pass on request (TRACEJIT_DUMP=<pass name> or all).
 """
 import os
 import sys
@@ -43,6 +45,7 @@ def run_pipeline(g, dump=None, passes=None, timings=None):
         if dump and (dump == name or dump == "all"):
             print(f"# after {name}\n{g}", file=sys.stderr)
     g.notes["pass_seconds"] = {k: round(v, 6) for k, v in times.items()}
+    g.optimized = True
     if timings is not None:
         timings.update(times)
     return g
@@ -50,4 +53,11 @@ def run_pipeline(g, dump=None, passes=None, timings=None):
 
 def is_fused(g):
     return any(n.kind == FUSED for n in g.nodes)
+
+
+def optimize(g):
+    """g after PIPELINE. A graph the pipeline returned, or one already fused, is
+    returned as is: the JIT optimizes before the backend, and a backend's compile
+    optimizes what its direct callers hand it, so each graph goes through once."""
+    return g if g.optimized or is_fused(g) else run_pipeline(g)
 

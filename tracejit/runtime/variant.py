@@ -894,27 +894,46 @@ class Stale(Exception):
 def compile_graph(g, backend="auto", parallel=None, cache=True, where=None):
     """backend: "numba" (fused kernels), "interpret" (the reference), or "auto"
     (TRACEJIT_BACKEND, else numba; a graph numba fails on runs interpreted, warned at
-    `where`, the user's line)."""
+    `where`, the user's line). The graph goes through passes.PIPELINE first, whatever
+    the backend: backends only lower."""
+    from tracejit import passes
     if parallel is None and any(n.kind == core.MATMUL for n in g.nodes):
         # Measured (MLP 784-256-10 step, 2 cores): prange kernels between BLAS calls
         # run 8.4 ms a step, serial ones 0.99 ms. Numba's OpenMP threads and OpenBLAS's
         # threads spin against each other; a graph with a matmul stays serial.
         parallel = False
-    if backend == "auto":
+    auto = backend == "auto"
+    if auto:
         backend = os.environ.get("TRACEJIT_BACKEND", "numba")
-        if backend == "numba":
-            from tracejit.backends import numba as codegen
-            try:
-                return codegen.compile(g, parallel=parallel, cache=cache)
-            except Exception as e:  # noqa: BLE001 - any codegen failure: still correct
-                from tracejit.runtime.jitted import warn_at
-                warn_at(f"jit({g.name}): the numba backend failed ({type(e).__name__}: {e}); "
-                        f"this graph runs on the interpret backend"
-                        + (f", at {where}" if where else ""), where)
-                return interpret.compile(g)
+    if backend not in ("numba", "interpret"):
+        raise ValueError(f"jit: unknown backend {backend!r} (use 'numba', 'interpret' or "
+                         f"'auto')")
+    from tracejit.runtime.jitted import warn_at
+    at = f", at {where}" if where else ""
+    try:
+        opt = passes.optimize(g)
+    except passes.PassError as e:
+        if not auto:
+            raise
+        warn_at(f"jit({g.name}): {e}; this graph runs unoptimized on the interpret "
+                f"backend{at}", where)
+        opt, backend = g, "interpret"
+    run = None
     if backend == "numba":
         from tracejit.backends import numba as codegen
-        return codegen.compile(g, parallel=parallel, cache=cache)
-    if backend == "interpret":
-        return interpret.compile(g)
-    raise ValueError(f"jit: unknown backend {backend!r} (use 'numba', 'interpret' or 'auto')")
+        try:
+            run = codegen.compile(opt, parallel=parallel, cache=cache)
+        except Exception as e:  # noqa: BLE001 - any codegen failure: still correct
+            if not auto:
+                raise
+            warn_at(f"jit({g.name}): the numba backend failed ({type(e).__name__}: {e}); "
+                    f"this graph runs on the interpret backend{at}", where)
+    if run is None:
+        run = interpret.compile(opt)
+        # The graph that runs: what trace() shows, and what fresh_copies reads the
+        # outputs of (two results the passes merged into one value are copied apart).
+        run.graph = opt
+    if opt is not g:          # the traced graph reports what it became (summary())
+        g.source = opt.source
+        g.notes.update(opt.notes)
+    return run

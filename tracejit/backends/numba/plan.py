@@ -4,11 +4,13 @@ Last stage of trace -> IR -> passes -> codegen. Same contract as `tracejit.ir.in
 inputs in graph.inputs order, outputs in graph.outputs order, GuardFailure(index,
 outcome) at the first failing guard (index = position among the graph's guards).
 
-The graph goes through passes.PIPELINE (unless it is already fused), then becomes a
-*plan*: generated Python source that runs, in order, one numba kernel per fused group
-(kernels.py), NumPy calls for matmul / opaque / random / movement nodes, and guard
-checks. A graph of 0-d ops and guards (dispatch-bound scalar code) instead becomes one
-njit function that checks the guards inside and returns the first failing index.
+The JIT runs passes.PIPELINE first (passes.optimize), so this backend only lowers (a
+graph that has not been through the passes, a direct caller's, goes through them
+here). The graph becomes a *plan*: generated Python source that runs, in order, one
+numba kernel per fused group (kernels.py), NumPy calls for matmul / opaque / random /
+movement nodes, and guard checks. A graph of 0-d ops and guards (dispatch-bound scalar
+code) instead becomes one njit function that checks the guards inside and returns the
+first failing index.
 `graph.source` holds the plan and every kernel; graph.notes counts kernels, NumPy
 calls and materialized intermediates, so `graph.summary()` reports them.
 
@@ -77,8 +79,8 @@ __all__ = ["compile", "optimize", "PARALLEL_MIN", "NUMPY_MATH_MIN", "stats"]
 
 
 def optimize(graph):
-    """The graph after passes.PIPELINE (returned as is if it is already fused)."""
-    return graph if passes.is_fused(graph) else passes.run_pipeline(graph)
+    """passes.optimize (kept here for callers of the backend's old name)."""
+    return passes.optimize(graph)
 
 
 def stats():
@@ -89,13 +91,17 @@ def stats():
 
 
 def compile(graph, parallel=None, cache=True):
-    """Compile `graph` to run(arrays) -> outputs; parallel None = by size, True/False force.
+    """Lower `graph` to run(arrays) -> outputs; parallel None = by size, True/False force.
 
+    The graph is lowered as it is when its passes ran (the JIT's graphs:
+    passes.optimize before any backend); a graph that has not been through them (a
+    direct caller's) goes through passes.optimize first.
     cache=False skips the disk cache (the in-process structural cache always applies).
-    Sets graph.source and graph.notes (kernels, numpy_calls, materialized).
+    Sets graph.source and graph.notes (kernels, numpy_calls, materialized,
+    compile_seconds: the lowering's; pass_seconds has the passes').
     """
-    t0 = time.perf_counter()
     g = optimize(graph)
+    t0 = time.perf_counter()
     flat = _flatten(g)
     if _scalar_graph(g, flat):
         run, source, notes = _compile_scalar(g, flat, cache)
