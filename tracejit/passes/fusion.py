@@ -34,7 +34,7 @@ MAX_GROUP_OPS = 256
 
 
 def _cost(n):
-    """(vecmath calls, ops) node n adds to a group's kernel (ops: Primitive.vector_math)."""
+    """(vecmath calls, ops) node n adds to a group's kernel (its op's vector_math)."""
     return (1 if n.fn.vector_math else 0), 1
 
 
