@@ -11,7 +11,14 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 # Run from a checkout without installing: make `import tracejit` find the package.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(_TESTS))
+# The suite's helper modules (graph_builder, variant_dump) sit here, beside the test
+# folders; test files import them as top-level modules. The folders have no __init__.py,
+# so pytest imports each test file by its basename: basenames are unique across folders
+# (tests/test_suite_layout.py checks it).
+if _TESTS not in sys.path:
+    sys.path.insert(1, _TESTS)
 
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])

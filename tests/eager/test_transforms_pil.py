@@ -124,7 +124,7 @@ try:
 except ImportError as e:
     print(e)
 """
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, cwd=root)
     assert out.returncode == 0, out.stderr

@@ -31,7 +31,8 @@ from graph_builder import Builder
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors", "kernel_cache_dir")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The checkout whose tracejit this process imported (the test file sits folders deeper).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(tj.__file__)))
 
 
 def _chain_graph(shape, ops, bshape=None):
