@@ -36,6 +36,15 @@ def jit_warnings_are_errors():
         yield
 
 
+@pytest.fixture
+def record_jit_warnings():
+    """The JitWarnings a test's calls raise, recorded (for tests that expect a fallback)."""
+    import tracejit as tj
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", tj.JitWarning)
+        yield seen
+
+
 @pytest.fixture(scope="module")
 def kernel_cache_dir(tmp_path_factory):
     """A fresh TRACEJIT_CACHE_DIR for the tests of one module."""

@@ -19,6 +19,8 @@ from tracejit.runtime.checking import first_difference, gradient_difference, ide
 from tracejit.testing import assert_jit_matches_eager
 from tests.compare import same
 
+from results_close import N_CALLS, assert_close, assert_grad_close, no_fallbacks, rng
+
 jit_module = importlib.import_module("tracejit.runtime.jitted")
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
@@ -298,3 +300,19 @@ def test_the_checks_compare_the_results_grad(monkeypatch):
             for a, b in zip(*res):
                 np.testing.assert_allclose(b, a, rtol=1e-12)
     assert jf.cache_info()["variants"] == 0
+
+
+def test_check_mode_agrees():
+    g = lambda x, s: F.tanh(x) * s
+    jf = tj.jit(g, check=True)
+    r = rng(29)
+    for i in range(N_CALLS):
+        xa, s = r.standard_normal(3), float(r.uniform(0.5, 2))
+        xj, xe = Variable(xa.copy()), Variable(xa.copy())
+        yj, ye = jf(xj, s), g(xe, s)
+        assert_close(yj, ye)
+        F.sum(yj).backward()
+        F.sum(ye).backward()
+        assert_grad_close(xj, xe)
+    assert jf.cache_info()["hits"] >= 1
+    no_fallbacks(jf)

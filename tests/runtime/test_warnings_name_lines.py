@@ -1,6 +1,8 @@
 """Every JitWarning names the user's line, file:line, in its text and as the warning's
 location: the line in the function where the cause happened, else the function's def
-line (never "at None", never a tracejit file)."""
+line (never "at None", never a tracejit file), also for user code whose path merely
+starts like the package's (a sibling directory `tracejit_runs/`)."""
+import io
 import os
 import random
 import warnings
@@ -11,6 +13,7 @@ import pytest
 import tracejit as tj
 import tracejit.functions as F
 from tracejit import Parameter, Variable
+from tracejit.trace import record as tracing
 
 HERE = os.path.basename(__file__)
 
@@ -232,3 +235,24 @@ def test_an_unreplayable_seed_names_its_line(seed):
     ws = [w for w in seen if issubclass(w.category, tj.JitWarning)]
     if seed is None:
         _names(ws, _line("seed"), "seed(None)")
+
+
+def test_a_user_file_beside_the_package_is_the_users_line():
+    src = ("def f(x):\n"
+           "    y = x * 2.0\n"
+           "    print('step', file=out)\n"
+           "    return y\n")
+    fake = tracing._PKG_DIR + "_runs/train.py"       # /…/tracejit_runs/train.py
+    env = {"out": io.StringIO()}
+    exec(compile(src, fake, "exec"), env)
+    jf = tj.jit(env["f"])
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for k in range(3):
+            x = tj.Variable(np.arange(3.0) + k)
+            np.testing.assert_allclose(jf(x).data, (np.arange(3.0) + k) * 2.0)
+    msgs = [m for m in w if issubclass(m.category, tj.JitWarning)]
+    assert msgs, "print() is a side effect: one warning"
+    assert all(m.filename == "train.py" for m in msgs), [(m.filename, str(m.message))
+                                                          for m in msgs]
+    assert msgs[0].lineno == 3 and "train.py:3" in str(msgs[0].message)

@@ -302,3 +302,10 @@ def test_assert_jit_matches_eager_fails_on_a_fallback():
 
     with pytest.raises((AssertionError, tracejit.JitWarning), match="eagerly|fell back"):
         assert_jit_matches_eager(f, X)
+
+
+def test_gradcheck_with_jit():
+    from tracejit.testing import gradcheck
+    r = np.random.default_rng(23)
+    f = lambda x, y: F.tanh(F.matmul(x, y)) * 2 + F.sum(x)
+    assert gradcheck(f, r.standard_normal((3, 4)), r.standard_normal((4, 2)), jit=True)

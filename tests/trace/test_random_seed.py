@@ -1,6 +1,8 @@
 """np.random.seed(k) inside a jitted function is an effect on NumPy's global stream,
 recorded in order with the draws (F.dropout): the call compiles, and on every call the
-draws, the gradients and the stream's state afterwards are eager's."""
+draws, the gradients and the stream's state afterwards are eager's. Seeds of every kind a program computes (a
+NumPy integer, a Python int computed from traced data) are recorded as the seed they
+are."""
 import numpy as np
 import pytest
 
@@ -123,3 +125,42 @@ def test_the_seed_is_a_node_of_the_graph():
     text = str(jf.trace(_x(0), optimized=False))
     assert "random_seed[seed=9]" in text and text.index("random_seed") < \
         text.index("random_uniform")
+
+
+def _compare_on_inputs(fn, xs, max_traces):
+    jf = tj.jit(fn)
+    for k, x in enumerate(xs):
+        np.random.rand(k + 1)                   # the caller's draws move the stream
+        state = np.random.get_state()
+        got = jf(Variable(x.copy()))
+        after_j = np.random.get_state()
+        np.random.set_state(state)
+        want = fn(Variable(x.copy()))
+        after_e = np.random.get_state()
+        np.testing.assert_allclose(got.data, want.data, rtol=1e-12, atol=1e-12)
+        assert _same_stream(after_j, after_e), k
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["traces"] <= max_traces, info
+    assert info["hits"] >= len(xs) - 1 - 2 * max_traces, info
+
+
+def test_a_seed_computed_with_int_of_traced_data_is_its_value():
+    # int(...) of traced data is a TracedInt: as a seed it is the value it is (guarded,
+    # a new value retraces), not an escape that runs every call eagerly.
+    def f(x):
+        k = int(abs(x.data.sum())) % 2 + 3
+        np.random.seed(k)
+        return F.dropout(x * 2.0, 0.5)
+
+    xs = [np.linspace(-1, 1, 6) + s for s in (0.1, 0.2, 0.9, 0.95, 0.15, 0.92)]
+    _compare_on_inputs(f, xs, max_traces=2)
+
+
+def test_numpy_integer_seeds():
+    def f(x):
+        np.random.seed(np.int64(7))
+        a = F.dropout(x, 0.5)
+        np.random.seed(np.uint32(9))
+        return a + F.dropout(x, 0.3)
+
+    _compare_on_inputs(f, [np.linspace(-1, 1, 6) * (k + 1) for k in range(5)], max_traces=1)

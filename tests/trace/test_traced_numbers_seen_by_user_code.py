@@ -1,4 +1,4 @@
-"""Symbolic Python scalars at their edges (issue 9, item 3): jit redirects float()/int()/
+"""What user code sees of symbolic Python scalars: jit redirects float()/int()/
 isinstance/type calls in the traced code by rewriting bytecode, and the traced numbers
 (TracedFloat, TracedInt, TracedBool) stand in for Python numbers. Wherever that
 machinery reaches, what the user's code sees must be what eager sees: the names as the

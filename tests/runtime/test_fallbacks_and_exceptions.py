@@ -1,0 +1,136 @@
+"""What jit cannot compile runs eagerly with a JitWarning naming the cause and the line
+(tolist, item assignment, print); an exception inside the function propagates as eager's,
+also after warm-up and trace; bad input is a ValueError in the user's terms.
+"""
+import warnings
+
+import numpy as np
+import pytest
+
+import tracejit as tj
+import tracejit.functions as F
+from tracejit import Variable
+
+from results_close import N_CALLS, assert_close, assert_grad_close, no_fallbacks
+
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+
+def test_tolist_falls_back_with_warning_naming_cause_and_line():
+    def f(x):
+        vals = x.data.tolist()  # USER-LINE-TOLIST
+        return x * float(sum(vals))
+
+    jf = tj.jit(f)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always", tj.JitWarning)
+        for i in range(N_CALLS):
+            xa = np.arange(3.0) * (i + 1)
+            xj, xe = Variable(xa.copy()), Variable(xa.copy())
+            yj, ye = jf(xj), f(xe)
+            assert_close(yj, ye)
+            F.sum(yj).backward()
+            F.sum(ye).backward()
+            assert_grad_close(xj, xe)
+    jw = [str(w.message) for w in rec if issubclass(w.category, tj.JitWarning)]
+    assert len(jw) == 1, jw
+    assert "tolist" in jw[0] and "USER-LINE-TOLIST" in jw[0]
+    assert jf.cache_info()["fallbacks"] >= 1
+
+
+def test_item_assignment_falls_back():
+    def f(x):
+        d = (x * 2).data
+        d[0] = 5.0  # USER-LINE-SETITEM
+        return F.sum(Variable(d) * x)
+
+    jf = tj.jit(f)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always", tj.JitWarning)
+        for i in range(N_CALLS):
+            xa = np.arange(3.0) + i
+            assert_close(jf(Variable(xa.copy())), f(Variable(xa.copy())))
+    jw = [str(w.message) for w in rec if issubclass(w.category, tj.JitWarning)]
+    assert len(jw) == 1, jw
+    assert "assignment" in jw[0] and "USER-LINE-SETITEM" in jw[0]
+
+
+def test_print_inside_warns_runs_only_while_tracing(capsys):
+    def f(x):
+        print(f"x is {x.data}")
+        return x * 2
+
+    jf = tj.jit(f)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always", tj.JitWarning)
+        for i in range(N_CALLS):
+            xa = np.arange(3.0) + i
+            xj, xe = Variable(xa.copy()), Variable(xa.copy())
+            yj = jf(xj)
+            assert_close(yj, f(xe))
+            F.sum(yj).backward()
+            F.sum(f(xe)).backward()
+            assert_grad_close(xj, xe)
+    jw = [str(w.message) for w in rec if issubclass(w.category, tj.JitWarning)]
+    assert len(jw) == 1, jw
+    assert "only while tracing" in jw[0]
+    assert "print" in jw[0] or "format" in jw[0]
+    no_fallbacks(jf)
+
+
+def test_exception_inside_propagates():
+    def f(x, n):
+        y = F.tanh(x)
+        if y.data.sum() > 100:
+            raise RuntimeError("too big")
+        if n == 0:
+            raise KeyError("n is zero")
+        return y
+
+    jf = tj.jit(f)
+    for i in range(N_CALLS):
+        xa = np.arange(3.0) + i
+        assert_close(jf(Variable(xa), 1), f(Variable(xa), 1))
+    for i in range(3):
+        with pytest.raises(KeyError, match="n is zero"):
+            jf(Variable(np.arange(3.0)), 0)
+    g = lambda x: f(x, 1) if x.data.sum() < 10 else (_ for _ in ()).throw(
+        ValueError("big sum"))
+    jg = tj.jit(g)
+    for i in range(N_CALLS):
+        with pytest.raises(ValueError, match="big sum"):
+            jg(Variable(np.full(3, 10.0 + i)))
+        assert_close(jg(Variable(np.full(3, 0.5 * i))), g(Variable(np.full(3, 0.5 * i))))
+    no_fallbacks(jf)
+
+
+def test_exception_midway_after_warm_and_trace():
+    def f(x):
+        y = x * 2
+        if float(y.data[0]) > 50:
+            raise ArithmeticError("over 50")
+        return y
+
+    jf = tj.jit(f)
+    for v in [1.0, 2.0, 20.0, 3.0, 4.0, 5.0]:
+        with pytest.raises(ArithmeticError, match="over 50"):
+            jf(Variable(np.array([v + 100])))
+        assert_close(jf(Variable(np.array([v]))), f(Variable(np.array([v]))))
+
+
+def test_bad_input_non_broadcastable_raises_value_error():
+    def f(x, y):
+        return x + y
+
+    jf = tj.jit(f)
+    for i in range(N_CALLS):
+        assert_close(jf(Variable(np.ones(3) * i), Variable(np.ones(3))),
+                     f(Variable(np.ones(3) * i), Variable(np.ones(3))))
+    for i in range(3):
+        with pytest.raises(ValueError) as e_j:
+            jf(Variable(np.ones(3)), Variable(np.ones(4)))
+        with pytest.raises(ValueError) as e_e:
+            f(Variable(np.ones(3)), Variable(np.ones(4)))
+        assert "(3,)" in str(e_j.value) and "(4,)" in str(e_j.value)
+        assert type(e_j.value) is type(e_e.value)
+    no_fallbacks(jf)

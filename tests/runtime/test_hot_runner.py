@@ -1,0 +1,206 @@
+"""The one-frame hot runner (variant.build_runner with a key) tests its signature on every
+call: argument forms (Variable, ndarray, float, 0-d of every dtype) and aliasing that
+switch between calls, a captured 0-d Parameter replaced or changed in dtype or shape,
+guard misses in both grad modes, and a bad argument that must not demote the variant.
+
+Every jit test calls the jitted function at least 3 times with new values and compares
+with eager: values, dtype, shape, ndarray vs NumPy scalar, creator, gradients.
+"""
+import contextlib
+
+import numpy as np
+import pytest
+
+import tracejit as tj
+import tracejit.functions as F
+from tracejit import Parameter, Variable
+
+from compare import data_of, same
+
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+
+_data, _same = data_of, same
+
+
+_MODES = {
+    "grad": contextlib.nullcontext,
+    "no_grad": tj.no_grad,
+    "test": tj.test_mode,
+    "off": tj.disable_jit,
+    "no_grad+test": lambda: _both(tj.no_grad(), tj.test_mode()),
+    "off+no_grad": lambda: _both(tj.disable_jit(), tj.no_grad()),
+}
+
+
+@contextlib.contextmanager
+def _both(a, b):
+    with a, b:
+        yield
+
+
+def _float_variables(args):
+    return any(isinstance(a, Variable) and a.dtype.kind == "f" for a in args)
+
+
+def _run_both(jf, f, make, mode):
+    """The jitted and the eager call on equal fresh arguments, in `mode`; the grads of
+    Variable arguments when the result is a scalar Variable with a creator."""
+    aj, ae = make(), make()
+    with _MODES[mode]():
+        got = jf(*aj)
+    with _MODES[mode]():
+        want = f(*ae)
+    # Without a float Variable argument eager still records creators, compiled calls do
+    # not (nothing to differentiate): older than this change, not compared.
+    _same(got, want, creator=_float_variables(ae))
+    g0 = got[0] if isinstance(got, tuple) else got
+    w0 = want[0] if isinstance(want, tuple) else want
+    if isinstance(w0, Variable) and w0.creator is not None and w0.size == 1:
+        g0.backward()
+        w0.backward()
+        for a, b in zip(aj, ae):
+            if isinstance(b, Variable):
+                assert (a.grad is None) == (b.grad is None)
+                if b.grad is not None:
+                    _same(a.grad, b.grad, creator=False)
+    return got
+
+
+def test_argument_forms_switch_between_calls():
+    def f(x, y=0.5):
+        return x * 2.0 + y
+
+    jf = tj.jit(f)
+    forms = [
+        lambda k: (Variable(np.array(1.5 + k)),),
+        lambda k: (Variable(np.array(1.5 + k)), 0.25 * k),                # one more arg
+        lambda k: (1.5 + k,),                                            # Python float
+        lambda k: (np.array(1.5 + k),),                                  # 0-d ndarray
+        lambda k: (Variable(np.array(1.5 + k, np.float32)),),
+        lambda k: (Variable(np.array(1.5 + k, np.float32)), 2.0),
+        lambda k: (Parameter(np.array(1.5 + k)),),
+        lambda k: (Variable(np.array([1.5 + k, 2.0])),),
+        lambda k: (Variable(np.array(k + 1, np.int64)),),
+        lambda k: (Variable(np.array(k % 2 == 0)),),
+        lambda k: (np.array(1.5 + k, np.float32),),
+    ]
+    for rnd in range(3):
+        for i, make in enumerate(forms):
+            for k in range(3):
+                _run_both(jf, f, lambda: make(10 * rnd + k), "grad")
+            aj, ae = make(rnd), make(rnd)                          # with a keyword
+            _same(jf(*aj[:1], y=np.array(0.75)), f(*ae[:1], y=np.array(0.75)),
+                  creator=_float_variables(ae))
+    assert jf.cache_info()["fallbacks"] == 0
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64, np.int32, np.bool_])
+def test_0d_inputs_of_every_dtype_mixed_with_python_floats(dtype):
+    def f(x, s):
+        z = x * s + 1.0
+        if z.data > 1.5:
+            return F.sin(z), z * 2.0
+        return z, F.cos(z) * s
+
+    jf = tj.jit(f)
+    rng = np.random.default_rng(3)
+    for k in range(10):
+        xv = rng.integers(0, 3)
+        s = float(rng.uniform(-1, 1))
+
+        def make():
+            return Variable(np.asarray(xv, dtype) if dtype != np.bool_ else
+                            np.asarray(bool(xv % 2))), s
+        _run_both(jf, f, make, ["grad", "no_grad"][k % 2])
+    assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_aliasing_switches_between_calls():
+    def f(a, b):
+        return a * b + a
+
+    def g(a, b):
+        a += 1.0
+        return a * b
+
+    jf, jg = tj.jit(f), tj.jit(g)
+    for k in range(12):
+        form = k % 3
+
+        def make():
+            x, y = Variable(np.array(0.5 + k)), Variable(np.array(2.0))
+            return (x, y) if form == 0 else (x, x) if form == 1 else (x, x.data)
+        _run_both(jf, f, make, "grad")
+
+        def make_arrays():
+            x, y = np.array(0.5 + k), np.array(2.0)
+            return (x, y) if form != 1 else (x, x)
+        aj, ae = make_arrays(), make_arrays()
+        _same(jg(*aj), g(*ae))
+        _same(aj[0], ae[0])
+    assert jf.cache_info()["fallbacks"] == 0 and jg.cache_info()["fallbacks"] == 0
+
+
+def test_captured_0d_parameter_changes_dtype_shape_or_is_replaced():
+    class Holder:
+        pass
+
+    h = Holder()
+    h.p = Parameter(np.array(2.0))
+    q = Parameter(np.array(0.5))
+
+    def f(x):
+        return x * h.p + q * x
+
+    jf = tj.jit(f)
+    changes = {3: lambda: setattr(q, "data", np.array(3, np.int64)),
+               6: lambda: setattr(q, "data", np.array(True)),
+               9: lambda: setattr(q, "data", np.array(1.5, np.float32)),
+               12: lambda: setattr(h, "p", Parameter(np.array(-1.0))),
+               15: lambda: setattr(q, "data", np.array([0.5, 1.0])),
+               18: lambda: setattr(h, "p", Parameter(np.array(4, np.int32))),
+               21: lambda: setattr(q, "data", np.array(0.25))}
+    for k in range(24):
+        if k in changes:
+            changes[k]()
+        q.cleargrad()
+        h.p.cleargrad()
+        got = jf(Variable(np.array(1.0 + k)))
+        want = f(Variable(np.array(1.0 + k)))
+        _same(got, want)
+    assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_guard_misses_on_the_hot_runner_in_both_grad_modes():
+    def f(x):
+        y = x
+        while y.data < 10.0:
+            y = y * 2.0 + 0.5
+        return y
+
+    jf = tj.jit(f)
+    starts = [3.0, 3.5, 1.0, 9.0, 2.5, 0.7, 9.5, 3.25, 1.1] * 2
+    for k, s in enumerate(starts):
+        _run_both(jf, f, lambda: (Variable(np.array(s)),), ["grad", "no_grad"][k % 2])
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["guard_failures"] > 0
+
+
+def test_a_bad_argument_does_not_demote_the_hot_variant():
+    def f(x):
+        return x * 2.0
+
+    jf = tj.jit(f)
+    for k in range(4):
+        _run_both(jf, f, lambda: (Variable(np.array(1.0 + k)),), "grad")
+    bad = Variable(np.array(0.0))
+    bad.data = [5.0]                    # not an ndarray: eager raises AttributeError
+    with pytest.raises(AttributeError):
+        f(bad)
+    with pytest.raises(TypeError, match="holds a list, not a numpy.ndarray"):
+        jf(bad)                         # said in the user's terms
+    for k in range(3):
+        _run_both(jf, f, lambda: (Variable(np.array(7.0 + k)),), "grad")
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["variants"] == 1

@@ -1,0 +1,393 @@
+"""What a jitted call takes and returns: Variable, ndarray and keyword arguments, containers
+of results, dtypes, fresh results, arguments written in place, nested jit, methods,
+random programs; each call after call with new values, compared with eager.
+
+Every test calls a jitted function well past its warm-up (1st call eager, 2nd traces,
+later calls replay). An unexpected fallback fails the test: JitWarning is an error.
+"""
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st, HealthCheck
+
+import tracejit as tj
+import tracejit.functions as F
+from tracejit import Variable
+from tracejit.models import MLP
+from tracejit.testing import strategies as tjst
+
+from results_close import N_CALLS, _arr, assert_close, assert_grad_close, no_fallbacks, rng
+
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+
+def _graph(x, W, b):
+    h = F.tanh(F.matmul(x, W) + b)
+    return F.sum(h * h - 0.5 * h) / 3.0
+
+
+def test_basic_variable_args_values_and_grads():
+    jf = tj.jit(_graph)
+    r = rng(1)
+    for i in range(N_CALLS):
+        xa, Wa, ba = r.standard_normal((4, 3)), r.standard_normal((3, 2)), r.standard_normal(2)
+        args_j = [Variable(xa.copy()), Variable(Wa.copy()), Variable(ba.copy())]
+        args_e = [Variable(xa.copy()), Variable(Wa.copy()), Variable(ba.copy())]
+        yj = jf(*args_j)
+        ye = _graph(*args_e)
+        assert_close(yj, ye)
+        yj.backward()
+        ye.backward()
+        for a, b in zip(args_j, args_e):
+            assert_grad_close(a, b)
+    info = jf.cache_info()
+    assert info["variants"] == 1 and info["retraces"] == 0
+    assert info["hits"] >= N_CALLS - 3, info   # the first replay may be a checked run
+    no_fallbacks(jf)
+
+
+def test_basic_ndarray_args_and_mixed():
+    jf = tj.jit(_graph)
+    r = rng(2)
+    for i in range(N_CALLS):
+        xa, Wa, ba = r.standard_normal((5, 3)), r.standard_normal((3, 4)), r.standard_normal(4)
+        W_j, W_e = Variable(Wa.copy()), Variable(Wa.copy())
+        yj = jf(xa, W_j, ba)
+        ye = _graph(xa, W_e, ba)
+        assert_close(yj, ye)
+        yj.backward()
+        ye.backward()
+        assert_grad_close(W_j, W_e)
+        # all-ndarray call: a Variable result that is not attached to any leaf
+        yj2 = jf(xa, Wa, ba)
+        assert_close(yj2, _graph(xa, Wa, ba))
+    no_fallbacks(jf)
+
+
+def _multi(x, y):
+    s = x * y + F.sin(x)
+    return s, {"a": F.sum(s), "b": [x - y, F.exp(y)]}
+
+
+@pytest.mark.parametrize("form", ["tuple", "dict", "list"])
+def test_output_containers(form):
+    def f(x, y):
+        a, rest = _multi(x, y)
+        if form == "tuple":
+            return a, rest["a"]
+        if form == "dict":
+            return rest
+        return [a, rest["b"][0], rest["b"][1]]
+
+    jf = tj.jit(f)
+    r = rng(3)
+    for i in range(N_CALLS):
+        xa, ya = r.standard_normal((2, 3)), r.standard_normal((2, 3))
+        xj, yj_ = Variable(xa.copy()), Variable(ya.copy())
+        xe, ye_ = Variable(xa.copy()), Variable(ya.copy())
+        oj, oe = jf(xj, yj_), f(xe, ye_)
+        assert_close(oj, oe)
+        # gradient of a combination of all outputs
+        def total(o):
+            leaves = list(o.values()) if isinstance(o, dict) else list(o)
+            flat = []
+            for v in leaves:
+                flat.extend(v if isinstance(v, list) else [v])
+            return sum(F.sum(v * (k + 1)) for k, v in enumerate(flat))
+        total(oj).backward()
+        total(oe).backward()
+        assert_grad_close(xj, xe)
+        assert_grad_close(yj_, ye_)
+    no_fallbacks(jf)
+
+
+def test_keyword_arguments():
+    def f(x, *, scale, shift=None):
+        y = F.tanh(x) * scale
+        if shift is not None:
+            y = y + shift
+        return F.sum(y)
+
+    jf = tj.jit(f)
+    r = rng(4)
+    for i in range(N_CALLS):
+        xa, sa, ta = r.standard_normal(3), r.standard_normal(3), r.standard_normal(3)
+        xj, xe = Variable(xa.copy()), Variable(xa.copy())
+        sj, se = Variable(sa.copy()), Variable(sa.copy())
+        yj = jf(xj, scale=sj, shift=ta)
+        ye = f(xe, scale=se, shift=ta)
+        assert_close(yj, ye)
+        yj.backward()
+        ye.backward()
+        assert_grad_close(xj, xe)
+        assert_grad_close(sj, se)
+    assert jf.cache_info()["variants"] == 1
+    no_fallbacks(jf)
+
+
+def test_float_returned_and_python_float_output():
+    def f(x, lr):
+        return x * 2.0, lr * 3.0
+
+    jf = tj.jit(f)
+    for i in range(N_CALLS):
+        lr = 0.1 * (i + 1)
+        xa = np.arange(3.0) * i
+        oj, oe = jf(Variable(xa), lr), f(Variable(xa), lr)
+        assert_close(oj[0], oe[0])
+        assert type(oj[1]) is float
+        assert oj[1] == pytest.approx(oe[1], rel=1e-12)
+    no_fallbacks(jf)
+
+
+def test_arguments_not_mutated_and_results_fresh():
+    def f(x, a):
+        return x * 1.0, a
+
+    jf = tj.jit(f)
+    for i in range(N_CALLS):
+        xa = np.arange(3.0) + i
+        a = np.arange(2.0) - i
+        xa0, a0 = xa.copy(), a.copy()
+        x = Variable(xa)
+        y, b = jf(x, a)
+        np.testing.assert_array_equal(xa, xa0)
+        np.testing.assert_array_equal(a, a0)
+        assert not np.shares_memory(y.data, xa)
+        y.data[...] = 99.0
+        np.testing.assert_array_equal(xa, xa0)
+        np.testing.assert_array_equal(b, a0)
+    no_fallbacks(jf)
+
+
+def _twins(seed, sizes, dtype=np.float64, in_size=3):
+    m1, m2 = MLP(sizes), MLP(sizes)
+    x0 = np.zeros((2, in_size), dtype)
+    np.random.seed(seed)
+    m1(x0)                      # one eager forward: the lazy Linear layers initialise
+    np.random.seed(seed)
+    m2(x0)
+    if dtype == np.float64:       # Linear defaults to float32 parameters
+        for p in list(m1.params()) + list(m2.params()):
+            p.data = p.data.astype(np.float64)
+    for p1, p2 in zip(m1.params(), m2.params()):
+        np.testing.assert_array_equal(p1.data, p2.data)
+    return m1, m2
+
+
+def test_jit_method_of_model():
+    m_j, m_e = _twins(2, (5, 2))
+
+    class Net:
+        def __init__(self, m):
+            self.m = m
+
+        @tj.jit
+        def loss(self, x):
+            return F.sum(self.m(x) ** 2)
+
+    net = Net(m_j)
+    r = rng(16)
+    for i in range(N_CALLS):
+        xa = r.standard_normal((4, 3))
+        m_j.cleargrads()
+        m_e.cleargrads()
+        lj = net.loss(xa)
+        le = F.sum(m_e(xa) ** 2)
+        assert_close(lj, le)
+        lj.backward()
+        le.backward()
+        for p1, p2 in zip(m_j.params(), m_e.params()):
+            assert_grad_close(p1, p2)
+        # mutate the params the same way in both
+        for p1, p2 in zip(m_j.params(), m_e.params()):
+            d = r.standard_normal(p1.shape) * 0.1
+            p1.data += d
+            p2.data += d
+
+
+def test_jit_keeps_no_argument_alive():
+    import gc
+    import weakref
+
+    jf = tj.jit(lambda x: F.sum(F.tanh(x) * 2))
+    refs = []
+    for i in range(N_CALLS):
+        x = Variable(np.arange(3.0) + i)
+        y = jf(x)
+        y.backward()
+        refs.append(weakref.ref(x))
+        del x, y
+    gc.collect()
+    assert [r() is None for r in refs] == [True] * N_CALLS
+    no_fallbacks(jf)
+
+
+@pytest.mark.parametrize("kind", ["ndarray", "variable"])
+def test_inplace_write_into_argument_replayed(kind):
+    if kind == "ndarray":
+        def f(x, a):
+            a += 1.0
+            return x * a
+    else:
+        def f(x, a):
+            a.data += 1.0
+            return x * a
+
+    jf = tj.jit(f)
+    for i in range(N_CALLS):
+        aj, ae = np.arange(3.0) + i, np.arange(3.0) + i
+        if kind == "variable":
+            aj, ae = Variable(aj), Variable(ae)
+        xa = np.linspace(-1, 1, 3) * i
+        yj, ye = jf(Variable(xa), aj), f(Variable(xa), ae)
+        assert_close(yj, ye)
+        np.testing.assert_array_equal(_arr(aj), _arr(ae))
+    no_fallbacks(jf)
+
+
+def test_nested_jit():
+    inner = tj.jit(lambda x: F.sin(x) * x)
+
+    def outer(x):
+        return F.sum(inner(x) + x)
+
+    def eager(x):
+        return F.sum(F.sin(x) * x + x)
+
+    jo = tj.jit(outer)
+    r = rng(26)
+    for i in range(N_CALLS):
+        xa = r.standard_normal(3)
+        xj, xe = Variable(xa.copy()), Variable(xa.copy())
+        yj, ye = jo(xj), eager(xe)
+        assert_close(yj, ye)
+        yj.backward()
+        ye.backward()
+        assert_grad_close(xj, xe)
+    no_fallbacks(jo)
+
+
+def test_int_dtype_arrays_correct():
+    f = lambda x: x * 2 + 1
+    jf = tj.jit(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tj.JitWarning)   # ints may run eagerly, with a warning
+        for i in range(N_CALLS):
+            a = np.arange(3) + i
+            yj, ye = jf(Variable(a)), f(Variable(a))
+            assert_close(yj, ye)
+
+
+def test_non_array_outputs_are_constants():
+    jf = tj.jit(lambda x, n: (x * 2, n, None, "s"))
+    for i in range(N_CALLS):
+        out = jf(Variable(np.arange(2.0) + i), 3)
+        assert out[1:] == (3, None, "s")
+        np.testing.assert_array_equal(out[0].data, (np.arange(2.0) + i) * 2)
+    no_fallbacks(jf)
+
+
+def test_mask_from_data_comparison():
+    def f(x):
+        mask = x.data > 0
+        return F.sum(x * Variable(mask.astype(x.dtype)) + F.relu(-x) * 0.5)
+
+    jf = tj.jit(f)
+    r = rng(31)
+    for i in range(N_CALLS):
+        xa = r.standard_normal(5)
+        xj, xe = Variable(xa.copy()), Variable(xa.copy())
+        yj, ye = jf(xj), f(xe)
+        assert_close(yj, ye)
+        yj.backward()
+        ye.backward()
+        assert_grad_close(xj, xe)
+    no_fallbacks(jf)
+
+
+def test_softmax_cross_entropy_with_int_labels():
+    jf = tj.jit(F.softmax_cross_entropy)
+    r = rng(32)
+    for i in range(N_CALLS):
+        xa, t = r.standard_normal((4, 3)), r.integers(0, 3, 4)
+        xj, xe = Variable(xa.copy()), Variable(xa.copy())
+        yj, ye = jf(xj, t), F.softmax_cross_entropy(xe, t)
+        assert_close(yj, ye)
+        yj.backward()
+        ye.backward()
+        assert_grad_close(xj, xe)
+    no_fallbacks(jf)
+
+
+def test_accuracy_compiles():
+    jf = tj.jit(F.accuracy)
+    r = rng(33)
+    for i in range(N_CALLS):
+        xa, t = r.standard_normal((6, 3)), r.integers(0, 3, 6)
+        assert_close(jf(xa, t), F.accuracy(xa, t))
+    no_fallbacks(jf)
+
+
+def test_float32_stays_float32():
+    def f(x, w):
+        return F.tanh(x * 2.0) + w * 0.5 - 1, F.sum(x * w) / 3.0
+
+    jf = tj.jit(f)
+    r = rng(22)
+    for i in range(N_CALLS):
+        xa = r.standard_normal(4).astype(np.float32)
+        wa = r.standard_normal(4).astype(np.float32)
+        xj, wj = Variable(xa.copy()), Variable(wa.copy())
+        xe, we = Variable(xa.copy()), Variable(wa.copy())
+        (aj, bj), (ae, be) = jf(xj, wj), f(xe, we)
+        assert aj.dtype == np.float32 and bj.dtype == np.float32
+        assert_close((aj, bj), (ae, be), rtol=1e-6, atol=1e-7)
+        (F.sum(aj) + bj).backward()
+        (F.sum(ae) + be).backward()
+        assert xj.grad.dtype == np.float32 and wj.grad.dtype == np.float32
+        assert_grad_close(xj, xe, rtol=1e-6, atol=1e-7)
+        assert_grad_close(wj, we, rtol=1e-6, atol=1e-7)
+    no_fallbacks(jf)
+
+
+def test_float32_times_runtime_float_arg():
+    def f(x, s):
+        return x * s
+
+    jf = tj.jit(f)
+    for i in range(N_CALLS):
+        xa = (np.arange(3) + i).astype(np.float32)
+        s = 0.1 * (i + 1)
+        yj, ye = jf(Variable(xa), s), f(Variable(xa), s)
+        assert yj.dtype == ye.dtype == np.float32
+        assert_close(yj, ye, rtol=1e-6)
+    no_fallbacks(jf)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck),
+          derandomize=True, database=None)
+@given(data=st.data(), dtype=st.sampled_from([np.float64, np.float32]))
+def test_random_programs_jit_matches_eager(data, dtype):
+    prog, inputs = data.draw(tjst.programs(dtype=dtype))
+    jf = tj.jit(prog)
+    rtol, atol = (1e-9, 1e-11) if dtype == np.float64 else (2e-4, 1e-5)
+    shapes = [a.shape for a in inputs]
+    r = np.random.default_rng(len(shapes))
+    for call in range(N_CALLS):
+        if call == 0:
+            arrays = inputs
+        else:
+            arrays = [r.uniform(-2, 2, s).astype(dtype) for s in shapes]
+        xj = [Variable(a.copy()) for a in arrays]
+        xe = [Variable(a.copy()) for a in arrays]
+        yj, ye = jf(*xj), prog(*xe)
+        assert_close(yj, ye, rtol, atol)
+        F.sum(yj * 1.5).backward()
+        F.sum(ye * 1.5).backward()
+        for a, b in zip(xj, xe):
+            assert_grad_close(a, b, rtol, atol)
+    info = jf.cache_info()
+    assert info["variants"] == 1 and info["hits"] >= N_CALLS - 3, info
+    no_fallbacks(jf)

@@ -1,0 +1,147 @@
+"""The signature key (tracejit.runtime.signature): which argument changes select a new
+variant and which are runtime inputs of the same one. Floats and 0-d arrays are inputs;
+ints, strings and static arguments are part of the key; a new shape, dtype or grad mode
+is a new variant; an unhashable non-array argument is a TypeError.
+"""
+import numpy as np
+import pytest
+
+import tracejit as tj
+import tracejit.functions as F
+from tracejit import Variable
+
+from results_close import N_CALLS, assert_close, assert_grad_close, no_fallbacks, rng
+
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+
+def test_float_args_are_runtime_inputs():
+    def f(x, lr):
+        return F.sum(x * lr + lr ** 2)
+
+    jf = tj.jit(f)
+    r = rng(5)
+    for i in range(N_CALLS + 2):
+        xa = r.standard_normal(4)
+        lr = float(r.uniform(0.1, 2.0))
+        xj, xe = Variable(xa.copy()), Variable(xa.copy())
+        yj, ye = jf(xj, lr), f(xe, lr)
+        assert_close(yj, ye)
+        yj.backward()
+        ye.backward()
+        assert_grad_close(xj, xe)
+    info = jf.cache_info()
+    assert info["retraces"] == 0 and info["variants"] == 1, info
+    assert info["hits"] >= N_CALLS - 1, info
+    no_fallbacks(jf)
+
+
+def test_zero_d_array_args_are_runtime_inputs():
+    def f(x, a):
+        return F.sum(x * a)
+
+    jf = tj.jit(f)
+    for i in range(N_CALLS):
+        xa = np.arange(3.0) + i
+        a = np.array(0.5 + i)
+        assert_close(jf(xa, a), f(xa, a))
+    info = jf.cache_info()
+    assert info["retraces"] == 0 and info["variants"] == 1, info
+    no_fallbacks(jf)
+
+
+def test_int_and_str_args_are_static():
+    def f(x, n, mode):
+        y = x
+        for _ in range(n):
+            y = F.sin(y) + x
+        if mode == "sq":
+            y = y * y
+        return F.sum(y)
+
+    jf = tj.jit(f)
+    r = rng(6)
+    for n, mode in [(1, "sq"), (2, "sq"), (1, "id"), (2, "id")]:
+        for i in range(N_CALLS):
+            xa = r.standard_normal(3)
+            xj, xe = Variable(xa.copy()), Variable(xa.copy())
+            yj, ye = jf(xj, n, mode), f(xe, n, mode)
+            assert_close(yj, ye)
+            yj.backward()
+            ye.backward()
+            assert_grad_close(xj, xe)
+    info = jf.cache_info()
+    assert info["variants"] == 4, info
+    assert info["retraces"] == 0
+    no_fallbacks(jf)
+
+
+def test_static_argnums_and_argnames():
+    def f(x, k, scale=1.0):
+        # `scale` static: a Python number folded into the graph; `k` static too
+        return F.sum(x ** k) * scale
+
+    jf = tj.jit(f, static_argnums=(1,), static_argnames=("scale",))
+    r = rng(7)
+    for scale in (1.0, 2.5):
+        for i in range(N_CALLS):
+            xa = r.standard_normal(3)
+            xj, xe = Variable(xa.copy()), Variable(xa.copy())
+            yj, ye = jf(xj, 3, scale=scale), f(xe, 3, scale=scale)
+            assert_close(yj, ye)
+            yj.backward()
+            ye.backward()
+            assert_grad_close(xj, xe)
+    info = jf.cache_info()
+    assert info["variants"] == 2, info     # a static float is part of the key
+    no_fallbacks(jf)
+
+
+def test_new_shape_new_variant():
+    jf = tj.jit(lambda x: F.sum(F.tanh(x) * x))
+    r = rng(8)
+    for shape in [(3,), (2, 3), (3,), ()]:
+        for i in range(N_CALLS):
+            xa = r.standard_normal(shape)
+            xj, xe = Variable(xa.copy()), Variable(xa.copy())
+            yj, ye = jf(xj), F.sum(F.tanh(xe) * xe)
+            assert_close(yj, ye)
+            yj.backward()
+            ye.backward()
+            assert_grad_close(xj, xe)
+    assert jf.cache_info()["variants"] == 3
+    no_fallbacks(jf)
+
+
+def test_no_grad_mode_is_separate_variant():
+    jf = tj.jit(lambda x: F.sum(F.tanh(x)))
+    for i in range(N_CALLS):
+        xa = np.arange(3.0) - i
+        with tj.no_grad():
+            yj = jf(Variable(xa))
+            assert yj.creator is None
+        np.testing.assert_allclose(yj.data, np.tanh(xa).sum(), rtol=1e-12)
+        x = Variable(xa)
+        y = jf(x)
+        y.backward()
+        np.testing.assert_allclose(x.grad.data, 1 - np.tanh(xa) ** 2, rtol=1e-12)
+    assert jf.cache_info()["variants"] == 2
+    no_fallbacks(jf)
+
+
+def test_dropout_test_mode_is_deterministic_variant():
+    def f(x):
+        return F.dropout(x, 0.5) * 2.0
+
+    jf = tj.jit(f)
+    with tj.test_mode():
+        for i in range(N_CALLS):
+            xa = np.arange(4.0) + i
+            assert_close(jf(Variable(xa)), f(Variable(xa)))
+    no_fallbacks(jf)
+
+
+def test_unhashable_nonarray_argument_raises_type_error():
+    jf = tj.jit(lambda x, s: x * len(s))
+    with pytest.raises(TypeError):
+        jf(Variable(np.ones(2)), {1, 2})

@@ -1,0 +1,106 @@
+"""tracejit.autodiff: grad, value_and_grad and eval_shape, eager and under jit.
+"""
+import numpy as np
+import pytest
+
+import tracejit as tj
+import tracejit.functions as F
+from tracejit import Variable
+from tracejit.models import MLP
+
+from results_close import N_CALLS, assert_close, no_fallbacks, rng
+
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+
+def goldstein(x, y):
+    return (1 + (x + y + 1) ** 2 * (19 - 14 * x + 3 * x ** 2 - 14 * y + 6 * x * y
+                                     + 3 * y ** 2)) * \
+        (30 + (2 * x - 3 * y) ** 2 * (18 - 32 * x + 12 * x ** 2 + 48 * y - 36 * x * y
+                                      + 27 * y ** 2))
+
+
+def rosenbrock(x0, x1):
+    return 100 * (x1 - x0 ** 2) ** 2 + (x0 - 1) ** 2
+
+
+@pytest.mark.parametrize("fn", [goldstein, rosenbrock])
+def test_jit_value_and_grad_zero_d(fn):
+    vg = tj.value_and_grad(fn, argnums=(0, 1))
+    jvg = tj.jit(vg)
+    r = rng(19)
+    for i in range(N_CALLS):
+        a, b = np.array(r.uniform(-1.5, 1.5)), np.array(r.uniform(-1.5, 1.5))
+        vj, (gj0, gj1) = jvg(a, b)
+        ve, (ge0, ge1) = vg(a, b)
+        assert_close(vj, ve, rtol=1e-10)
+        assert_close(gj0, ge0, rtol=1e-10)
+        assert_close(gj1, ge1, rtol=1e-10)
+        # Variables too: the user's Variables keep no .grad
+        x0, x1 = Variable(a.copy()), Variable(b.copy())
+        vj2, gj2 = jvg(x0, x1)
+        assert x0.grad is None and x1.grad is None
+        assert_close(vj2, ve, rtol=1e-10)
+        assert_close(gj2[0], ge0, rtol=1e-10)
+    no_fallbacks(jvg)
+
+
+def test_jit_grad_of_grad():
+    f = lambda x: F.sum(F.sin(x) * x)
+    g2 = tj.grad(lambda x: F.sum(tj.grad(f)(x)))
+    jg2 = tj.jit(g2)
+    r = rng(20)
+    for i in range(N_CALLS):
+        xa = r.standard_normal(3)
+        assert_close(jg2(xa), g2(xa))
+    no_fallbacks(jg2)
+
+
+def test_eval_shape_mlp_like_no_softmax():
+    W1 = Variable(np.zeros((784, 100), np.float32))
+    b1 = Variable(np.zeros(100, np.float32))
+    W2 = Variable(np.zeros((100, 10), np.float32))
+
+    def f(x, t):
+        h = F.sigmoid(F.linear(x, W1, b1))
+        y = F.matmul(F.relu(h), W2) * 2.0
+        return y, F.mean_squared_error(y, t)
+
+    y, loss = tj.eval_shape(f, tj.ShapeDtype((32, 784), np.float32),
+                            tj.ShapeDtype((32, 10), np.float32))
+    assert y == tj.ShapeDtype((32, 10), np.float32)
+    assert tuple(loss.shape) == () and np.dtype(loss.dtype) == np.float32
+
+
+def test_eval_shape_mlp_model():
+    m = MLP((100, 10))
+    m(np.zeros((1, 784), np.float32))            # lazy init (an eager call)
+    out = tj.eval_shape(lambda x: m(x), tj.ShapeDtype((32, 784), np.float32))
+    assert out == tj.ShapeDtype((32, 10), np.float32)
+
+
+def test_eval_shape_mlp_like():
+    W1 = Variable(np.zeros((784, 100), np.float32))
+    b1 = Variable(np.zeros(100, np.float32))
+    W2 = Variable(np.zeros((100, 10), np.float32))
+
+    def f(x):
+        h = F.relu(F.matmul(x, W1) + b1)
+        return F.softmax(F.matmul(h, W2))
+
+    out = tj.eval_shape(f, tj.ShapeDtype((32, 784), np.float32))
+    assert out == tj.ShapeDtype((32, 10), np.float32)
+    assert tuple(out.shape) == (32, 10) and np.dtype(out.dtype) == np.float32
+
+
+def test_eval_shape_mismatch_names_shapes_and_line():
+    W = Variable(np.zeros((100, 10)))
+
+    def f(x):
+        return F.matmul(x, W)  # EVAL-SHAPE-LINE
+
+    with pytest.raises(ValueError) as e:
+        tj.eval_shape(f, tj.ShapeDtype((32, 784)))
+    msg = str(e.value)
+    assert "784" in msg and "100" in msg
+    assert "EVAL-SHAPE-LINE" in msg

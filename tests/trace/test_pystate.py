@@ -1,0 +1,214 @@
+"""Captured Python state (tracejit.trace.pystate): a jitted function reads closures,
+globals, attributes and dict items; a change to any of them between calls is seen by the
+next call (a captured Parameter or array mutated in place or rebound, a captured float
+changed: a retrace), and a trace that mutates Python objects runs eagerly.
+"""
+import warnings
+
+import numpy as np
+import pytest
+
+import tracejit as tj
+import tracejit.functions as F
+from tracejit import Parameter, Variable
+
+from results_close import N_CALLS, assert_close, assert_grad_close, no_fallbacks, rng
+
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+
+def test_closure_parameter_mutated_in_place_and_rebound():
+    p = Parameter(np.array([1.0, 2.0, 3.0]), name="p")
+
+    def f(x):
+        return F.sum(F.tanh(x * p) + p)
+
+    jf = tj.jit(f)
+    r = rng(11)
+    for i in range(N_CALLS * 2):
+        xa = r.standard_normal(3)
+        if i % 2:
+            p.data[...] = r.standard_normal(3)          # in place
+        else:
+            p.data = r.standard_normal(3)                # rebind
+        p.cleargrad()
+        xj = Variable(xa.copy())
+        yj = jf(xj)
+        yj.backward()
+        gj = p.grad.data.copy()
+        p.cleargrad()
+        xe = Variable(xa.copy())
+        ye = f(xe)
+        ye.backward()
+        assert_close(yj, ye)
+        assert_grad_close(xj, xe)
+        np.testing.assert_allclose(gj, p.grad.data, rtol=1e-12)
+    no_fallbacks(jf)
+
+
+def test_closure_ndarray_in_variable_ops_mutated_in_place():
+    c = np.array([1.0, -1.0, 0.5])
+
+    def f(x):
+        return F.sum(x * c + F.sin(Variable(c)))
+
+    jf = tj.jit(f)
+    r = rng(25)
+    for i in range(N_CALLS * 2):
+        if i >= 4:                 # mutate only after the variant's first (checked) calls
+            c[...] = r.standard_normal(3)
+        xa = r.standard_normal(3)
+        xj, xe = Variable(xa.copy()), Variable(xa.copy())
+        yj, ye = jf(xj), f(xe)
+        assert_close(yj, ye)
+        yj.backward()
+        ye.backward()
+        assert_grad_close(xj, xe)
+    no_fallbacks(jf)
+
+
+def test_closure_ndarray_numpy_op_mutated_later():
+    c = np.array([1.0, -1.0, 0.5])
+
+    def f(x):
+        return F.sum(x * c + c ** 2)
+
+    jf = tj.jit(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tj.JitWarning)    # a fallback would be fine
+        for i in range(N_CALLS * 2):
+            if i >= 4:
+                c[...] = np.arange(3.0) * i
+            xa = np.arange(3.0) + i
+            assert_close(jf(Variable(xa)), f(Variable(xa)))
+
+
+_GLOBAL_K = 2.0
+
+
+def test_global_python_float_change_retraces():
+    global _GLOBAL_K
+
+    def f(x):
+        return F.sum(x * _GLOBAL_K)
+
+    jf = tj.jit(f)
+    try:
+        for i in range(N_CALLS * 2):
+            if i >= 4:
+                _GLOBAL_K = float(i)
+            xa = np.arange(3.0) + i
+            assert_close(jf(Variable(xa)), f(Variable(xa)))
+        no_fallbacks(jf)
+    finally:
+        _GLOBAL_K = 2.0
+
+
+def test_closure_cell_python_float_change_retraces():
+    k = 2.0
+
+    def f(x):
+        return F.sum(x * k)
+
+    def set_k(v):
+        nonlocal k
+        k = v
+
+    jf = tj.jit(f)
+    for i in range(N_CALLS * 2):
+        if i >= 4:
+            set_k(float(i))
+        xa = np.arange(3.0) + i
+        assert_close(jf(Variable(xa)), f(Variable(xa)))
+    no_fallbacks(jf)
+
+
+def test_attribute_python_float_change_retraces():
+    class Cfg:
+        k = None
+
+    cfg = Cfg()
+    cfg.k = 2.0
+
+    def f(x):
+        return F.sum(x * cfg.k)
+
+    jf = tj.jit(f)
+    for i in range(N_CALLS * 2):
+        if i >= 4:
+            cfg.k = float(i)
+        xa = np.arange(3.0) + i
+        xj, xe = Variable(xa.copy()), Variable(xa.copy())
+        yj, ye = jf(xj), f(xe)
+        assert_close(yj, ye)
+        yj.backward()
+        ye.backward()
+        assert_grad_close(xj, xe)
+    assert jf.cache_info()["retraces"] >= 1
+    no_fallbacks(jf)
+
+
+def test_dict_item_python_float_change():
+    state = {"k": 2.0}
+
+    def f(x):
+        return F.sum(x * state["k"])
+
+    jf = tj.jit(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tj.JitWarning)    # a fallback would be fine
+        for i in range(N_CALLS * 2):
+            if i >= 4:
+                state["k"] = float(i)
+            xa = np.arange(3.0) + i
+            assert_close(jf(Variable(xa)), f(Variable(xa)))
+
+
+def test_python_attribute_mutation_falls_back():
+    class Counter:
+        def __init__(self):
+            self.t = 0
+
+    c_j, c_e = Counter(), Counter()
+
+    def make(c):
+        def f(x):
+            c.t += 1
+            return x * c.t
+        return f
+
+    fe = make(c_e)
+    jf = tj.jit(make(c_j))
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always", tj.JitWarning)
+        for i in range(N_CALLS):
+            xa = np.arange(3.0) + i
+            assert_close(jf(Variable(xa)), fe(Variable(xa)))
+            assert c_j.t == c_e.t
+    jw = [str(w.message) for w in rec if issubclass(w.category, tj.JitWarning)]
+    assert len(jw) == 1, jw
+    assert "Counter.t" in jw[0]
+    assert jf.cache_info()["fallbacks"] >= 1
+
+
+def test_captured_parameter_changes_shape():
+    p = Parameter(np.ones(3), name="p")
+    g = lambda x: F.sum(x * p)
+    jf = tj.jit(g)
+    r = rng(30)
+    for i in range(N_CALLS * 2):
+        if i == N_CALLS:
+            p.data = r.standard_normal((2, 3))
+        else:
+            p.data = r.standard_normal(p.shape)
+        xa = r.standard_normal(3)
+        p.cleargrad()
+        yj = jf(Variable(xa))
+        yj.backward()
+        gj = p.grad.data.copy()
+        p.cleargrad()
+        ye = g(Variable(xa))
+        ye.backward()
+        assert_close(yj, ye)
+        np.testing.assert_allclose(gj, p.grad.data, rtol=1e-12)
+    no_fallbacks(jf)
