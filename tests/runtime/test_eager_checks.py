@@ -16,7 +16,6 @@ import tracejit as tj
 import tracejit.functions as F
 from tracejit import Parameter, Variable
 from tracejit.runtime.checking import first_difference, gradient_difference, identity_difference
-from tracejit.testing import assert_jit_matches_eager
 from tests.compare import same
 
 from results_close import N_CALLS, assert_close, assert_grad_close, no_fallbacks, rng
@@ -187,44 +186,6 @@ def test_the_gradient_check_leaves_live_state_and_compiles_no_backward():
     assert v._bexe is None and v.backward_runner is None     # nothing ran backward yet
     got[0].backward()
     assert v._bexe is not None
-
-
-# ---------------------------------------------------------------- assert_jit_matches_eager
-
-def test_assert_jit_matches_eager_with_numpy_scalars():
-    def f(x):
-        return x, x.data.sum()
-
-    assert_jit_matches_eager(f, np.random.randn(3))
-
-
-def test_assert_jit_matches_eager_with_trees_and_repeats():
-    def f(x, w):
-        h = F.tanh(x * w)
-        return {"h": h, "again": (h, h.data), "s": float(h.data.sum() > 0), "x": x}
-
-    assert_jit_matches_eager(f, np.random.randn(3), Variable(np.random.randn(3)))
-
-
-def test_assert_jit_matches_eager_compares_kinds_identity_and_creators():
-    from tracejit.testing.checks import _assert_results_match, _results_and_grads
-    x = Variable(np.random.randn(3))
-    runs = {
-        "arg": lambda x: x,
-        "copy": lambda x: Variable(x.data.copy()),
-        "twice": lambda x: (lambda y: (y, y))(F.exp(x)),
-        "two": lambda x: (F.exp(x), F.exp(x)),
-        "detached": lambda x: Variable(F.exp(x).data),
-        "computed": lambda x: F.exp(x),
-        "scalar": lambda x: x.data.sum(),
-        "float": lambda x: float(x.data.sum()),
-    }
-    results = {k: _results_and_grads(fn, [x], 0) for k, fn in runs.items()}
-    for got, want in [("copy", "arg"), ("two", "twice"), ("detached", "computed"),
-                      ("float", "scalar")]:
-        with pytest.raises(AssertionError):
-            _assert_results_match(results[got], results[want], 1e-6, 1e-9, "call")
-        _assert_results_match(results[want], results[want], 1e-6, 1e-9, "call")
 
 
 def test_the_gradient_check_stops_at_a_captured_variables_own_graph():

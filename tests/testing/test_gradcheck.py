@@ -5,7 +5,7 @@ import pytest
 import tracejit
 import tracejit.functions as F
 from tracejit import Function, Variable
-from tracejit.testing import assert_jit_matches_eager, gradcheck
+from tracejit.testing import gradcheck
 
 # The jit placeholder: gradcheck(jit=True) also checks values and gradients through
 # tracejit.jit(f). Enabled as soon as tracejit has a jit.
@@ -285,23 +285,6 @@ def test_outputs_independent_of_an_input():
 def test_bad_cotangents_are_rejected():
     with pytest.raises(ValueError, match="cotangents"):
         gradcheck(F.sin, X, cotangents=[np.ones(3)])
-
-
-def test_assert_jit_matches_eager_passes_for_a_compiling_function():
-    W = tracejit.Parameter(np.random.default_rng(0).standard_normal((3, 2)))
-    info = assert_jit_matches_eager(lambda x, b: F.tanh(F.matmul(x, W) + b),
-                                    np.random.default_rng(1).standard_normal((4, 3)),
-                                    tracejit.Variable(np.zeros(2)))
-    assert info["fallbacks"] == 0 and info["hits"] >= 3
-
-
-def test_assert_jit_matches_eager_fails_on_a_fallback():
-    def f(x):
-        x.data.tolist()            # an escape: the variant runs eagerly, with a warning
-        return F.sin(x)
-
-    with pytest.raises((AssertionError, tracejit.JitWarning), match="eagerly|fell back"):
-        assert_jit_matches_eager(f, X)
 
 
 def test_gradcheck_with_jit():

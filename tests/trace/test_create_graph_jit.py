@@ -12,10 +12,33 @@ from hypothesis import given, strategies as st
 
 import tracejit as tj
 import tracejit.functions as F
-
-from gradients_compare import assert_matches_eager, run_once
+from tracejit.testing import assert_jit_matches_eager
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+# First and second order, tight: what every comparison with eager here checks.
+SECOND_ORDER = dict(second_order=True, rtol=1e-9, atol=1e-9)
+
+
+def _variables(*arrays):
+    return [tj.Variable(a) for a in arrays]
+
+
+def _first_and_second_order(fn, *arrays):
+    """fn's gradients on Variables of the arrays: first order from backward(create_graph
+    =True), then second order from the backward of the sum of their squares."""
+    xs = _variables(*arrays)
+    fn(*xs).backward(create_graph=True)
+    gs = [x.grad for x in xs]
+    for x in xs:
+        x.cleargrad()
+    total = None
+    for g in gs:
+        if g is not None:
+            total = F.sum(g * g) if total is None else total + F.sum(g * g)
+    if total is not None:
+        total.backward()
+    return gs, [x.grad for x in xs]
 
 
 class CubeDetached(tj.Function):
@@ -34,8 +57,10 @@ def test_data_read_in_a_user_backward_is_a_leaf():
     def f(x):
         return F.sum(CubeDetached()(x))
 
-    jf = assert_matches_eager(f, lambda i: [np.random.randn(3)])
-    _, g1, g2 = run_once(jf, [np.random.randn(3)])
+    jf = tj.jit(f)
+    assert_jit_matches_eager(f, make_args=lambda i: _variables(np.random.randn(3)), calls=2,
+                             jitted=jf, **SECOND_ORDER)
+    g1, g2 = _first_and_second_order(jf, np.random.randn(3))
     assert g1[0] is not None and g2[0] is None          # as eager: no path through .data
 
 
@@ -43,7 +68,8 @@ def test_data_read_in_a_user_backward_with_another_path():
     def f(x):
         return F.sum(CubeDetached()(x) * x)
 
-    assert_matches_eager(f, lambda i: [np.random.randn(3)])
+    assert_jit_matches_eager(f, make_args=lambda i: _variables(np.random.randn(3)), calls=2,
+                             **SECOND_ORDER)
 
 
 def test_no_grad_block_inside():
@@ -52,8 +78,11 @@ def test_no_grad_block_inside():
             c = F.sigmoid(x)
         return F.sum((w * c) ** 2)
 
-    jf = assert_matches_eager(f, lambda i: [np.random.randn(3), np.random.randn(3)])
-    _, g1, g2 = run_once(jf, [np.random.randn(3), np.random.randn(3)])
+    jf = tj.jit(f)
+    assert_jit_matches_eager(
+        f, make_args=lambda i: _variables(np.random.randn(3), np.random.randn(3)), calls=2,
+        jitted=jf, **SECOND_ORDER)
+    g1, g2 = _first_and_second_order(jf, np.random.randn(3), np.random.randn(3))
     assert g1[0] is None and g2[0] is None and g2[1] is not None
 
 
@@ -63,7 +92,9 @@ def test_no_grad_block_and_another_path():
             c = F.exp(x * w)
         return F.sum(F.tanh(x * w) * c)
 
-    assert_matches_eager(f, lambda i: [np.random.randn(3), np.random.randn(3)])
+    assert_jit_matches_eager(
+        f, make_args=lambda i: _variables(np.random.randn(3), np.random.randn(3)), calls=2,
+        **SECOND_ORDER)
 
 
 def test_variable_of_data_inside_is_a_leaf():
@@ -71,14 +102,17 @@ def test_variable_of_data_inside_is_a_leaf():
         h = tj.Variable(F.tanh(x * w).data)
         return F.sum(h * w * x)
 
-    assert_matches_eager(f, lambda i: [np.random.randn(3), np.random.randn(3)])
+    assert_jit_matches_eager(
+        f, make_args=lambda i: _variables(np.random.randn(3), np.random.randn(3)), calls=2,
+        **SECOND_ORDER)
 
 
 def test_softmax_stop_gradient():
     def f(x):
         return F.sum(F.softmax(x) * np.arange(3.0))
 
-    assert_matches_eager(f, lambda i: [np.random.randn(2, 3)])
+    assert_jit_matches_eager(f, make_args=lambda i: _variables(np.random.randn(2, 3)),
+                             calls=2, **SECOND_ORDER)
 
 
 def test_int_and_bool_variables_get_eagers_gradients():
@@ -91,10 +125,15 @@ def test_int_and_bool_variables_get_eagers_gradients():
     def mul_int(x, w):          # Mul's backward gives an int input None
         return F.sum(x * w)
 
-    assert_matches_eager(add_int, lambda i: [np.arange(3) + i, np.random.randn(3)])
-    assert_matches_eager(add_bool, lambda i: [np.arange(3) > i % 3, np.random.randn(3)],
-                         create_graph=False)
-    assert_matches_eager(mul_int, lambda i: [np.arange(3) + i, np.random.randn(3)])
+    assert_jit_matches_eager(
+        add_int, make_args=lambda i: _variables(np.arange(3) + i, np.random.randn(3)),
+        calls=2, **SECOND_ORDER)
+    assert_jit_matches_eager(
+        add_bool, make_args=lambda i: _variables(np.arange(3) > i % 3, np.random.randn(3)),
+        calls=2, rtol=1e-9, atol=1e-9)
+    assert_jit_matches_eager(
+        mul_int, make_args=lambda i: _variables(np.arange(3) + i, np.random.randn(3)),
+        calls=2, **SECOND_ORDER)
 
 
 def test_create_graph_after_an_in_place_update_of_a_captured_parameter():
@@ -105,7 +144,8 @@ def test_create_graph_after_an_in_place_update_of_a_captured_parameter():
         P.data -= 0.1 * x.data
         return y
 
-    assert_matches_eager(f, lambda i: [np.random.randn(3)], params=[P])
+    assert_jit_matches_eager(f, make_args=lambda i: _variables(np.random.randn(3)), calls=2,
+                             params=[P], **SECOND_ORDER)
 
 
 def test_create_graph_after_an_in_place_update_of_an_argument():
@@ -114,7 +154,9 @@ def test_create_graph_after_an_in_place_update_of_an_argument():
         w.data *= 0.5
         return y
 
-    assert_matches_eager(f, lambda i: [np.random.randn(3), np.random.randn(3)])
+    assert_jit_matches_eager(
+        f, make_args=lambda i: _variables(np.random.randn(3), np.random.randn(3)), calls=2,
+        **SECOND_ORDER)
 
 
 def test_create_graph_after_a_rebind_of_a_captured_parameter():
@@ -125,7 +167,8 @@ def test_create_graph_after_a_rebind_of_a_captured_parameter():
         P.data = P.data - 0.1 * x.data
         return y
 
-    assert_matches_eager(f, lambda i: [np.random.randn(3)], params=[P])
+    assert_jit_matches_eager(f, make_args=lambda i: _variables(np.random.randn(3)), calls=2,
+                             params=[P], **SECOND_ORDER)
 
 
 def test_create_graph_after_an_in_place_update_of_an_ndarray_argument():
@@ -216,8 +259,9 @@ def test_random_programs_differentiate_as_eager(program):
             vals.append(_OPS[op](vals[i % len(vals)], vals[j % len(vals)]))
         return F.sum(vals[-1] * vals[-1])
 
-    assert_matches_eager(f, lambda i: [np.random.randn(2, 3), np.random.randn(2, 3)],
-                         calls=3, rtol=1e-8)
+    assert_jit_matches_eager(
+        f, make_args=lambda i: _variables(np.random.randn(2, 3), np.random.randn(2, 3)),
+        calls=1, second_order=True, rtol=1e-8, atol=1e-8)
 
 
 def test_an_output_without_history_in_eager_has_none_compiled():
@@ -258,8 +302,10 @@ def test_max_mask_of_a_create_graph_replay():
 
     for seed in range(3):
         rng = np.random.default_rng(seed)
-        assert_matches_eager(f, lambda i: [rng.standard_normal((4, 5)),
-                                           rng.standard_normal((4, 5))], calls=6, rtol=1e-8)
+        assert_jit_matches_eager(
+            f, make_args=lambda i: _variables(rng.standard_normal((4, 5)),
+                                              rng.standard_normal((4, 5))),
+            calls=4, second_order=True, rtol=1e-8, atol=1e-8)
 
 
 def test_backward_from_one_output_gives_eagers_dtype():

@@ -282,32 +282,65 @@ def _check_float32(problem, f, cotangents, numeric):
 
 # ---------------------------------------------------------------- jit vs eager
 
-def assert_jit_matches_eager(f, *args, calls=4, rtol=1e-6, atol=1e-9, seed=0, **jit_options):
+def assert_jit_matches_eager(f, *args, calls=4, rtol=1e-6, atol=1e-9, seed=0,
+                             make_args=None, params=(), second_order=False, jitted=None,
+                             **jit_options):
     """Assert that tracejit.jit(f) gives eager's results and gradients, call after call.
 
     The jitted function is called `calls` times beyond its warm-up and trace, each
     time with new values (the float arguments perturbed, shapes kept). Each result, in
     any tree of tuples, lists and dicts, is compared with the eager function's on its
-    kind (Variable, ndarray, NumPy or Python scalar, anything else by ==), dtype,
-    shape and value; on identity (an argument returned is that argument, or its
-    `.data`; one object in two places is one object in both); and on whether a float
-    Variable has a creator. Then the gradients of sum(output * random cotangent) over
-    the float Variable results with a creator, with respect to the float Variable /
-    ndarray arguments, are compared (None where eager gives None). A fallback to eager
-    (a JitWarning) fails the assertion: it would hide what jit does.
+    structure (the containers' types and dict keys), kind (Variable, ndarray, NumPy or
+    Python scalar, anything else by ==), dtype, shape and value; on identity (an argument
+    returned is that argument, or its `.data`; one object in two places is one object
+    in both); and on whether a float Variable has a creator. Then the gradients of
+    sum(output * random cotangent) over the float Variable results with a creator, with
+    respect to the float Variable / ndarray arguments, are compared (None where eager
+    gives None). A fallback to eager (a JitWarning) fails the assertion: it would hide
+    what jit does. Returns the jitted function's cache_info().
+
+    Options, for programs the defaults do not reach:
+      make_args: a function of the call's number (0, 1, ...) giving that call's
+        arguments (a tuple or list), instead of `*args` and their perturbations; each
+        side gets its own copy of the Variables among them.
+      params: captured Parameters f reads or updates. Each call starts both sides from
+        the same data with no gradient; afterwards their data and gradients (first and,
+        with second_order, second order) are compared like the arguments'.
+      second_order: backward(create_graph=True), then the backward of the sum of the
+        squares of the float first-order gradients (arguments' and params'): the
+        second-order gradients are compared too.
+      jitted: the jitted function to check (default tracejit.jit(f, **jit_options)),
+        for a caller that inspects it afterwards.
     """
     import warnings
 
     import tracejit
+    if make_args is not None and args:
+        raise TypeError("assert_jit_matches_eager: pass the arguments either as *args or "
+                        "as make_args, not both")
     rng = np.random.default_rng(seed)
-    jitted = tracejit.jit(f, **jit_options)
+    if jitted is None:
+        jitted = tracejit.jit(f, **jit_options)
+    elif jit_options:
+        raise TypeError(f"assert_jit_matches_eager: jit options {sorted(jit_options)} "
+                        f"with an already jitted function")
+    params = list(params)
     with warnings.catch_warnings():
         warnings.simplefilter("error", tracejit.JitWarning)
         for call in range(calls + 2):
-            new_args = [_perturb(a, rng) if call else a for a in args]
-            got = _results_and_grads(jitted, new_args, seed + call)
-            want = _results_and_grads(f, new_args, seed + call)
-            _assert_results_match(got, want, rtol, atol, f"call {call}")
+            if make_args is not None:
+                new_args = list(make_args(call))
+            else:
+                new_args = [_perturb(a, rng) if call else a for a in args]
+            start = [p.data.copy() for p in params]
+            sides = []
+            for fn in (jitted, f):
+                for p, d in zip(params, start):
+                    p.data = d.copy()
+                    p.cleargrad()
+                sides.append(_results_and_grads(fn, new_args, seed + call, params,
+                                                second_order))
+            _assert_results_match(sides[0], sides[1], rtol, atol, f"call {call}")
     info = jitted.cache_info()
     if info["fallbacks"]:
         raise AssertionError(f"jit fell back to eager: {info}")
@@ -324,13 +357,37 @@ def _perturb(a, rng):
     return a
 
 
-def _results_and_grads(fn, args, seed):
+def _containers(obj, path="output", out=None):
+    """(path, type, length or keys) of each tuple, list, NamedTuple and dict of a result
+    tree, in the order leaves_with_paths walks it: the leaves' paths do not tell a tuple
+    from a list."""
+    out = [] if out is None else out
+    if type(obj) in (tuple, list) or (isinstance(obj, tuple) and hasattr(obj, "_fields")):
+        out.append((path, type(obj), len(obj)))
+        for i, x in enumerate(obj):
+            _containers(x, f"{path}[{i}]", out)
+    elif type(obj) is dict:
+        out.append((path, type(obj), list(obj)))
+        for k, x in obj.items():
+            _containers(x, f"{path}[{k!r}]", out)
+    return out
+
+
+def _grads_of(variables, what):
+    return [(f"{what} of {name}",
+             None if not isinstance(w, Variable) or w.grad is None else np.array(w.grad.data))
+            for name, w in variables]
+
+
+def _results_and_grads(fn, args, seed, params=(), second_order=False):
     """What a call gives, in terms two calls on different copies can compare: per
-    result leaf (path, kind, value, identity), and the gradients of the arguments."""
+    result leaf (path, kind, value, identity), the results' containers, the gradients
+    of the arguments and params (and their second order), and the params' data."""
     from tracejit.runtime.checking import leaves_with_paths
     args = [Variable(a.data.copy()) if isinstance(a, Variable) else a for a in args]
     wrt = [Variable(a) if isinstance(a, np.ndarray) and _is_float(a) else a for a in args]
     out = fn(*wrt)
+    structure = _containers(out)
     leaves = leaves_with_paths(out)
     first = {}
     results = []
@@ -364,15 +421,37 @@ def _results_and_grads(fn, args, seed):
             c = np.asarray(cot_rng.standard_normal(y.shape), dtype=y.dtype)
             term = F.sum(y * c)
             loss = term if loss is None else loss + term
+    named = [(f"argument {k}", w) for k, w in enumerate(wrt)] + \
+        [(f"params[{k}]", p) for k, p in enumerate(params)]
     if loss is not None:
-        loss.backward()
-    grads = [None if not isinstance(w, Variable) or w.grad is None else np.array(w.grad.data)
-             for w in wrt]
-    return results, grads
+        loss.backward(create_graph=second_order)
+    grads = _grads_of(named, "gradient")
+    if second_order:
+        firsts = [w.grad if isinstance(w, Variable) else None for _, w in named]
+        for _, w in named:
+            if isinstance(w, Variable):
+                w.cleargrad()
+        total = None
+        for g in firsts:
+            if g is not None and g.dtype.kind == "f":
+                term = F.sum(g * g)
+                total = term if total is None else total + term
+        if total is not None:
+            total.backward()
+        grads += _grads_of(named, "second-order gradient")
+    grads += [(f"params[{k}].data after the call", np.array(p.data))
+              for k, p in enumerate(params)]
+    return results, grads, structure
 
 
 def _assert_results_match(got, want, rtol, atol, what):
-    (got_res, got_grads), (want_res, want_grads) = got, want
+    (got_res, got_grads, got_struct), (want_res, want_grads, want_struct) = got, want
+    for g, w in zip(got_struct + [None], want_struct + [None]):
+        if g != w:
+            g = g or ("output", type(None), None)
+            w = w or ("output", type(None), None)
+            raise AssertionError(f"{what}: {w[0]}: jit gave a {g[1].__name__} of {g[2]}, "
+                                 f"eager a {w[1].__name__} of {w[2]}")
     got_paths = [r[0] for r in got_res]
     want_paths = [r[0] for r in want_res]
     if got_paths != want_paths:
@@ -392,8 +471,8 @@ def _assert_results_match(got, want, rtol, atol, what):
             _assert_close(gv, wv, rtol, atol, where)
         elif not (gv == wv):
             raise AssertionError(f"{where}: jit gave {gv!r}, eager {wv!r}")
-    for k, (g, w) in enumerate(zip(got_grads, want_grads)):
-        _assert_close(g, w, rtol, atol, f"{what}: gradient of argument {k}")
+    for (label, g), (_, w) in zip(got_grads, want_grads):
+        _assert_close(g, w, rtol, atol, f"{what}: {label}")
 
 
 def _assert_close(got, want, rtol, atol, what):
