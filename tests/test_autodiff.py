@@ -7,6 +7,7 @@ import tracejit as tj
 import tracejit.functions as F
 from tracejit import Variable
 from tracejit.models import MLP
+from tracejit.testing import assert_jit_matches_eager
 
 from results_close import N_CALLS, assert_close, no_fallbacks, rng
 
@@ -104,3 +105,58 @@ def test_eval_shape_mismatch_names_shapes_and_line():
     msg = str(e.value)
     assert "784" in msg and "100" in msg
     assert "EVAL-SHAPE-LINE" in msg
+
+
+# ---------------------------------------------------------------- grad and value_and_grad
+
+def test_grad_with_argnums_gives_each_gradient_and_zeros_for_an_unused_argument():
+    def f(x, y):
+        return F.sum(x * x * 3.0)
+
+    g = tj.grad(f, argnums=(0, 1))
+    x, y = Variable(np.arange(3.0)), np.ones(2, np.float32)
+    gx, gy = g(x, y)
+    np.testing.assert_allclose(gx.data, 6.0 * np.arange(3.0))
+    assert gy.dtype == np.float32 and not gy.data.any()      # zeros, not None
+    assert x.grad is None                   # a fresh leaf: the caller's Variable untouched
+    assert_jit_matches_eager(g, make_args=lambda i: [Variable(np.arange(3.0) + i), y],
+                             calls=3)
+
+
+def test_value_and_grad_gives_the_value_and_the_gradient_of_a_python_float():
+    vg = tj.value_and_grad(lambda s, x: F.sum(F.tanh(x * s)))
+    x = Variable(np.linspace(-1.0, 1.0, 4))
+    v, g = vg(0.5, x)
+    xe = Variable(np.asarray(0.5))
+    ye = F.sum(F.tanh(x * xe))
+    ye.backward()
+    np.testing.assert_allclose(v.data, ye.data)
+    np.testing.assert_allclose(g.data, xe.grad.data)
+    assert g.dtype == np.float64 and g.shape == ()
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    (lambda x: x * 2.0, ValueError, "scalar"),
+    (lambda x: float(F.sum(x).data), TypeError, "must return a Variable"),
+])
+def test_grad_of_a_function_that_does_not_return_a_scalar_variable(bad, error, match):
+    with pytest.raises(error, match=match):
+        tj.grad(bad)(Variable(np.ones(3)))
+
+
+def test_grad_argnums_beyond_the_arguments_is_a_type_error():
+    with pytest.raises(TypeError, match="argnums 1"):
+        tj.grad(lambda x: F.sum(x), argnums=1)(Variable(np.ones(3)))
+
+
+def test_eval_shape_keeps_the_result_structure_and_computes_nothing():
+    calls = []
+
+    def f(x):
+        calls.append(x.shape)
+        return {"y": F.tanh(x), "s": (F.sum(x), x[0])}
+
+    out = tj.eval_shape(f, tj.ShapeDtype((4, 3), np.float32))
+    assert out == {"y": tj.ShapeDtype((4, 3), np.float32),
+                   "s": (tj.ShapeDtype((), np.float32), tj.ShapeDtype((3,), np.float32))}
+    assert calls == [(4, 3)]

@@ -9,6 +9,7 @@ import pytest
 import tracejit as tj
 import tracejit.functions as F
 from tracejit import Variable
+from tracejit.testing import assert_jit_matches_eager
 
 from results_close import N_CALLS, assert_close, assert_grad_close, no_fallbacks, rng
 
@@ -145,3 +146,45 @@ def test_unhashable_nonarray_argument_raises_type_error():
     jf = tj.jit(lambda x, s: x * len(s))
     with pytest.raises(TypeError):
         jf(Variable(np.ones(2)), {1, 2})
+
+
+# ---------------------------------------------------------------- which changes make a key
+
+def _variants_after(jf, args_per_call):
+    for args in args_per_call:
+        jf(*args)
+    return jf.cache_info()["variants"]
+
+
+def test_a_new_dtype_is_a_new_key():
+    f = lambda x: F.sum(F.tanh(x))
+    calls = [(Variable(np.ones(3, d)),) for d in [np.float64] * 3 + [np.float32] * 3]
+    assert _variants_after(tj.jit(f), calls) == 2
+    assert_jit_matches_eager(f, make_args=lambda i: [Variable(
+        np.linspace(-1, 1, 3).astype(np.float32 if i % 2 else np.float64) + i)], calls=4)
+
+
+def test_a_variable_and_an_ndarray_argument_are_different_keys():
+    f = lambda x: F.sum(F.tanh(x))
+    calls = [(Variable(np.ones(3)),)] * 3 + [(np.ones(3),)] * 3
+    assert _variants_after(tj.jit(f), calls) == 2
+
+
+def test_the_length_of_a_tuple_argument_is_part_of_the_key():
+    def f(xs):
+        return sum((F.sum(x * x) for x in xs[1:]), F.sum(xs[0]))
+
+    calls = [(tuple(Variable(np.ones(2) * k) for k in range(n)),) for n in (2, 2, 2, 3, 3, 3)]
+    assert _variants_after(tj.jit(f), calls) == 2
+
+
+def test_a_bool_argument_is_static():
+    def f(x, flag):
+        return F.sum(x * 2.0) if flag else F.sum(F.exp(x))
+
+    jf = tj.jit(f)
+    calls = [(Variable(np.ones(3)), fl) for fl in (True,) * 3 + (False,) * 3]
+    assert _variants_after(jf, calls) == 2
+    assert jf.cache_info()["retraces"] == 0
+    assert_jit_matches_eager(f, make_args=lambda i: [Variable(np.arange(3.0) + i), i % 2 == 0],
+                             calls=4)

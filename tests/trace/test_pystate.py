@@ -10,7 +10,9 @@ import pytest
 
 import tracejit as tj
 import tracejit.functions as F
+import tracejit.layers as L
 from tracejit import Parameter, Variable
+from tracejit.testing import assert_jit_matches_eager
 
 from results_close import N_CALLS, assert_close, assert_grad_close, no_fallbacks, rng
 
@@ -212,3 +214,61 @@ def test_captured_parameter_changes_shape():
         assert_close(yj, ye)
         np.testing.assert_allclose(gj, p.grad.data, rtol=1e-12)
     no_fallbacks(jf)
+
+
+# ---------------------------------------------------------------- which changes are seen
+# Each case changes captured state in make_args, before both sides of a call run, so
+# every call compares jit with eager on the state as it is then.
+
+def test_an_element_of_a_captured_list_changed_is_seen():
+    cfg = [0.5, 2]
+
+    def f(x):
+        return F.sum(F.tanh(x) * cfg[0]) * cfg[1]
+
+    def make(i):
+        if i == 3:
+            cfg[0] = 1.5            # a float in a list
+        if i == 4:
+            cfg[1] = 3              # an int in a list
+        return [Variable(np.linspace(-1.0, 1.0, 3) + 0.1 * i)]
+
+    info = assert_jit_matches_eager(f, make_args=make, calls=5)
+    assert info["retraces"] >= 1, info
+
+
+def test_a_parameter_replaced_on_a_captured_layer_is_read_and_gets_the_gradient():
+    lin = L.Linear(2, in_size=3)
+
+    def f(x):
+        return F.sum(F.tanh(lin(x)))
+
+    def make(i):
+        if i == 3:
+            lin.W = Parameter(np.full((3, 2), 0.25), name="W")
+        return [Variable(np.linspace(-1.0, 1.0, 3).reshape(1, 3) * (i + 1))]
+
+    jf = tj.jit(f)
+    assert_jit_matches_eager(f, make_args=make, calls=5, jitted=jf)
+    assert lin.W.data[0, 0] == 0.25
+    grads = []
+    for fn in (jf, f):
+        lin.cleargrads()
+        fn(Variable(np.ones((1, 3)))).backward()
+        grads.append(lin.W.grad.data.copy())
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-12)
+
+
+def test_a_captured_array_rebound_to_a_new_shape_makes_a_new_variant():
+    captured = {"A": np.ones(3)}
+
+    def f(x):
+        return F.sum(x * captured["A"])
+
+    def make(i):
+        if i == 3:
+            captured["A"] = np.full(4, 2.0)
+        return [Variable(np.arange(len(captured["A"]), dtype=np.float64) + i)]
+
+    info = assert_jit_matches_eager(f, make_args=make, calls=5)
+    assert info["variants"] == 2, info
