@@ -160,3 +160,28 @@ def test_params_compares_a_captured_parameters_data_and_gradient():
 def test_jit_options_and_an_already_jitted_function_exclude_each_other():
     with pytest.raises(TypeError, match="already jitted"):
         assert_jit_matches_eager(F.tanh, *_x(0), jitted=tj.jit(F.tanh), max_variants=2)
+
+
+def test_allow_fallback_still_compares_every_call():
+    def f(x):
+        x.data.tolist()            # an escape: every compiled call runs eagerly
+        return F.sin(x)
+
+    def g(x):
+        x.data.tolist()
+        return F.cos(x)
+
+    with pytest.warns(tj.JitWarning, match="eagerly"):
+        info = assert_jit_matches_eager(f, make_args=_x, allow_fallback=True)
+    assert info["fallbacks"] >= 1
+    with pytest.raises(AssertionError, match="differs"):        # at the warm-up call
+        assert_jit_matches_eager(f, make_args=_x, allow_fallback=True, jitted=tj.jit(g))
+
+
+def test_make_args_passes_ndarrays_as_given_each_side_its_copy():
+    def f(x, a):
+        a *= 2.0                   # in place: each side must get its own copy
+        return F.sum(x * a), a
+
+    assert_jit_matches_eager(f, make_args=lambda i: [
+        tj.Variable(np.linspace(-1.0, 1.0, 3) + i), np.arange(3.0) + i], calls=3)

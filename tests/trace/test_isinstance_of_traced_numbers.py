@@ -13,19 +13,22 @@ import numpy as np
 import pytest
 
 import tracejit as tj
-from compare import same
+from tracejit.testing import assert_jit_matches_eager
 
 import _isinstance_helpers as helpers
 
 SCHEDULE = helpers.Schedule()
 
 
+def _args(i):
+    d = np.random.default_rng(i).standard_normal(3) * (1 if i % 2 else -1)
+    return [tj.Variable(d), 0.1 + 0.2 * i]
+
+
 def calls(f, n=6, **jit_options):
+    """n calls of jit(f), each compared with eager (no fallback)."""
     jf = tj.jit(f, **jit_options)
-    for i in range(n):
-        lr = 0.1 + 0.2 * i
-        d = np.random.default_rng(i).standard_normal(3) * (1 if i % 2 else -1)
-        same(jf(tj.Variable(d.copy()), lr), f(tj.Variable(d.copy()), lr))
+    assert_jit_matches_eager(f, make_args=_args, calls=n - 2, atol=1e-12, jitted=jf)
     return jf
 
 
@@ -65,18 +68,11 @@ def test_a_type_check_the_rewrite_does_not_reach_runs_eagerly_with_eagers_result
         W.data += 1.0
         return x * W * lr if lr.__class__ is float else x * 0.0
 
-    W_eager = tj.Parameter(np.ones(3))
-
-    def g(x, lr):
-        W_eager.data += 1.0
-        return x * W_eager * lr if lr.__class__ is float else x * 0.0
-
-    jf = tj.jit(f)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always", tj.JitWarning)
-        for i in range(5):
-            d = np.arange(3.0) + i
-            same(jf(tj.Variable(d.copy()), 0.5 + i), g(tj.Variable(d.copy()), 0.5 + i))
-            np.testing.assert_allclose(W.data, W_eager.data)     # applied once per call
+        # params: W after each call is eager's (the update applied once per call)
+        assert_jit_matches_eager(f, make_args=lambda i: [tj.Variable(np.arange(3.0) + i),
+                                                         0.5 + i],
+                                 calls=3, params=[W], atol=1e-12, allow_fallback=True)
     msgs = [str(m.message) for m in w if issubclass(m.category, tj.JitWarning)]
     assert len(msgs) == 1 and "runs eagerly" in msgs[0], msgs
