@@ -185,3 +185,17 @@ def test_make_args_passes_ndarrays_as_given_each_side_its_copy():
 
     assert_jit_matches_eager(f, make_args=lambda i: [
         tj.Variable(np.linspace(-1.0, 1.0, 3) + i), np.arange(3.0) + i], calls=3)
+
+
+def test_an_argument_updated_otherwise_than_eager_fails():
+    def f(x, a):
+        a *= 2.0
+        return F.sum(F.tanh(x))
+
+    def g(x, a):
+        a *= 3.0
+        return F.sum(F.tanh(x))
+
+    with pytest.raises(AssertionError, match="argument 1 after the call"):
+        assert_jit_matches_eager(f, make_args=lambda i: [
+            tj.Variable(np.linspace(-1.0, 1.0, 3) + i), np.arange(3.0) + i], jitted=tj.jit(g))

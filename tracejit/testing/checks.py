@@ -293,7 +293,8 @@ def assert_jit_matches_eager(f, *args, calls=4, rtol=1e-6, atol=1e-9, seed=0,
     structure (the containers' types and dict keys), kind (Variable, ndarray, NumPy or
     Python scalar, anything else by ==), dtype, shape and value; on identity (an argument
     returned is that argument, or its `.data`; one object in two places is one object
-    in both); and on whether a float Variable has a creator. Then the gradients of
+    in both); on whether a float Variable has a creator; and the Variable and ndarray
+    arguments' data after the call (an in-place update). Then the gradients of
     sum(output * random cotangent) over the float Variable results with a creator, with
     respect to the float Variable / ndarray arguments, are compared (None where eager
     gives None). A fallback to eager (a JitWarning) fails the assertion: it would hide
@@ -396,6 +397,10 @@ def _results_and_grads(fn, args, seed, params=(), second_order=False, as_variabl
     wrt = [Variable(a) if as_variables and isinstance(a, np.ndarray) and _is_float(a)
            else a for a in args]
     out = fn(*wrt)
+    # the arguments after the call: an in-place update of one is eager's
+    updated = [(f"argument {k} after the call",
+                np.array(w.data if isinstance(w, Variable) else w))
+               for k, w in enumerate(wrt) if isinstance(w, (Variable, np.ndarray))]
     structure = _containers(out)
     leaves = leaves_with_paths(out)
     first = {}
@@ -448,8 +453,8 @@ def _results_and_grads(fn, args, seed, params=(), second_order=False, as_variabl
         if total is not None:
             total.backward()
         grads += _grads_of(named, "second-order gradient")
-    grads += [(f"params[{k}].data after the call", np.array(p.data))
-              for k, p in enumerate(params)]
+    grads += updated + [(f"params[{k}].data after the call", np.array(p.data))
+                        for k, p in enumerate(params)]
     return results, grads, structure
 
 
