@@ -16,7 +16,7 @@ import pytest
 
 import tracejit as tj
 import tracejit.functions as F
-from compare import same
+from tracejit.testing import assert_jit_matches_eager
 
 
 def signs(n=6, shape=(3,), seed=0):
@@ -26,28 +26,17 @@ def signs(n=6, shape=(3,), seed=0):
             for i in range(n)]
 
 
-def run_warned(f, expect=None, n=6, grad=True):
+def run_warned(f, expect=None, n=6):
     """Call jit(f) and f on the same new values n times; compare results and gradients.
     expect: None (no JitWarning may be raised) or (text, line number) of the one
     fallback warning."""
     jf = tj.jit(f)
-    seen = []
-    for d in signs(n):
-        x0, x1 = tj.Variable(d.copy()), tj.Variable(d.copy())
-        want = f(x0)
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always", tj.JitWarning)
-            got = jf(x1)
-        seen += [m for m in w if issubclass(m.category, tj.JitWarning)]
-        same(got, want, creator=False) if not isinstance(want, tuple) else \
-            [same(g, v, creator=False) if isinstance(v, tj.Variable) else
-             _same_py(g, v) for g, v in zip(got, want)]
-        if grad:
-            y0 = want[-1] if isinstance(want, tuple) else want
-            y1 = got[-1] if isinstance(got, tuple) else got
-            F.sum(y0 * y0).backward()
-            F.sum(y1 * y1).backward()
-            np.testing.assert_allclose(x1.grad.data, x0.grad.data, rtol=1e-6)
+    data = signs(n)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always", tj.JitWarning)
+        assert_jit_matches_eager(f, make_args=lambda i: [tj.Variable(data[i])], calls=n - 2,
+                                 atol=1e-12, jitted=jf, allow_fallback=True)
+    seen = [m for m in w if issubclass(m.category, tj.JitWarning)]
     if expect is None:
         assert not seen, [str(m.message) for m in seen]
     else:
@@ -58,11 +47,6 @@ def run_warned(f, expect=None, n=6, grad=True):
         assert seen[0].lineno == line, (seen[0].lineno, line, msg)
         assert jf.cache_info()["fallbacks"] == n - 1, jf.cache_info()
     return jf
-
-
-def _same_py(got, want):
-    assert type(got) is type(want), (type(got), type(want))
-    assert got == want, (got, want)
 
 
 def lineno(fn, offset):
@@ -152,17 +136,11 @@ def test_user_function_given_a_traced_number_its_c_code_rejects():
         return TracedNumberInForward(float(x.data.mean()) + 1.0)(x)
 
     # Either compiled (the number frozen by value) or eager with a warning: as eager.
-    jf = tj.jit(f)
-    for d in signs():
-        x0, x1 = tj.Variable(d.copy()), tj.Variable(d.copy())
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", tj.JitWarning)
-            got = jf(x1)
-        want = f(x0)
-        same(got, want, creator=False)
-        got.backward()
-        want.backward()
-        np.testing.assert_allclose(x1.grad.data, x0.grad.data)
+    data = signs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tj.JitWarning)
+        assert_jit_matches_eager(f, make_args=lambda i: [tj.Variable(data[i])],
+                                 calls=len(data) - 2, atol=1e-12, allow_fallback=True)
 
 
 # ------------------------------------------------- everything the trace changed, put back
@@ -204,8 +182,9 @@ def test_state_the_failed_trace_changed_is_put_back_step_applied_once():
             assert np.array_equal(np.random.get_state()[1], after[0])
             assert random.random() == after[1]      # both streams drawn from once
             assert got[0] == want[0]
-            same(got[1], want[1], creator=False)
-            same(got[2], want[2], creator=False)
+            for g, v in zip(got[1:], want[1:]):         # Variables: dtype, shape, values
+                assert type(g) is type(v) and (g.dtype, g.shape) == (v.dtype, v.shape)
+                np.testing.assert_allclose(g.data, v.data, rtol=1e-6, atol=1e-12)
             np.testing.assert_allclose(x1.grad.data, x0.grad.data)
             np.testing.assert_allclose(W1.data, W0.data)
             np.testing.assert_allclose(W1.grad.data, W0.grad.data)
@@ -254,10 +233,12 @@ def test_a_raise_inside_the_trace_of_a_later_variant_runs_that_call_eagerly():
         return x * float.__neg__(m)
 
     jf = tj.jit(f)
+    data = signs(8)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always", tj.JitWarning)
-        for d in signs(8):
-            same(jf(tj.Variable(d.copy())), f(tj.Variable(d.copy())), creator=False)
+        assert_jit_matches_eager(f, make_args=lambda i: [tj.Variable(data[i])],
+                                 calls=len(data) - 2, atol=1e-12, jitted=jf,
+                                 allow_fallback=True)
     msgs = [str(m.message) for m in w if issubclass(m.category, tj.JitWarning)]
     assert len(msgs) == 1 and "descriptor '__neg__'" in msgs[0], msgs
     info = jf.cache_info()
