@@ -13,10 +13,16 @@ from hypothesis import given, strategies as st
 
 import tracejit as tj
 import tracejit.functions as F
-
-from gradients_compare import assert_matches_eager, run_once
+from tracejit.testing import assert_jit_matches_eager
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+# First and second order, tight: what the comparisons with eager here check.
+SECOND_ORDER = dict(second_order=True, rtol=1e-9, atol=1e-9)
+
+
+def _variables(*arrays):
+    return [tj.Variable(a) for a in arrays]
 
 
 def _signed(i, shape=(3,)):
@@ -63,7 +69,8 @@ def test_state_set_by_forward_is_the_calls_own():
     def f(x):
         return F.sum(SignScale()(F.tanh(x)) * x)
 
-    assert_matches_eager(f, lambda i: [_signed(i)], calls=6)
+    assert_jit_matches_eager(f, make_args=lambda i: _variables(_signed(i)), calls=4,
+                             **SECOND_ORDER)
 
 
 def test_state_of_a_two_output_function_first_and_second_order():
@@ -71,7 +78,9 @@ def test_state_of_a_two_output_function_first_and_second_order():
         a, b = Mask2()(F.tanh(x), w)
         return F.sum(a ** 2) + b * 3
 
-    assert_matches_eager(f, lambda i: [np.random.randn(2, 3), np.random.randn(3)])
+    assert_jit_matches_eager(
+        f, make_args=lambda i: _variables(np.random.randn(2, 3), np.random.randn(3)), calls=2,
+        **SECOND_ORDER)
 
 
 def test_a_dead_output_does_not_reset_the_state():
@@ -82,17 +91,22 @@ def test_a_dead_output_does_not_reset_the_state():
         return F.sum(a ** 2)
 
     x, w = np.array([[0.5, -1.0, 2.0]]), np.array([1.0, 2.0, 3.0])
-    _, (gx, gw), _ = run_once(f, [x, w])
+    xs = _variables(x.copy(), w.copy())
+    f(*xs).backward(create_graph=True)
+    gx = xs[0].grad.data
     t = np.tanh(x)
     np.testing.assert_allclose(gx, 2 * (t * (t > 0) * w) * w * (t > 0) * (1 - t ** 2))
-    assert_matches_eager(f, lambda i: [np.random.randn(2, 3), np.random.randn(3)])
+    assert_jit_matches_eager(
+        f, make_args=lambda i: _variables(np.random.randn(2, 3), np.random.randn(3)), calls=2,
+        **SECOND_ORDER)
 
 
 def test_containers_made_by_init_are_fresh_per_call():
     def f(x):
         return F.sum(Counted()(x) * x)
 
-    assert_matches_eager(f, lambda i: [np.random.randn(3)])
+    assert_jit_matches_eager(f, make_args=lambda i: _variables(np.random.randn(3)), calls=2,
+                             **SECOND_ORDER)
 
 
 def test_stateful_function_inside_grad_inside_jit():
@@ -100,7 +114,8 @@ def test_stateful_function_inside_grad_inside_jit():
         g = tj.grad(lambda z: F.sum(SignScale()(z) * z))(x)
         return F.sum(g * x)
 
-    assert_matches_eager(f, lambda i: [_signed(i)], calls=5)
+    assert_jit_matches_eager(f, make_args=lambda i: _variables(_signed(i)), calls=3,
+                             **SECOND_ORDER)
 
 
 def test_constructor_argument_kept_in_a_create_graph_replay():
@@ -119,7 +134,8 @@ def test_constructor_argument_kept_in_a_create_graph_replay():
     def f(x):
         return F.sum(Scale(3.0)(x) ** 2)
 
-    assert_matches_eager(f, lambda i: [np.random.randn(3)])
+    assert_jit_matches_eager(f, make_args=lambda i: _variables(np.random.randn(3)), calls=2,
+                             **SECOND_ORDER)
 
 
 def test_unchain_backward_keeps_the_calls_instance():
@@ -186,8 +202,9 @@ def test_backward_that_changes_which_inputs_get_gradients_runs_eagerly():
         return F.sum(Gate()(F.tanh(x), w) * w)
 
     signs = [1, 1, 1, -1, 1, -1, -1]       # warm-up, trace (x > 0), compiled calls
-    assert_matches_eager(f, lambda i: [_signed(signs[i] > 0), np.random.randn(3)],
-                         calls=len(signs), create_graph=False)
+    assert_jit_matches_eager(
+        f, make_args=lambda i: _variables(_signed(signs[i] > 0), np.random.randn(3)),
+        calls=len(signs) - 2, rtol=1e-9, atol=1e-9)
 
 
 def test_create_graph_through_such_a_backward_runs_it_eagerly():
@@ -197,8 +214,9 @@ def test_create_graph_through_such_a_backward_runs_it_eagerly():
         return F.sum(Gate()(F.tanh(x), w) * w)
 
     signs = [1, 1, 1, -1, 1, -1, -1]
-    assert_matches_eager(f, lambda i: [_signed(signs[i] > 0), np.random.randn(3)],
-                         calls=len(signs), create_graph=True)
+    assert_jit_matches_eager(
+        f, make_args=lambda i: _variables(_signed(signs[i] > 0), np.random.randn(3)),
+        calls=len(signs) - 2, **SECOND_ORDER)
 
 
 def test_function_built_from_a_traced_value_runs_eagerly():
@@ -233,9 +251,10 @@ def test_sign_sequences(signs, seed):
         h = SignScale()(x * w)
         return F.sum(h * h * w)
 
-    assert_matches_eager(
-        f, lambda i: [signs[i] * (np.abs(rng.standard_normal(3)) + 0.1),
-                      np.abs(rng.standard_normal(3)) + 0.1], calls=len(signs))
+    assert_jit_matches_eager(
+        f, make_args=lambda i: _variables(signs[i] * (np.abs(rng.standard_normal(3)) + 0.1),
+                                          np.abs(rng.standard_normal(3)) + 0.1),
+        calls=len(signs) - 2, **SECOND_ORDER)
 
 
 @pytest.mark.parametrize("order", [0, 1, 2], ids=["backward", "create_graph", "twice"])
@@ -297,9 +316,10 @@ def test_function_built_from_python_numbers_of_traced_values_compiles():
         return F.sum(Scale(m + 1.0)(x) * Scale(lr)(x))
 
     lrs = [0.5, 0.5, 0.25, 0.25, 0.5, 0.25, 0.5]
-    jf = assert_matches_eager(lambda x: f(x, lrs[0]), lambda i: [np.random.randn(3)],
-                              calls=5)
-    assert jf.cache_info()["fallbacks"] == 0
+    info = assert_jit_matches_eager(lambda x: f(x, lrs[0]),
+                                    make_args=lambda i: _variables(np.random.randn(3)),
+                                    calls=3, **SECOND_ORDER)
+    assert info["fallbacks"] == 0
     jf = tj.jit(f)
     for i, lr in enumerate(lrs):
         xv = np.random.randn(3)
