@@ -138,7 +138,7 @@ def test_value_and_grad_gives_the_value_and_the_gradient_of_a_python_float():
 @pytest.mark.parametrize("bad, error, match", [
     (lambda x: x * 2.0, ValueError, "scalar"),
     (lambda x: float(F.sum(x).data), TypeError, "must return a Variable"),
-])
+], ids=["not-a-scalar", "not-a-variable"])
 def test_grad_of_a_function_that_does_not_return_a_scalar_variable(bad, error, match):
     with pytest.raises(error, match=match):
         tj.grad(bad)(Variable(np.ones(3)))
