@@ -1,6 +1,7 @@
 """cache_info(): every call counted once, by where its result came from, so
-calls == hits + misses + fallbacks exactly (README, Debugging), also under threads; also for a call that raises inside the
-first-call check against eager, and that check is still made on a later call."""
+calls == hits + misses + fallbacks exactly (README, Debugging), also under threads, and
+for a call that raises inside the first-call check against eager; that check is still
+made on a later call."""
 import threading
 import warnings
 

@@ -1,8 +1,8 @@
 """np.random.seed(k) inside a jitted function is an effect on NumPy's global stream,
 recorded in order with the draws (F.dropout): the call compiles, and on every call the
-draws, the gradients and the stream's state afterwards are eager's. Seeds of every kind a program computes (a
-NumPy integer, a Python int computed from traced data) are recorded as the seed they
-are."""
+draws, the gradients and the stream's state afterwards are eager's. Seeds of every kind
+a program computes (a NumPy integer, a Python int computed from traced data) are
+recorded as the seed they are."""
 import numpy as np
 import pytest
 
