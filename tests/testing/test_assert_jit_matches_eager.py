@@ -199,3 +199,18 @@ def test_an_argument_updated_otherwise_than_eager_fails():
     with pytest.raises(AssertionError, match="argument 1 after the call"):
         assert_jit_matches_eager(f, make_args=lambda i: [
             tj.Variable(np.linspace(-1.0, 1.0, 3) + i), np.arange(3.0) + i], jitted=tj.jit(g))
+
+
+def test_a_parameter_left_holding_another_kind_of_data_fails():
+    w = tj.Parameter(np.array(0.0))
+
+    def f(x):
+        w.data = np.asarray(np.dot(x.data, x.data))         # a 0-d array
+
+    def g(x):
+        w._data = np.dot(x.data, x.data)                    # a NumPy scalar, same value
+
+    make = lambda i: [tj.Variable(np.arange(3.0) + i)]      # noqa: E731
+    assert_jit_matches_eager(f, make_args=make, params=[w], calls=2)
+    with pytest.raises(AssertionError, match="float64"):
+        assert_jit_matches_eager(f, make_args=make, params=[w], jitted=tj.jit(g))

@@ -15,8 +15,7 @@ import pytest
 import tracejit as tj
 import tracejit.functions as F
 from tracejit import Parameter, Variable
-
-from compare import data_of, same
+from tracejit.testing import assert_jit_matches_eager
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
@@ -25,21 +24,18 @@ def test_numpy_scalar_results_of_norm_median_and_0d_calls():
     def f(a, b):
         return np.linalg.norm(a), np.median(a), np.isclose(b, b * 1.0), np.argmax(a)
 
-    jf = tj.jit(f)
-    for k in range(5):
-        args = (np.arange(3.0) * (k + 1) - 1.0, np.array(0.5 + k))
-        _same(jf(*args), f(*args))
-    assert jf.cache_info()["fallbacks"] == 0
+    info = assert_jit_matches_eager(
+        f, make_args=lambda k: [np.arange(3.0) * (k + 1) - 1.0, np.array(0.5 + k)],
+        calls=3, atol=1e-12)
+    assert info["fallbacks"] == 0
 
 
 def test_python_scalar_results_of_numpy_functions():
     def f(a, b):
         return np.allclose(a, b), np.array_equal(a, b)
 
-    jf = tj.jit(f)
-    for k in range(5):
-        args = (np.arange(3.0), np.arange(3.0) + (k % 2))
-        _same(jf(*args), f(*args))
+    assert_jit_matches_eager(f, make_args=lambda k: [np.arange(3.0), np.arange(3.0) + (k % 2)],
+                             calls=3, atol=1e-12)
 
 
 @pytest.mark.parametrize("reduce", [np.std, lambda a: a.sum()], ids=["np.std", "a.sum()"])
@@ -50,12 +46,11 @@ def test_augmented_assignment_to_a_numpy_scalar_result(reduce):
         s += 1.0
         return t, s
 
-    jf = tj.jit(f)
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always", tj.JitWarning)   # the fallback follows the bug
-        for k in range(5):
-            _same(jf(np.arange(3.0) * (k + 1)), f(np.arange(3.0) * (k + 1)))   # k=1: traced
-    assert jf.cache_info()["fallbacks"] == 0
+        info = assert_jit_matches_eager(f, make_args=lambda k: [np.arange(3.0) * (k + 1)],
+                                        calls=3, atol=1e-12, allow_fallback=True)
+    assert info["fallbacks"] == 0
 
 
 def test_numpy_functions_returning_several_arrays_run_eagerly(record_jit_warnings):
@@ -63,10 +58,8 @@ def test_numpy_functions_returning_several_arrays_run_eagerly(record_jit_warning
         frac, whole = np.modf(a * 1.5)
         return frac, whole, np.divmod(a, 0.7)
 
-    jf = tj.jit(f)
-    for k in range(4):
-        a = np.arange(3.0) + 0.25 * k
-        _same(jf(a), f(a))
+    assert_jit_matches_eager(f, make_args=lambda k: [np.arange(3.0) + 0.25 * k], calls=2,
+                             atol=1e-12, allow_fallback=True)
     assert any("returns several arrays" in str(w.message) for w in record_jit_warnings)
 
 
@@ -80,9 +73,6 @@ def test_the_checks_against_eager_compare_the_kind_of_result():
     assert first_difference((a, np.float64(2.0)), (a.copy(), np.float64(2.0))) is None
 
 
-_data, _same = data_of, same
-
-
 def test_0d_results_of_numpy_calls_are_arrays_in_variables_and_effects():
     w = Parameter(np.array(0.0))
 
@@ -92,16 +82,10 @@ def test_0d_results_of_numpy_calls_are_arrays_in_variables_and_effects():
         w.data = np.dot(x.data, x.data)          # eager's setter makes it an array
         return F.reshape(y, ()), F.sum(x) * 2.0, x[1]
 
-    jf = tj.jit(f)
-    for k in range(5):
-        wj = w.data
-        got = jf(Variable(np.arange(3.0) + k))
-        after_jit = w.data
-        w.data = wj
-        want = f(Variable(np.arange(3.0) + k))
-        _same(got, want)
-        _same(after_jit, w.data)
-    assert jf.cache_info()["fallbacks"] == 0
+    # params: both sides from the same w, and w.data after each call compared
+    info = assert_jit_matches_eager(f, make_args=lambda k: [Variable(np.arange(3.0) + k)],
+                                    calls=3, atol=1e-12, params=[w])
+    assert info["fallbacks"] == 0
 
 
 def test_numpy_scalar_results_of_more_reductions():
@@ -109,6 +93,5 @@ def test_numpy_scalar_results_of_more_reductions():
         a = x * 2.0
         return np.std(a), np.dot(a, a), np.prod(a)
 
-    jf = tj.jit(f)
-    for k in range(4):
-        _same(jf(np.arange(1.0, 4.0) + k), f(np.arange(1.0, 4.0) + k))
+    assert_jit_matches_eager(f, make_args=lambda k: [np.arange(1.0, 4.0) + k], calls=2,
+                             atol=1e-12)

@@ -380,6 +380,12 @@ def _containers(obj, path="output", out=None):
     return out
 
 
+def _after_the_call(what, data):
+    # The kind goes into the label, which must match: a 0-d array where eager leaves a
+    # NumPy scalar (or the reverse) is a difference even when the values agree.
+    return f"{what} after the call (a {type(data).__name__})", np.array(data)
+
+
 def _grads_of(variables, what):
     return [(f"{what} of {name}",
              None if not isinstance(w, Variable) or w.grad is None else np.array(w.grad.data))
@@ -398,8 +404,7 @@ def _results_and_grads(fn, args, seed, params=(), second_order=False, as_variabl
            else a for a in args]
     out = fn(*wrt)
     # the arguments after the call: an in-place update of one is eager's
-    updated = [(f"argument {k} after the call",
-                np.array(w.data if isinstance(w, Variable) else w))
+    updated = [_after_the_call(f"argument {k}", w.data if isinstance(w, Variable) else w)
                for k, w in enumerate(wrt) if isinstance(w, (Variable, np.ndarray))]
     structure = _containers(out)
     leaves = leaves_with_paths(out)
@@ -453,7 +458,7 @@ def _results_and_grads(fn, args, seed, params=(), second_order=False, as_variabl
         if total is not None:
             total.backward()
         grads += _grads_of(named, "second-order gradient")
-    grads += updated + [(f"params[{k}].data after the call", np.array(p.data))
+    grads += updated + [_after_the_call(f"params[{k}].data", p.data)
                         for k, p in enumerate(params)]
     return results, grads, structure
 
@@ -485,7 +490,9 @@ def _assert_results_match(got, want, rtol, atol, what):
             _assert_close(gv, wv, rtol, atol, where)
         elif not (gv == wv):
             raise AssertionError(f"{where}: jit gave {gv!r}, eager {wv!r}")
-    for (label, g), (_, w) in zip(got_grads, want_grads):
+    for (label, g), (want_label, w) in zip(got_grads, want_grads):
+        if label != want_label:
+            raise AssertionError(f"{what}: jit gave {label}, eager {want_label}")
         _assert_close(g, w, rtol, atol, f"{what}: {label}")
 
 
