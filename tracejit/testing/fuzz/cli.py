@@ -36,7 +36,7 @@ __all__ = ["generate", "run_many", "normalize_warning", "summarize", "categories
            "format_summary", "reproducer", "main", "AVOIDABLE"]
 
 FAILING = ("mismatch", "crash", "hang", "error")
-CLASSES = ("match", "fallback", "mismatch", "crash", "hang", "invalid", "error")
+CLASSES = ("match", "fallback", "rounding", "mismatch", "crash", "hang", "invalid", "error")
 
 
 def generate(n, seed=0, avoid=()):
@@ -304,7 +304,7 @@ def main(argv=None):
                   f"({res['seconds']:.1f} s)"
                   + (f"  {res['detail'].splitlines()[0][:150]}" if res.get("detail") else ""),
                   flush=True)
-        if opts.out and res["cls"] in FAILING + ("fallback", "invalid"):
+        if opts.out and res["cls"] in FAILING + ("fallback", "rounding", "invalid"):
             sub = os.path.join(opts.out, res["cls"])
             os.makedirs(sub, exist_ok=True)
             with open(os.path.join(sub, f"prog{idx:05d}.py"), "w") as fh:
