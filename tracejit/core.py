@@ -1,11 +1,11 @@
 """The eager define-by-run core: Variable, Function, Config and the backward pass.
 
 This is the bottom layer of tracejit (eager -> trace -> IR -> passes -> codegen).
-It mirrors DeZero's core. Two hooks connect it to the tracer: `Function.__call__`
-reports every primitive call to the active trace, and `Variable.data` (a property)
-hands out a recording view of the array while a trace is active, so Python code
-that inspects values (`if v.data > 0`) becomes a guard instead of a frozen constant.
-When no trace is active both hooks cost one thread-local attribute read.
+It mirrors DeZero's core. The active trace (a TraceHooks: the methods core calls on
+it) sees what happens while tracing: `Function.__call__` reports every primitive call
+to it, and `Variable.data` (a property) hands out a recording view of the array, so
+Python code that inspects values (`if v.data > 0`) becomes a guard instead of a frozen
+constant. When no trace is active each hook costs one thread-local attribute read.
 """
 import contextlib
 import heapq
@@ -69,7 +69,12 @@ _state = _ThreadState()
 
 
 def set_trace(trace):
-    """Make `trace` this thread's active trace (None: eager); returns the previous one."""
+    """Make `trace` (a TraceHooks, or None: eager) this thread's active trace; returns
+    the previous one."""
+    if trace is not None and not isinstance(trace, TraceHooks):
+        # Checked once here, so the hooks core calls on every op need no probing.
+        raise TypeError(f"set_trace: expected a TraceHooks or None, got "
+                        f"{type(trace).__name__}")
     prev = _state.trace
     _state.trace = trace
     _state.refresh_mode()
@@ -123,6 +128,89 @@ def test_mode():
 
 def active_trace():
     return _state.trace
+
+
+class TraceHooks:
+    """The protocol between core and the active trace (set_trace): every method core
+    calls on `_state.trace`, which is None (eager) or an instance of a subclass.
+
+    tracejit.trace.record.Trace records a graph while the function computes its real
+    result; tracejit.trace.abstract._AbstractTrace (eval_shape) computes shapes alone.
+    Core sits below both, so the protocol is declared here, where its caller is. The
+    `abstract` flag chooses what Function.__call__ does: True, the trace takes the call
+    over (call); False, forward runs on real data and the trace records it
+    (before_forward, record). Every other hook applies to both kinds. Core calls the
+    hooks only while this trace is active; the eager path reads one thread-local.
+    """
+
+    # Class attributes and plain methods, not abc: the hooks run on every op while
+    # tracing, and Function.__call__ reads `abstract` on each call with a trace active.
+    abstract = False
+
+    def new_variable(self, var, data):
+        """Variable(data) made while tracing (its other fields are set, `_data` is None):
+        store the data in var._data (an ndarray, not a tracer view) and give var its
+        place in the trace. Returns nothing."""
+        raise NotImplementedError
+
+    def read_data(self, var):
+        """`var.data` read while tracing (var._data is not None): returns what the user
+        sees, a view that records what Python and NumPy do with it."""
+        raise NotImplementedError
+
+    def write_data(self, var, value):
+        """`var.data = value` while tracing (an np.generic already made a 0-d array):
+        returns the array core stores in var._data."""
+        raise NotImplementedError
+
+    def read_grad(self, var):
+        """`var.grad` read while tracing: returns the gradient the user sees (var._grad,
+        or what the trace knows of it)."""
+        raise NotImplementedError
+
+    def write_grad(self, var, value):
+        """`var.grad = value` while tracing, before core stores value in var._grad.
+        Returns nothing."""
+        raise NotImplementedError
+
+    def literal(self, var, value):
+        """A plain Python number `value` became the Constant `var`, an operand of an
+        array operator (x * 2.0): the trace may record it as a literal. Returns
+        nothing."""
+        raise NotImplementedError
+
+    def scalar_input(self, value, like_dtype):
+        """A traced Python number (ScalarTracer) is an operand of arrays of dtype
+        like_dtype (x * float(m)): returns the Variable to use, of the dtype NumPy 2
+        gives for a Python scalar there (weak: a float32 array stays float32)."""
+        raise NotImplementedError
+
+    def before_forward(self, fn):
+        """(abstract False) Function fn's forward is about to run: returns a token
+        (fn's state, or None) that core hands back to record()."""
+        raise NotImplementedError
+
+    def record(self, fn, inputs, outputs, before):
+        """(abstract False) fn's forward ran: `inputs` are its input Variables,
+        `outputs` the fresh output Variables (made through new_variable, no creator
+        yet), `before` what before_forward returned. Returns nothing."""
+        raise NotImplementedError
+
+    def call(self, fn, inputs):
+        """(abstract True) Function fn is called on the input Variables `inputs`,
+        instead of its forward: returns what Function.__call__ returns (one output
+        Variable, or a list of them)."""
+        raise NotImplementedError
+
+    def backward_of(self, fn):
+        """backprop is about to run fn's backward step (None: the backward pass ended):
+        for what the trace reports about the lines it records. Returns nothing."""
+        raise NotImplementedError
+
+    def input_grads(self, fn, gys):
+        """fn's backward on its outputs' gradients `gys` while tracing: returns one
+        gradient (or None) per input of fn, as core._input_grads does eagerly."""
+        raise NotImplementedError
 
 
 # Kinds of primitive, read by the optimizer and the code generator.
@@ -486,8 +574,9 @@ class Constant(Variable):
 
 
 class ScalarTracer:
-    """Base of tracejit.trace.values.TracedScalar (a Python number while tracing): the type
-    test core and functions use (a bare `hasattr(x, "_tv")` also matches Variables)."""
+    """Base of tracejit.trace.values.TracedScalar (a Python number while tracing): the
+    type test core, functions and autodiff use. Declared here, below the tracer, so
+    they need not probe attributes (`_tv` is also a Variable's, or any user object's)."""
 
     __slots__ = ()
 

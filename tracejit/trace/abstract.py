@@ -9,7 +9,7 @@ from tracejit import core
 from tracejit.core import ShapeDtype, Variable
 
 
-class _AbstractTrace:
+class _AbstractTrace(core.TraceHooks):
     """Runs a function on shapes alone: each primitive applies its shape rule."""
 
     abstract = True
@@ -49,6 +49,12 @@ class _AbstractTrace:
 
     def literal(self, var, value):
         pass
+
+    def scalar_input(self, value, like_dtype):
+        # A traced number of the jitted function around eval_shape (x * s, s a float
+        # argument): only the operand's dtype matters here, as for the number it is.
+        v = value._value
+        return core.Constant(np.asarray(v, dtype=np.result_type(like_dtype, v)))
 
 
 class _ShapeOnly(np.ndarray):

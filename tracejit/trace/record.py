@@ -107,7 +107,7 @@ class _Pending:
 PENDING = _Pending()
 
 
-class Trace:
+class Trace(core.TraceHooks):
     """Everything one tracing run records. One per traced call, thread-local."""
 
     abstract = False
