@@ -89,6 +89,34 @@ def _same(got, want):
     np.testing.assert_allclose(got.data, want.data, rtol=1e-12, atol=0)
 
 
+def test_jit_of_grad_takes_a_python_float_on_every_call():
+    # The float argument is a TracedFloat while tracing: grad takes it as the float it
+    # stands for (the second call traced, and once refused it as "a TracedFloat").
+    def f(x):
+        return x * x + F.sin(Variable(np.array(2.0)) * x)
+
+    g = tj.grad(f)
+    jg = tj.jit(g)
+    for x in (1.5, -0.25, 3.0, 0.5, 2.75):
+        _same(jg(x), g(x))
+    info = jg.cache_info()
+    assert info["fallbacks"] == 0 and info["variants"] == 1, info
+
+
+def test_jit_of_value_and_grad_takes_python_numbers():
+    def f(a, b, n):
+        return a * b * b + n * a
+
+    vg = tj.value_and_grad(f, argnums=(0, 1, 2))
+    jvg = tj.jit(vg)
+    for a, b, n in ((1.0, 2.0, 3), (3.0, -4.0, 5), (0.5, 0.25, -2), (2.0, 1.0, 7)):
+        (y, gs), (wy, wgs) = jvg(a, b, n), vg(a, b, n)
+        _same(y, wy)
+        for got, want in zip(gs, wgs):
+            _same(got, want)
+    assert jvg.cache_info()["fallbacks"] == 0
+
+
 def test_eval_shape_on_shapes():
     def f(x, w):
         return F.sum(F.matmul(x, w), axis=0), F.reshape(x, (-1,))
@@ -113,3 +141,48 @@ def test_eval_shape_inside_jit_with_a_float_argument():
         _same(y, wy)
         assert spec == wspec == core.ShapeDtype((1, 3), np.float32)
     assert jf.cache_info()["fallbacks"] == 0
+
+
+class _HasTracerNames:
+    """A user's object that happens to have attributes named like a tracer's."""
+
+    def __init__(self, k):
+        self._tv = "not a tracer"
+        self._trace = None
+        self.k = k
+
+
+class _ScaleBy(Function):
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def forward(self, x):
+        return x * self.cfg.k
+
+    def backward(self, gy):
+        return gy * self.cfg.k
+
+
+def test_a_user_object_with_a_tv_attribute_is_not_a_traced_value():
+    # It was taken for a traced number kept by the Function (an escape: a fallback).
+    cfg = _HasTracerNames(3.0)
+
+    def f(x):
+        return F.sum(_ScaleBy(cfg)(x) * x)
+
+    jf = tj.jit(f)
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        xv = rng.standard_normal(5)
+        xj, xe = Variable(xv.copy()), Variable(xv.copy())
+        yj, ye = jf(xj), f(xe)
+        _same(yj, ye)
+        yj.backward()
+        ye.backward()
+        _same(xj.grad, xe.grad)
+    assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_grad_refuses_a_user_object_with_a_tv_attribute():
+    with pytest.raises(TypeError, match="_HasTracerNames"):
+        tj.grad(lambda x: x)(_HasTracerNames(1.0))

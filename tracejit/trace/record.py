@@ -323,7 +323,7 @@ class Trace(core.TraceHooks):
             return self.is_mine(val._tv) and not self.is_live(val)
         if isinstance(val, TracedArray):
             return val._capture is None and self.is_mine(val._tv)
-        return isinstance(val, TracedFloat) or (hasattr(val, "_tv") and hasattr(val, "_trace"))
+        return isinstance(val, TracedScalar)    # a type: a user object may define _tv
 
     def input_grads(self, fn, gys):
         """fn.backward(*gys) while tracing. A user Function with per-call state gets
