@@ -83,19 +83,6 @@ class NumpyCall(Function):
         return ShapeDtype(y.shape, y.dtype)
 
 
-class Constant(Function):
-    """A constant array captured at trace time (no inputs)."""
-
-    kind = "constant"
-    params = ()
-
-    def __init__(self, value):
-        self.value = value
-
-    def forward(self):
-        return self.value
-
-
 # ------------------------------------------------------------ user Functions with state
 
 class _Calls(threading.local):

@@ -179,9 +179,3 @@ def _guard_disk_cache(disp):
 def compiled_signatures():
     """Total numba compilations (type signatures) across all kernels of this process."""
     return sum(len(d.signatures) for d in list(_KERNELS.values()))
-
-
-def clear_memory_cache():
-    """Forget in-process kernels (tests use it to exercise the disk cache)."""
-    with LOCK:
-        _KERNELS.clear()
