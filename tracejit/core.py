@@ -143,8 +143,8 @@ class TraceHooks:
     hooks only while this trace is active; the eager path reads one thread-local.
     """
 
-    # Class attributes and plain methods, not abc: the hooks run on every op while
-    # tracing, and Function.__call__ reads `abstract` on each call with a trace active.
+    # Plain methods, not abc: isinstance on an ABCMeta class costs more, and
+    # tests/test_traced_value_protocol.py checks that each trace implements its hooks.
     abstract = False
 
     def new_variable(self, var, data):
@@ -155,7 +155,8 @@ class TraceHooks:
 
     def read_data(self, var):
         """`var.data` read while tracing (var._data is not None): returns what the user
-        sees, a view that records what Python and NumPy do with it."""
+        sees, a view that records what Python and NumPy do with it (or, abstract, one
+        that has a shape and no values)."""
         raise NotImplementedError
 
     def write_data(self, var, value):
