@@ -278,6 +278,40 @@ def test_float32_inputs_checked_in_float64():
     assert gradcheck(lambda a: F.tanh(a) * a, x, second_order=True)
 
 
+# Inputs in any memory layout: the numeric side perturbs each element of its float64
+# copy by index (a reshaped alias of an F-ordered or strided copy is a copy, and
+# perturbing it gave a numeric gradient of 0).
+LAYOUTS = {
+    "fortran": lambda: np.asfortranarray(np.arange(1., 7.).reshape(2, 3)),
+    "transposed": lambda: np.arange(1., 7.).reshape(3, 2).T,
+    "strided": lambda: np.arange(1., 13.).reshape(3, 4)[:, ::2],
+    "reversed": lambda: np.arange(1., 7.).reshape(2, 3)[::-1, ::-1],
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_inputs_in_any_memory_layout(layout):
+    x = LAYOUTS[layout]()
+    assert gradcheck(lambda a: a * a, x)
+    assert gradcheck(lambda a, b: F.sin(a) * b, x, x.copy(order="C"), second_order=True)
+    assert gradcheck(lambda a: F.tanh(a) * a, x.astype(np.float32))
+
+
+class ZeroGrad(Function):
+    # A planted bug that a numeric gradient of 0 would pass.
+    def forward(self, x):
+        return x * x
+
+    def backward(self, gy):
+        return gy * 0
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_a_wrong_gradient_is_caught_in_any_memory_layout(layout):
+    with pytest.raises(AssertionError, match="numeric="):
+        gradcheck(lambda a: ZeroGrad()(a), LAYOUTS[layout]())
+
+
 def test_outputs_independent_of_an_input():
     assert gradcheck(lambda a, b: F.sin(a), X, X)
 

@@ -137,22 +137,23 @@ def _first_order_dot(problem, fn, arrays, cotangents, vectors):
 
 def _numeric(problem, scalar_fn, eps):
     """Central differences of scalar_fn(arrays) for every element of the checked inputs."""
-    arrays = [a.astype(np.float64, copy=True) if i in problem.checked else a
+    # Each element is perturbed in place by its index into the array scalar_fn reads,
+    # never through a reshaped alias: reshape(-1) copies an F-ordered or strided array
+    # (astype keeps the input's memory order), and writes into a copy perturb nothing.
+    arrays = [np.array(a, dtype=np.float64) if i in problem.checked else a
               for i, a in enumerate(problem.arrays)]
     grads = {}
     for i in problem.checked:
         x = arrays[i]
         g = np.zeros(x.shape, np.float64)
-        flat = x.reshape(-1)            # a view: writes reach arrays[i]
-        gflat = g.reshape(-1)
-        for j in range(flat.size):
-            old = flat[j]
-            flat[j] = old + eps
+        for idx in np.ndindex(x.shape):
+            old = x[idx]
+            x[idx] = old + eps
             plus = scalar_fn(arrays)
-            flat[j] = old - eps
+            x[idx] = old - eps
             minus = scalar_fn(arrays)
-            flat[j] = old
-            gflat[j] = (plus - minus) / (2 * eps)
+            x[idx] = old
+            g[idx] = (plus - minus) / (2 * eps)
         grads[i] = g
     return grads
 
