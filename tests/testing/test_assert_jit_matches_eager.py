@@ -214,3 +214,231 @@ def test_a_parameter_left_holding_another_kind_of_data_fails():
     assert_jit_matches_eager(f, make_args=make, params=[w], calls=2)
     with pytest.raises(AssertionError, match="float64"):
         assert_jit_matches_eager(f, make_args=make, params=[w], jitted=tj.jit(g))
+
+
+# ---------------------------------------------------------------- the options of PR 10 item 6
+
+def test_context_runs_each_sides_call_in_the_calls_mode():
+    def f(x):
+        return F.exp(x) * (2.0 if tj.Config.enable_backprop else 3.0)
+
+    modes = [tj.no_grad, tj.test_mode, lambda: tj.using_config("enable_backprop", True)]
+    info = assert_jit_matches_eager(f, make_args=_x, calls=4,
+                                    context=lambda k: modes[k % 3]())
+    assert info["fallbacks"] == 0
+    # eager's side runs in no_grad too: it matches a jit side that is no_grad's f
+    no_grad_f = tj.jit(lambda x: F.exp(x) * 3.0)
+    with tj.no_grad():
+        no_grad_f(*_x(0))                  # its trace, in no_grad (no creator)
+    assert_jit_matches_eager(f, make_args=_x, jitted=no_grad_f, context=lambda k: tj.no_grad())
+    with pytest.raises(AssertionError, match="creator|differs"):
+        assert_jit_matches_eager(f, make_args=_x, jitted=tj.jit(lambda x: F.exp(x) * 3.0))
+    with pytest.raises(AssertionError, match="creator"):   # jit's side outside no_grad
+        assert_jit_matches_eager(
+            f, make_args=_x, jitted=tj.jit(lambda x: _outside_no_grad(f, x)),
+            context=lambda k: tj.no_grad())
+
+
+def _outside_no_grad(f, x):
+    with tj.using_config("enable_backprop", True):
+        return f(x)
+
+
+class _Boom(tj.Function):
+    def forward(self, x):
+        return x * 2.0
+
+    def backward(self, gy):
+        raise RuntimeError("no backward may run")
+
+
+def test_backward_false_runs_no_backward_and_compares_no_gradients():
+    def f(x):                        # eager's side: a backward would raise
+        return _Boom()(x)
+
+    assert_jit_matches_eager(f, make_args=_x, backward=False,
+                             jitted=tj.jit(lambda x: x * 2.0))
+    with pytest.raises(RuntimeError, match="no backward"):
+        assert_jit_matches_eager(f, make_args=_x, jitted=tj.jit(lambda x: x * 2.0))
+    with pytest.raises(AssertionError, match="differs"):       # values still compared
+        assert_jit_matches_eager(f, make_args=_x, backward=False,
+                                 jitted=tj.jit(lambda x: x * 2.5))
+
+
+class _ScalarGrad(tj.Function):
+    """A gradient whose data is a NumPy scalar (of the right value) for a 0-d input."""
+
+    def forward(self, x):
+        return x * 2.0
+
+    def backward(self, gy):
+        g = tj.Variable(np.array(0.0))
+        g._data = np.float64(gy.data * 2.0)
+        return g
+
+
+def test_gradients_are_compared_on_their_kind():
+    from tracejit.testing.checks import _assert_results_match, _results_and_grads
+    x = tj.Variable(np.array(0.5))
+    want = _results_and_grads(lambda x: x * 2.0, [x], 0)
+    got = _results_and_grads(lambda x: _ScalarGrad()(x), [x], 0)
+    _assert_results_match(want, want, 1e-6, 1e-9, "call")
+    with pytest.raises(AssertionError, match="gradient of argument 0 .*float64"):
+        _assert_results_match(got, want, 1e-6, 1e-9, "call")
+
+
+def test_results_returned_as_a_returned_argument_get_its_cotangent():
+    # Every float Variable result is in the loss, creator or not: an argument
+    # returned as itself gets its cotangent, and a copy returned instead misses it.
+    from tracejit.testing.checks import _assert_results_match, _results_and_grads
+    x = tj.Variable(np.arange(3.0))
+    want = _results_and_grads(lambda x: (x, F.exp(x)), [x], 0)
+    got = _results_and_grads(lambda x: (tj.Variable(x.data.copy()), F.exp(x)), [x], 0)
+    got = (got[0], got[1], got[2], want[3])            # identities equal: the gradient
+    with pytest.raises(AssertionError, match="gradient of argument 0"):
+        _assert_results_match(got, want, 1e-6, 1e-9, "call")
+
+
+def test_creators_with_float_arguments_skips_only_calls_without_one():
+    def f(x, k):
+        return x * 2.0
+
+    def no_creator(x, k):
+        return tj.Variable((x * 2.0).data)
+
+    ints = lambda i: [tj.Variable(np.arange(3) + i), 1]       # noqa: E731
+    floats = lambda i: [tj.Variable(np.arange(3.0) + i), 1]   # noqa: E731
+    with pytest.raises(AssertionError, match="creator"):
+        assert_jit_matches_eager(f, make_args=ints, jitted=tj.jit(no_creator),
+                                 backward=False)
+    assert_jit_matches_eager(f, make_args=ints, jitted=tj.jit(no_creator), backward=False,
+                             creators="with float arguments")
+    with pytest.raises(AssertionError, match="creator"):
+        assert_jit_matches_eager(f, make_args=floats, jitted=tj.jit(no_creator),
+                                 backward=False, creators="with float arguments")
+    with pytest.raises(ValueError, match="creators"):
+        assert_jit_matches_eager(f, make_args=floats, creators="never")
+
+
+def test_captures_names_captured_objects_their_data_and_grad_in_the_identity_check():
+    P = tj.Parameter(np.array([0.5, -1.0, 2.0, 0.25]), name="P")
+    A = np.arange(4.0)
+
+    def f(x):
+        return F.sum(P * x), P, P.data, A, P.grad
+
+    def copies(what):
+        def g(x):
+            r = list(f(x))
+            i = {"P": 1, "P.data": 2, "A": 3}[what]
+            r[i] = tj.Parameter(P.data.copy()) if what == "P" else r[i].copy()
+            return tuple(r)
+        return g
+
+    def make(i):
+        P.data += 0.1                                         # in place, both sides see it
+        P.grad = tj.Variable(np.full(4, float(i)))
+        return _x(i)
+
+    assert_jit_matches_eager(f, make_args=make, captures={"P": P, "A": A}, backward=False)
+    for what in ("P", "P.data", "A"):
+        with pytest.raises(AssertionError, match="jit gave a new object"):
+            assert_jit_matches_eager(f, make_args=make, captures={"P": P, "A": A},
+                                     backward=False, jitted=tj.jit(copies(what)))
+
+
+def test_captures_compares_the_gradients_of_captured_variables():
+    P = tj.Parameter(np.array([0.5, -1.0, 2.0, 0.25]), name="P")
+
+    def f(x):
+        return F.sum(P * x)
+
+    def detaches_p(x):
+        return F.sum(tj.Variable(P.data) * x)
+
+    assert_jit_matches_eager(f, make_args=_x, captures={"P": P})
+    assert_jit_matches_eager(f, make_args=_x, jitted=tj.jit(detaches_p))   # not looked at
+    with pytest.raises(AssertionError, match=r"gradient of captures\['P'\]"):
+        assert_jit_matches_eager(f, make_args=_x, captures={"P": P},
+                                 jitted=tj.jit(detaches_p))
+
+
+def test_a_grad_returned_is_that_grad_on_both_sides():
+    def f(x):
+        return F.exp(x), x.grad
+
+    def copies(x):
+        return F.exp(x), tj.Variable(x.grad.data.copy())
+
+    def make(i):
+        x, = _x(i)
+        x.grad = tj.Variable(np.full(4, float(i)))            # copied with the argument
+        return [x]
+
+    assert_jit_matches_eager(f, make_args=make)
+    with pytest.raises(AssertionError, match=r"argument 0\.grad"):
+        assert_jit_matches_eager(f, make_args=make, jitted=tj.jit(copies))
+
+
+def test_one_list_in_two_places_is_one_list_in_both():
+    def f(x):
+        pair = [F.exp(x), x]
+        return pair, pair
+
+    def two(x):
+        return [F.exp(x), x], [F.exp(x), x]
+
+    assert_jit_matches_eager(f, make_args=_x)
+    with pytest.raises(AssertionError, match="the object of output"):
+        assert_jit_matches_eager(f, make_args=_x, jitted=tj.jit(two))
+
+
+def test_an_argument_given_twice_is_one_object_on_each_side():
+    def f(a, b):
+        return F.exp(a), a is b
+
+    assert_jit_matches_eager(f, make_args=lambda i: [_x(i)[0]] * 2)
+
+
+def test_parameter_arguments_stay_parameters():
+    from tracejit.testing.checks import _copy_args
+
+    def f(x):
+        return x, F.exp(x)
+
+    info = assert_jit_matches_eager(f, make_args=lambda i: [tj.Parameter(_x(i)[0].data)])
+    assert info["fallbacks"] == 0
+    p = tj.Parameter(np.arange(3.0), name="p")
+    p.grad = tj.Variable(np.ones(3))
+    a, b, c = _copy_args([p, p, np.asfortranarray(np.ones((2, 2)))])
+    assert type(a) is tj.Parameter and a.name == "p" and a is b and a is not p
+    assert a.data is not p.data and np.array_equal(a.grad.data, p.grad.data)
+    assert a.grad is not p.grad and c.flags.f_contiguous
+
+
+def _counter(step=1.0, gscale=2.0, returns="w"):
+    w = tj.Parameter(np.zeros(4), name="w")
+    q = tj.Parameter(np.zeros(4), name="q")
+
+    def f(x):                                  # state the function writes
+        w.data = w.data + x.data
+        q.data = q.data + step * x.data
+        q.grad = tj.Variable(x.data * gscale)
+        return F.sum(x * w), (w if returns == "w" else q)
+    return f, {"w": w, "more": [q]}
+
+
+def test_make_function_gives_each_side_its_own_state_and_compares_it():
+    info = assert_jit_matches_eager(make_function=_counter, make_args=_x, calls=3)
+    assert info["fallbacks"] == 0
+    # A wrong jit side made by hand: the first make_function call is the jit side's.
+    for wrong, message in (
+            (lambda: _counter(step=2.0), r"state\['more'\]\[0\]: differs"),
+            (lambda: _counter(gscale=3.0), r"gradient of state\['more'\]\[0\]"),
+            (lambda: _counter(returns="q"), r"output\[1\]: jit gave state\['more'\]")):
+        sides = iter([wrong, _counter])
+        with pytest.raises(AssertionError, match=message):
+            assert_jit_matches_eager(make_function=lambda: next(sides)(), make_args=_x,
+                                     calls=1, backward=False)
+    with pytest.raises(TypeError, match="make_function"):
+        assert_jit_matches_eager(F.exp, make_function=_counter, make_args=_x)

@@ -283,38 +283,70 @@ def _check_float32(problem, f, cotangents, numeric):
 
 # ---------------------------------------------------------------- jit vs eager
 
-def assert_jit_matches_eager(f, *args, calls=4, rtol=1e-6, atol=1e-9, seed=0,
+_CREATORS = ("always", "with float arguments")
+
+
+def assert_jit_matches_eager(f=None, *args, calls=4, rtol=1e-6, atol=1e-9, seed=0,
                              make_args=None, params=(), second_order=False, jitted=None,
-                             allow_fallback=False, **jit_options):
+                             allow_fallback=False, context=None, backward=True,
+                             creators="always", captures=None, make_function=None,
+                             **jit_options):
     """Assert that tracejit.jit(f) gives eager's results and gradients, call after call.
 
     The jitted function is called `calls` times beyond its warm-up and trace, each
     time with new values (the float arguments perturbed, shapes kept). Each result, in
     any tree of tuples, lists and dicts, is compared with the eager function's on its
-    structure (the containers' types and dict keys), kind (Variable, ndarray, NumPy or
-    Python scalar, anything else by ==), dtype, shape and value; on identity (an argument
-    returned is that argument, or its `.data`; one object in two places is one object
+    structure (the containers' types and dict keys), kind (Variable, Parameter, ndarray,
+    NumPy or Python scalar, anything else by ==), dtype, shape and value; on identity
+    (a result that is an argument, a params or captures object, or the .data or .grad of
+    one, is that object; one Variable, array, list or dict in two places is one object
     in both); on whether a float Variable has a creator; and the Variable and ndarray
     arguments' data after the call (an in-place update). Then the gradients of
-    sum(output * random cotangent) over the float Variable results with a creator, with
-    respect to the float Variable / ndarray arguments, are compared (None where eager
-    gives None). A fallback to eager (a JitWarning) fails the assertion: it would hide
-    what jit does. Returns the jitted function's cache_info().
+    sum(output * random cotangent) over the float Variable results, with respect to the
+    float Variable / ndarray arguments (and params, captures, state), are compared: kind,
+    dtype, shape and value, None where eager gives None. A fallback to eager (a
+    JitWarning) fails the assertion: it would hide what jit does. Returns the jitted
+    function's cache_info().
 
     Options, for programs the defaults do not reach:
       make_args: a function of the call's number (0, 1, ...) giving that call's
         arguments (a tuple or list), instead of `*args` and their perturbations. They
-        are passed as given (an ndarray stays an ndarray), each side its own copy of
-        the Variables and ndarrays among them; gradients are those of the Variables.
-        It may also change captured state: both sides of the call see the change.
+        are passed as given (an ndarray stays an ndarray, a Parameter a Parameter), each
+        side its own copy of the Variables and ndarrays among them (one object twice is
+        one copy twice); gradients are those of the Variables. It may also change
+        captured state: both sides of the call see the change.
       params: captured Parameters f reads or updates. Each call starts both sides from
         the same data with no gradient; afterwards their data and gradients (first and,
         with second_order, second order) are compared like the arguments'.
+      captures: a dict naming the objects f reads from outside without updating them
+        (Variables, Parameters, arrays): a result that is one of them, or its .data or
+        .grad, must be that object on both sides, and the gradients the Variables among
+        them get are compared (their gradients are cleared before each side's call).
+        Unlike params, their data is left as it is (make_args may update it in place).
+      make_function: for a function with state of its own (a closure that writes a
+        Parameter, appends to a list...): a function of no arguments returning a new
+        `(f, state)`, where state is a tree (tuples, lists, dicts) of the objects f
+        writes. It is called once per side, so each side runs on its own state from the
+        start: the jitted side calls jit of its f (f itself is not given). After each
+        call the two states are compared like results (Variables also on their
+        gradients; leaves that are not Variables, arrays or numbers are the caller's to
+        check), and results identical to state objects must be so on both sides.
       second_order: backward(create_graph=True), then the backward of the sum of the
         squares of the float first-order gradients (arguments' and params'): the
         second-order gradients are compared too.
+      context: a function of the call's number giving a context manager that each
+        side's call runs in (once per side), e.g. `lambda k: tj.no_grad()` or a grad
+        mode, tj.test_mode(), tj.disable_jit() that changes from call to call. The
+        backward runs outside it.
+      backward: False compares no gradients, so no backward is compiled or run (for
+        tests of what a forward-only loop compiles).
+      creators: "always" compares whether each float Variable result has a creator;
+        "with float arguments" only on calls with a float Variable argument (without one
+        a compiled call records no graph, where eager records one that leads to no
+        input).
       jitted: the jitted function to check (default tracejit.jit(f, **jit_options)),
-        for a caller that inspects it afterwards.
+        for a caller that inspects it afterwards or drives it between checks. Its cache
+        is the caller's: a function already warm gets no warm-up calls.
       allow_fallback: a fallback to eager does not fail the assertion (JitWarnings
         are left to the caller's warning filters); the results are still compared with
         eager's on every call. For tests of fallbacks, which check the warnings.
@@ -325,13 +357,28 @@ def assert_jit_matches_eager(f, *args, calls=4, rtol=1e-6, atol=1e-9, seed=0,
     if make_args is not None and args:
         raise TypeError("assert_jit_matches_eager: pass the arguments either as *args or "
                         "as make_args, not both")
+    if creators not in _CREATORS:
+        raise ValueError(f"assert_jit_matches_eager: creators must be one of {_CREATORS}, "
+                         f"got {creators!r}")
+    if make_function is not None:
+        if f is not None or jitted is not None:
+            raise TypeError("assert_jit_matches_eager: make_function makes the function; "
+                            "pass no f and no jitted")
+        f_jit, state_jit = make_function()
+        f, state_eager = make_function()
+    elif f is None:
+        raise TypeError("assert_jit_matches_eager: no function to check")
+    else:
+        f_jit, state_jit = f, None
+        state_eager = None
     rng = np.random.default_rng(seed)
     if jitted is None:
-        jitted = tracejit.jit(f, **jit_options)
+        jitted = tracejit.jit(f_jit, **jit_options)
     elif jit_options:
         raise TypeError(f"assert_jit_matches_eager: jit options {sorted(jit_options)} "
                         f"with an already jitted function")
     params = list(params)
+    captures = dict(captures or {})
     with warnings.catch_warnings():
         if not allow_fallback:
             warnings.simplefilter("error", tracejit.JitWarning)
@@ -342,12 +389,17 @@ def assert_jit_matches_eager(f, *args, calls=4, rtol=1e-6, atol=1e-9, seed=0,
                 new_args = [_perturb(a, rng) if call else a for a in args]
             start = [p.data.copy() for p in params]
             sides = []
-            for fn in (jitted, f):
+            for fn, state in ((jitted, state_jit), (f, state_eager)):
                 for p, d in zip(params, start):
                     p.data = d.copy()
                     p.cleargrad()
-                sides.append(_results_and_grads(fn, new_args, seed + call, params,
-                                                second_order, make_args is None))
+                for c in captures.values():
+                    if isinstance(c, Variable):
+                        c.cleargrad()
+                sides.append(_results_and_grads(
+                    fn, new_args, seed + call, params, second_order, make_args is None,
+                    context=None if context is None else context(call), backward=backward,
+                    creators=creators, captures=captures, state=state))
             _assert_results_match(sides[0], sides[1], rtol, atol, f"call {call}")
     info = jitted.cache_info()
     if info["fallbacks"] and not allow_fallback:
@@ -363,6 +415,27 @@ def _perturb(a, rng):
     if isinstance(a, np.ndarray) and _is_float(a):
         return np.asarray(a + (0.1 * rng.standard_normal(a.shape)).astype(a.dtype))
     return a
+
+
+def _copy_args(args):
+    """Each side's own arguments: Variables (of their own class, name and gradient) and
+    ndarrays copied, one object given twice copied once (aliasing is part of the call)."""
+    memo = {}
+
+    def copy(a):
+        if id(a) in memo:
+            return memo[id(a)]
+        if isinstance(a, Variable):
+            c = type(a)(None if a.data is None else a.data.copy(order="K"), name=a.name)
+            if a.grad is not None:
+                c.grad = Variable(a.grad.data.copy(order="K"))
+        elif isinstance(a, np.ndarray):
+            c = a.copy(order="K")
+        else:
+            return a
+        memo[id(a)] = c
+        return c
+    return [copy(a) for a in args]
 
 
 def _containers(obj, path="output", out=None):
@@ -388,44 +461,58 @@ def _after_the_call(what, data):
 
 
 def _grads_of(variables, what):
-    return [(f"{what} of {name}",
-             None if not isinstance(w, Variable) or w.grad is None else np.array(w.grad.data))
-            for name, w in variables]
+    out = []
+    for name, w in variables:
+        g = w.grad if isinstance(w, Variable) else None
+        if g is None:
+            out.append((f"{what} of {name}", None))
+        else:       # the kinds go into the label: a Parameter or a NumPy scalar differs
+            out.append((f"{what} of {name} (a {type(g).__name__} of "
+                        f"{type(g.data).__name__})", np.array(g.data)))
+    return out
 
 
-def _results_and_grads(fn, args, seed, params=(), second_order=False, as_variables=True):
-    """What a call gives, in terms two calls on different copies can compare: per
-    result leaf (path, kind, value, identity), the results' containers, the gradients
-    of the arguments and params (and their second order), and the params' data.
-    as_variables: float ndarray arguments are passed as Variables of them."""
+def _mutable(x):
+    return isinstance(x, (Variable, np.ndarray, list, dict))
+
+
+def _known_objects(named):
+    """(object, name) of what existed before the call: each named object, and the .data
+    and .grad of the Variables among them."""
+    known = []
+    for name, w in named:
+        known.append((w, name))
+        if isinstance(w, Variable):
+            known.append((w.data, f"{name}.data"))
+            known.append((w.grad, f"{name}.grad"))
+    return known
+
+
+def _identities(out, known):
+    """Per object of a result tree (each leaf and container, and each Variable's .data),
+    what it is: a known object by name, the object of an earlier place, or None (a new
+    object). Two calls agree on identity when these lists are equal."""
     from tracejit.runtime.checking import leaves_with_paths
-    args = [Variable(a.data.copy()) if isinstance(a, Variable) else
-            a.copy() if isinstance(a, np.ndarray) else a for a in args]
-    wrt = [Variable(a) if as_variables and isinstance(a, np.ndarray) and _is_float(a)
-           else a for a in args]
-    out = fn(*wrt)
-    # the arguments after the call: an in-place update of one is eager's
-    updated = [_after_the_call(f"argument {k}", w.data if isinstance(w, Variable) else w)
-               for k, w in enumerate(wrt) if isinstance(w, (Variable, np.ndarray))]
-    structure = _containers(out)
-    leaves = leaves_with_paths(out)
-    first = {}
-    results = []
-    for i, (path, y) in enumerate(leaves):
-        # Identity: an argument (or its .data) by position; else the first leaf that is
-        # the same object (or whose Variable's .data it is).
-        arg = next((f"argument {j}" for j, w in enumerate(wrt) if y is w), None)
-        if arg is None and isinstance(y, np.ndarray):
-            arg = next((f"argument {j}.data" for j, w in enumerate(wrt)
-                        if isinstance(w, Variable) and y is w.data), None)
-        ident = arg
-        if isinstance(y, (Variable, np.ndarray)):    # identity matters for mutable ones
-            same = first.setdefault(id(y), path)
-            ident = arg or (f"the object of {same}" if same != path else None)
-        if isinstance(y, Variable) and y.data is not None:
-            dsame = first.setdefault(id(y.data), f"{path}.data")
-            if ident is None and dsame != f"{path}.data":
-                ident = f"its .data is the array of {dsame}"
+    places = []
+    for path, x in leaves_with_paths(out, containers=True):
+        places.append((path, x))
+        if isinstance(x, Variable) and x.data is not None:
+            places.append((f"{path}.data", x.data))
+    first, idents = {}, []
+    for path, x in places:
+        name = next((n for k, n in known if k is x and x is not None), None)
+        if name is None and _mutable(x):    # identity matters for mutable ones
+            same = first.setdefault(id(x), path)
+            name = f"the object of {same}" if same != path else None
+        idents.append((path, name))
+    return idents
+
+
+def _values(obj, path):
+    """(path, kind, value, creator) of each leaf of a tree, as a result is compared."""
+    from tracejit.runtime.checking import leaves_with_paths
+    out = []
+    for p, y in leaves_with_paths(obj, path):
         if isinstance(y, Variable):
             value = None if y.data is None else np.array(y.data)
             creator = y.creator is not None if _is_float(y.data) else None
@@ -433,39 +520,95 @@ def _results_and_grads(fn, args, seed, params=(), second_order=False, as_variabl
             value, creator = np.array(y), None
         else:
             value, creator = y, None
-        results.append((path, type(y), value, ident, creator))
+        out.append((p, type(y), value, creator))
+    return out
+
+
+def _state_record(state):
+    """A state tree after the call: its leaves' values and its Variables' gradients."""
+    from tracejit.runtime.checking import leaves_with_paths
+    if state is None:
+        return [], []
+    values = [(p, t, v, None) for p, t, v, _ in _values(state, "state")
+              if issubclass(t, (Variable, np.ndarray, np.generic, int, float, complex))
+              or v is None]
+    grads = _grads_of([(p, y) for p, y in leaves_with_paths(state, "state")
+                       if isinstance(y, Variable)], "gradient")
+    return values, grads
+
+
+def _results_and_grads(fn, args, seed, params=(), second_order=False, as_variables=True,
+                       context=None, backward=True, creators="always", captures=None,
+                       state=None):
+    """What a call gives, in terms two calls on different copies can compare: per
+    result leaf (path, kind, value, creator), the identities of the result's objects,
+    the results' containers, the gradients of the arguments, params, captures and state
+    (and their second order), the params' data and the state after the call.
+    as_variables: float ndarray arguments are passed as Variables of them."""
+    from tracejit.runtime.checking import leaves_with_paths
+    args = _copy_args(args)
+    wrt = [Variable(a) if as_variables and isinstance(a, np.ndarray) and _is_float(a)
+           else a for a in args]
+    captures = dict(captures or {})
+    state_named = [] if state is None else \
+        [(p, y) for p, y in leaves_with_paths(state, "state", containers=True)]
+    named_before = [(f"argument {k}", w) for k, w in enumerate(wrt)] + \
+        [(f"params[{k}]", p) for k, p in enumerate(params)] + \
+        [(f"captures[{k!r}]", c) for k, c in captures.items()] + state_named
+    known = _known_objects(named_before)
+    if context is None:
+        out = fn(*wrt)
+    else:
+        with context:
+            out = fn(*wrt)
+    # the arguments after the call: an in-place update of one is eager's
+    updated = [_after_the_call(f"argument {k}", w.data if isinstance(w, Variable) else w)
+               for k, w in enumerate(wrt) if isinstance(w, (Variable, np.ndarray))]
+    structure = _containers(out)
+    identities = _identities(out, known)
+    results = _values(out, "output")
+    if creators != "always" and not any(isinstance(w, Variable) and _is_float(w.data)
+                                        for w in wrt):
+        results = [(p, t, v, None) for p, t, v, _ in results]
+    leaves = leaves_with_paths(out)
     cot_rng = np.random.default_rng(seed)
     loss = None
     for path, y in leaves:
-        if isinstance(y, Variable) and y.creator is not None and _is_float(y.data):
+        if isinstance(y, Variable) and _is_float(y.data):
             c = np.asarray(cot_rng.standard_normal(y.shape), dtype=y.dtype)
             term = F.sum(y * c)
             loss = term if loss is None else loss + term
     named = [(f"argument {k}", w) for k, w in enumerate(wrt)] + \
-        [(f"params[{k}]", p) for k, p in enumerate(params)]
-    if loss is not None:
-        loss.backward(create_graph=second_order)
-    grads = _grads_of(named, "gradient")
-    if second_order:
-        firsts = [w.grad if isinstance(w, Variable) else None for _, w in named]
-        for _, w in named:
-            if isinstance(w, Variable):
-                w.cleargrad()
-        total = None
-        for g in firsts:
-            if g is not None and g.dtype.kind == "f":
-                term = F.sum(g * g)
-                total = term if total is None else total + term
-        if total is not None:
-            total.backward()
-        grads += _grads_of(named, "second-order gradient")
+        [(f"params[{k}]", p) for k, p in enumerate(params)] + \
+        [(f"captures[{k!r}]", c) for k, c in captures.items()]
+    grads = []
+    if backward:
+        if loss is not None:
+            loss.backward(create_graph=second_order)
+        grads = _grads_of(named, "gradient")
+        if second_order:
+            firsts = [w.grad if isinstance(w, Variable) else None for _, w in named]
+            for _, w in named:
+                if isinstance(w, Variable):
+                    w.cleargrad()
+            total = None
+            for g in firsts:
+                if g is not None and g.dtype.kind == "f":
+                    term = F.sum(g * g)
+                    total = term if total is None else total + term
+            if total is not None:
+                total.backward()
+            grads += _grads_of(named, "second-order gradient")
     grads += updated + [_after_the_call(f"params[{k}].data", p.data)
                         for k, p in enumerate(params)]
-    return results, grads, structure
+    state_values, state_grads = _state_record(state)
+    grads += state_grads
+    return results + state_values, grads, structure, identities
 
 
 def _assert_results_match(got, want, rtol, atol, what):
-    (got_res, got_grads, got_struct), (want_res, want_grads, want_struct) = got, want
+    (got_res, got_grads, got_struct, got_ids) = got
+    (want_res, want_grads, want_struct, want_ids) = want
     for g, w in zip(got_struct + [None], want_struct + [None]):
         if g != w:
             g = g or ("output", type(None), None)
@@ -477,13 +620,14 @@ def _assert_results_match(got, want, rtol, atol, what):
     if got_paths != want_paths:
         raise AssertionError(f"{what}: jit returned the leaves {got_paths}, eager "
                              f"{want_paths}")
-    for (path, gt, gv, gi, gc), (_, wt, wv, wi, wc) in zip(got_res, want_res):
+    for (path, gi), (_, wi) in zip(got_ids, want_ids):
+        if gi != wi:
+            raise AssertionError(f"{what}: {path}: jit gave {gi or 'a new object'}, eager "
+                                 f"{wi or 'a new object'}")
+    for (path, gt, gv, gc), (_, wt, wv, wc) in zip(got_res, want_res):
         where = f"{what}: {path}"
         if gt is not wt:
             raise AssertionError(f"{where}: jit gave a {gt.__name__}, eager a {wt.__name__}")
-        if gi != wi:
-            raise AssertionError(f"{where}: jit gave {gi or 'a new object'}, eager "
-                                 f"{wi or 'a new object'}")
         if gc != wc:
             raise AssertionError(f"{where}: jit's result {'has' if gc else 'has no'} "
                                  f"creator, eager's {'has' if wc else 'has none'}")
@@ -491,6 +635,9 @@ def _assert_results_match(got, want, rtol, atol, what):
             _assert_close(gv, wv, rtol, atol, where)
         elif not (gv == wv):
             raise AssertionError(f"{where}: jit gave {gv!r}, eager {wv!r}")
+    if len(got_grads) != len(want_grads):
+        raise AssertionError(f"{what}: jit gave {[g[0] for g in got_grads]}, eager "
+                             f"{[w[0] for w in want_grads]}")
     for (label, g), (want_label, w) in zip(got_grads, want_grads):
         if label != want_label:
             raise AssertionError(f"{what}: jit gave {label}, eager {want_label}")
