@@ -14,108 +14,30 @@ from hypothesis import given, strategies as st
 import tracejit as tj
 import tracejit.functions as F
 from tracejit import Parameter, Variable
-from tests.compare import same
+from tracejit.testing import assert_jit_matches_eager
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
 CALLS = 6      # warm-up, trace, then four compiled calls
 
 
-def leaves_of(obj, out=None):
-    out = [] if out is None else out
-    if type(obj) in (tuple, list):
-        for x in obj:
-            leaves_of(x, out)
-    elif type(obj) is dict:
-        for x in obj.values():
-            leaves_of(x, out)
-    else:
-        out.append(obj)
-    return out
-
-
-def identities(result, args, captured):
-    """Each result leaf (and each Variable's .data) described by what it is: an
-    argument, an argument's .data, a captured object, or the object of an earlier leaf.
-    Two runs agree on identity when their descriptions are equal."""
-    known = []
-    for k, a in enumerate(args):
-        known.append((a, f"arg{k}"))
-        if isinstance(a, Variable):
-            known.append((a.data, f"arg{k}.data"))
-            known.append((a.grad, f"arg{k}.grad"))
-    for name, c in captured.items():
-        known.append((c, name))
-        if isinstance(c, Variable):
-            known.append((c.data, f"{name}.data"))
-            known.append((c.grad, f"{name}.grad"))
-    objs = []
-    for x in leaves_of(result):
-        objs.append(x)
-        if isinstance(x, Variable):
-            objs.append(x.data)
-    out, first = [], {}
-    for i, x in enumerate(objs):
-        if not isinstance(x, (Variable, np.ndarray)):
-            out.append(None)
-            continue
-        name = next((n for k, n in known if k is x), None)
-        out.append(name or f"leaf{first.setdefault(id(x), i)}")
-    return out
-
-
-def loss_of(result, seed):
-    """sum(leaf * w) over the float Variable leaves, one weight array per place."""
-    rng = np.random.default_rng(seed)
-    loss = None
-    for y in leaves_of(result):
-        if isinstance(y, Variable) and y.dtype.kind == "f":
-            term = F.sum(y * rng.standard_normal(y.shape).astype(y.dtype))
-            loss = term if loss is None else loss + term
-    return loss
-
-
-def grads(args, captured):
-    out = [a.grad for a in args if isinstance(a, Variable)]
-    out += [c.grad for c in captured.values() if isinstance(c, Variable)]
-    return [None if g is None else g.data.copy() for g in out]
-
-
 def compare_with_eager(f, make_args, captured=(), mutate=None, calls=CALLS, backward=True,
-                       **jit_options):
-    """jit(f) beside f, call after call, on equal copies of new arguments."""
-    captured = dict(captured)
+                       rtol=1e-6, **jit_options):
+    """jit(f) beside f, call after call, on equal copies of new arguments (made by
+    make_args from a fresh generator; `mutate` changes captured state before each
+    call): assert_jit_matches_eager, with the captured objects named for the identity
+    and gradient checks. Returns the jitted function."""
     jf = tj.jit(f, **jit_options)
     rng = np.random.default_rng(0)
-    for call in range(calls):
+
+    def args(call):
         if mutate is not None:
             mutate(rng)
-        seed = int(rng.integers(1 << 30))
-        results = []
-        for fn in (f, jf):
-            for c in captured.values():
-                if isinstance(c, Variable):
-                    c.cleargrad()
-            args = make_args(np.random.default_rng(seed))
-            r = fn(*args)
-            ident = identities(r, args, captured)
-            g = None
-            loss = loss_of(r, seed) if backward else None
-            if loss is not None:
-                loss.backward()
-                g = grads(args, captured)
-            results.append((r, ident, g))
-        (re, ie, ge), (rj, ij, gj) = results
-        assert type(rj) is type(re)
-        for a, b in zip(leaves_of(rj), leaves_of(re)):
-            same(a, b)
-        assert ij == ie, (call, ij, ie)
-        assert (gj is None) == (ge is None)
-        for a, b in zip(gj or [], ge or []):
-            assert (a is None) == (b is None), (call, a, b)
-            if b is not None:
-                np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
-    info = jf.cache_info()
+        return make_args(np.random.default_rng(int(rng.integers(1 << 30))))
+
+    info = assert_jit_matches_eager(f, make_args=args, calls=calls - 2, jitted=jf,
+                                    captures=dict(captured), backward=backward,
+                                    rtol=rtol, atol=1e-12)
     assert info["fallbacks"] == 0 and info["hits"] >= 1, info     # compiled calls ran
     return jf
 
@@ -268,16 +190,8 @@ def test_returned_grad_set_by_a_backward_inside_is_that_grad():
         loss.backward()
         return loss, x.grad, x.grad
 
-    jf = tj.jit(f)
-    for _ in range(CALLS):
-        xv = np.random.randn(3)
-        xe, xj = Variable(xv.copy()), Variable(xv.copy())
-        le, ge, _ = f(xe)
-        lj, gj, gj2 = jf(xj)
-        assert gj is xj.grad and gj2 is gj
-        np.testing.assert_allclose(gj.data, ge.data, rtol=1e-10)
-        same(lj, le)
-    assert jf.cache_info()["fallbacks"] == 0
+    # x.grad is set by the call: "argument 0.grad after the call" in both places
+    compare_with_eager(f, var_arg(), rtol=1e-10)
 
 
 def test_returned_float_argument_is_that_float():

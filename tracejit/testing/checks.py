@@ -299,12 +299,12 @@ def assert_jit_matches_eager(f=None, *args, calls=4, rtol=1e-6, atol=1e-9, seed=
     structure (the containers' types and dict keys), kind (Variable, Parameter, ndarray,
     NumPy or Python scalar, anything else by ==), dtype, shape and value; on identity
     (a result that is an argument, a params or captures object, or the .data or .grad of
-    one, is that object; one Variable, array, list or dict in two places is one object
-    in both); on whether a float Variable has a creator; and the Variable and ndarray
-    arguments' data after the call (an in-place update). Then the gradients of
-    sum(output * random cotangent) over the float Variable results, with respect to the
-    float Variable / ndarray arguments (and params, captures, state), are compared: kind,
-    dtype, shape and value, None where eager gives None. A fallback to eager (a
+    one before or after the call, is that object; one Variable, array, list or dict in
+    two places is one object in both); on whether a float Variable has a creator; and the
+    Variable and ndarray arguments' data after the call (an in-place update). Then the
+    gradients of sum(output * random cotangent) over the float Variable results, with
+    respect to the float Variable / ndarray arguments (and params, captures, state), are
+    compared: kind, dtype, shape and value, None where eager gives None. A fallback to eager (a
     JitWarning) fails the assertion: it would hide what jit does. Returns the jitted
     function's cache_info().
 
@@ -320,8 +320,9 @@ def assert_jit_matches_eager(f=None, *args, calls=4, rtol=1e-6, atol=1e-9, seed=
         with second_order, second order) are compared like the arguments'.
       captures: a dict naming the objects f reads from outside without updating them
         (Variables, Parameters, arrays): a result that is one of them, or its .data or
-        .grad, must be that object on both sides, and the gradients the Variables among
-        them get are compared (their gradients are cleared before each side's call).
+        .grad (before or after the call), must be that object on both sides, and the
+        gradients the Variables among them get are compared (their gradients are
+        cleared before each side's call).
         Unlike params, their data is left as it is (make_args may update it in place).
       make_function: for a function with state of its own (a closure that writes a
         Parameter, appends to a list...): a function of no arguments returning a new
@@ -561,6 +562,9 @@ def _results_and_grads(fn, args, seed, params=(), second_order=False, as_variabl
     else:
         with context:
             out = fn(*wrt)
+    # What exists after the call is known too (a .grad the call set, a .data it
+    # rebound): named so only when it is not an object from before the call.
+    known += [(x, f"{n} after the call") for x, n in _known_objects(named_before)]
     # the arguments after the call: an in-place update of one is eager's
     updated = [_after_the_call(f"argument {k}", w.data if isinstance(w, Variable) else w)
                for k, w in enumerate(wrt) if isinstance(w, (Variable, np.ndarray))]
