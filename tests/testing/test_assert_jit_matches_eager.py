@@ -442,3 +442,29 @@ def test_make_function_gives_each_side_its_own_state_and_compares_it():
                                      calls=1, backward=False)
     with pytest.raises(TypeError, match="make_function"):
         assert_jit_matches_eager(F.exp, make_function=_counter, make_args=_x)
+
+
+def test_assert_call_matches_eager_compares_one_call_with_its_states_and_keywords():
+    from tracejit.testing.checks import assert_call_matches_eager
+    fj, sj = _counter()
+    fe, se = _counter()
+    jf = tj.jit(fj)
+    for k in range(4):
+        y = assert_call_matches_eager(jf, fe, *_x(k), states=(sj, se),
+                                      context=tj.test_mode)
+        assert y[1] is sj["w"]                         # the jit side's result
+    assert jf.cache_info()["hits"] >= 1
+    (wj, sw), (fe, se) = _counter(step=2.0), _counter()
+    with pytest.raises(AssertionError, match=r"call 3: state\['more'\]\[0\]: differs"):
+        assert_call_matches_eager(tj.jit(wj), fe, *_x(0), states=(sw, se), what="call 3")
+
+    def g(x, scale=1.0):
+        return F.exp(x) * scale
+
+    assert_call_matches_eager(tj.jit(g), g, *_x(0), kwargs={"scale": np.array(2.0)})
+    with pytest.raises(AssertionError, match="differs"):
+        assert_call_matches_eager(tj.jit(lambda x, scale: g(x, scale * 2.0)), g, *_x(0),
+                                  kwargs={"scale": np.array(2.0)})
+    with pytest.raises(AssertionError, match="creator"):
+        assert_call_matches_eager(tj.jit(lambda x: _outside_no_grad(F.exp, x)), F.exp,
+                                  *_x(0), context=tj.no_grad)

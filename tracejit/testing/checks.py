@@ -14,7 +14,7 @@ import numpy as np
 from tracejit.core import Variable, as_variable
 from tracejit import functions as F
 
-__all__ = ["gradcheck", "assert_jit_matches_eager"]
+__all__ = ["gradcheck", "assert_jit_matches_eager", "assert_call_matches_eager"]
 
 
 # ---------------------------------------------------------------- helpers
@@ -308,6 +308,9 @@ def assert_jit_matches_eager(f=None, *args, calls=4, rtol=1e-6, atol=1e-9, seed=
     JitWarning) fails the assertion: it would hide what jit does. Returns the jitted
     function's cache_info().
 
+    Each call is compared as assert_call_matches_eager compares one: that function is
+    for tests that drive the jitted function themselves between comparisons.
+
     Options, for programs the defaults do not reach:
       make_args: a function of the call's number (0, 1, ...) giving that call's
         arguments (a tuple or list), instead of `*args` and their perturbations. They
@@ -406,6 +409,49 @@ def assert_jit_matches_eager(f=None, *args, calls=4, rtol=1e-6, atol=1e-9, seed=
     if info["fallbacks"] and not allow_fallback:
         raise AssertionError(f"jit fell back to eager: {info}")
     return info
+
+
+def assert_call_matches_eager(jitted, f, *args, kwargs=None, states=None, context=None,
+                              backward=True, creators="always", params=(), captures=None,
+                              second_order=False, rtol=1e-6, atol=1e-9, seed=0,
+                              what="the call"):
+    """One call of `jitted` beside one of f, compared as assert_jit_matches_eager compares
+    each of its calls; returns the jitted side's result.
+
+    For tests that drive a jitted function themselves between the comparisons (a mode
+    or an argument form switched on some calls, an exception raised inside a block, a
+    helper jitted elsewhere), where assert_jit_matches_eager's loop does not fit. The
+    caller does what the loop does for it: calling at least 3 times with new values,
+    and making a fallback an error (a JitWarning filter) and checking cache_info().
+
+    args and kwargs are the call's arguments, passed as given, each side its own copy
+    (as make_args's). states: (the jit side's state, eager's), trees compared after the
+    call like make_function's states (values, Variables' gradients; a result that is a
+    state object must be on both sides). context: a function of no arguments giving the
+    context manager each side's call runs in. backward, creators, params, captures,
+    second_order, rtol, atol: as for assert_jit_matches_eager; seed draws the
+    cotangents; `what` starts the failure message.
+    """
+    if creators not in _CREATORS:
+        raise ValueError(f"assert_call_matches_eager: creators must be one of "
+                         f"{_CREATORS}, got {creators!r}")
+    state_jit, state_eager = (None, None) if states is None else states
+    start = [p.data.copy() for p in params]
+    sides, outs = [], []
+    for fn, state in ((jitted, state_jit), (f, state_eager)):
+        for p, d in zip(params, start):
+            p.data = d.copy()
+            p.cleargrad()
+        for c in (captures or {}).values():
+            if isinstance(c, Variable):
+                c.cleargrad()
+        record, out = _run_call(fn, args, seed, params, second_order, False,
+                                None if context is None else context(), backward,
+                                creators, captures, state, kwargs)
+        sides.append(record)
+        outs.append(out)
+    _assert_results_match(sides[0], sides[1], rtol, atol, what)
+    return outs[0]
 
 
 def _perturb(a, rng):
@@ -540,39 +586,50 @@ def _state_record(state):
 
 def _results_and_grads(fn, args, seed, params=(), second_order=False, as_variables=True,
                        context=None, backward=True, creators="always", captures=None,
-                       state=None):
+                       state=None, kwargs=None):
+    return _run_call(fn, args, seed, params, second_order, as_variables, context, backward,
+                     creators, captures, state, kwargs)[0]
+
+
+def _run_call(fn, args, seed, params=(), second_order=False, as_variables=True,
+              context=None, backward=True, creators="always", captures=None,
+              state=None, kwargs=None):
     """What a call gives, in terms two calls on different copies can compare: per
     result leaf (path, kind, value, creator), the identities of the result's objects,
     the results' containers, the gradients of the arguments, params, captures and state
     (and their second order), the params' data and the state after the call.
     as_variables: float ndarray arguments are passed as Variables of them."""
     from tracejit.runtime.checking import leaves_with_paths
-    args = _copy_args(args)
+    kwargs = dict(kwargs or {})
+    copied = _copy_args(list(args) + list(kwargs.values()))
+    args, kwargs = copied[:len(args)], dict(zip(kwargs, copied[len(args):]))
     wrt = [Variable(a) if as_variables and isinstance(a, np.ndarray) and _is_float(a)
            else a for a in args]
     captures = dict(captures or {})
     state_named = [] if state is None else \
         [(p, y) for p, y in leaves_with_paths(state, "state", containers=True)]
     named_before = [(f"argument {k}", w) for k, w in enumerate(wrt)] + \
+        [(f"argument {k!r}", w) for k, w in kwargs.items()] + \
         [(f"params[{k}]", p) for k, p in enumerate(params)] + \
         [(f"captures[{k!r}]", c) for k, c in captures.items()] + state_named
     known = _known_objects(named_before)
     if context is None:
-        out = fn(*wrt)
+        out = fn(*wrt, **kwargs)
     else:
         with context:
-            out = fn(*wrt)
+            out = fn(*wrt, **kwargs)
     # What exists after the call is known too (a .grad the call set, a .data it
     # rebound): named so only when it is not an object from before the call.
     known += [(x, f"{n} after the call") for x, n in _known_objects(named_before)]
     # the arguments after the call: an in-place update of one is eager's
     updated = [_after_the_call(f"argument {k}", w.data if isinstance(w, Variable) else w)
-               for k, w in enumerate(wrt) if isinstance(w, (Variable, np.ndarray))]
+               for k, w in list(enumerate(wrt)) + list(kwargs.items())
+               if isinstance(w, (Variable, np.ndarray))]
     structure = _containers(out)
     identities = _identities(out, known)
     results = _values(out, "output")
     if creators != "always" and not any(isinstance(w, Variable) and _is_float(w.data)
-                                        for w in wrt):
+                                        for w in wrt + list(kwargs.values())):
         results = [(p, t, v, None) for p, t, v, _ in results]
     leaves = leaves_with_paths(out)
     cot_rng = np.random.default_rng(seed)
@@ -583,6 +640,7 @@ def _results_and_grads(fn, args, seed, params=(), second_order=False, as_variabl
             term = F.sum(y * c)
             loss = term if loss is None else loss + term
     named = [(f"argument {k}", w) for k, w in enumerate(wrt)] + \
+        [(f"argument {k!r}", w) for k, w in kwargs.items()] + \
         [(f"params[{k}]", p) for k, p in enumerate(params)] + \
         [(f"captures[{k!r}]", c) for k, c in captures.items()]
     grads = []
@@ -607,7 +665,7 @@ def _results_and_grads(fn, args, seed, params=(), second_order=False, as_variabl
                         for k, p in enumerate(params)]
     state_values, state_grads = _state_record(state)
     grads += state_grads
-    return results + state_values, grads, structure, identities
+    return (results + state_values, grads, structure, identities), out
 
 
 def _assert_results_match(got, want, rtol, atol, what):
