@@ -468,3 +468,17 @@ def test_assert_call_matches_eager_compares_one_call_with_its_states_and_keyword
     with pytest.raises(AssertionError, match="creator"):
         assert_call_matches_eager(tj.jit(lambda x: _outside_no_grad(F.exp, x)), F.exp,
                                   *_x(0), context=tj.no_grad)
+
+
+def test_a_variable_and_its_data_given_together_stay_aliased():
+    from tracejit.testing.checks import _copy_args
+    x = tj.Variable(np.arange(3.0))
+    for args in ([x, x.data], [x.data, x]):
+        a, b = _copy_args(args)
+        v, d = (a, b) if isinstance(a, tj.Variable) else (b, a)
+        assert v.data is d and d is not x.data
+
+    def f(x, d):
+        return F.exp(x) + d, d     # d is "argument 0.data" on both sides
+
+    assert_jit_matches_eager(f, make_args=lambda i: (lambda v: [v, v.data])(_x(i)[0]))

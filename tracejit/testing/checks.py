@@ -466,16 +466,17 @@ def _perturb(a, rng):
 
 def _copy_args(args):
     """Each side's own arguments: Variables (of their own class, name and gradient) and
-    ndarrays copied, one object given twice copied once (aliasing is part of the call)."""
+    ndarrays copied, one object given twice copied once, a Variable's .data given beside
+    it the copy's .data (aliasing is part of the call)."""
     memo = {}
 
     def copy(a):
-        if id(a) in memo:
-            return memo[id(a)]
+        if a is None or id(a) in memo:
+            return memo.get(id(a))
         if isinstance(a, Variable):
-            c = type(a)(None if a.data is None else a.data.copy(order="K"), name=a.name)
+            c = type(a)(copy(a.data), name=a.name)
             if a.grad is not None:
-                c.grad = Variable(a.grad.data.copy(order="K"))
+                c.grad = copy(a.grad)
         elif isinstance(a, np.ndarray):
             c = a.copy(order="K")
         else:
