@@ -15,12 +15,9 @@ import tracejit as tj
 import tracejit.functions as F
 from tracejit import Parameter, Variable
 
-from compare import data_of, same
+from tracejit.testing.checks import assert_call_matches_eager
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
-
-
-_data, _same = data_of, same
 
 
 _MODES = {
@@ -39,32 +36,13 @@ def _both(a, b):
         yield
 
 
-def _float_variables(args):
-    return any(isinstance(a, Variable) and a.dtype.kind == "f" for a in args)
-
-
 def _run_both(jf, f, make, mode):
-    """The jitted and the eager call on equal fresh arguments, in `mode`; the grads of
-    Variable arguments when the result is a scalar Variable with a creator."""
-    aj, ae = make(), make()
-    with _MODES[mode]():
-        got = jf(*aj)
-    with _MODES[mode]():
-        want = f(*ae)
-    # Without a float Variable argument eager still records creators, compiled calls do
-    # not (nothing to differentiate): older than this change, not compared.
-    _same(got, want, creator=_float_variables(ae))
-    g0 = got[0] if isinstance(got, tuple) else got
-    w0 = want[0] if isinstance(want, tuple) else want
-    if isinstance(w0, Variable) and w0.creator is not None and w0.size == 1:
-        g0.backward()
-        w0.backward()
-        for a, b in zip(aj, ae):
-            if isinstance(b, Variable):
-                assert (a.grad is None) == (b.grad is None)
-                if b.grad is not None:
-                    _same(a.grad, b.grad, creator=False)
-    return got
+    """The jitted and the eager call on copies of make()'s arguments, in `mode`, compared
+    with their gradients; returns the jitted call's result. Without a float Variable
+    argument eager still records creators, compiled calls do not (nothing to
+    differentiate): older than this change, not compared."""
+    return assert_call_matches_eager(jf, f, *make(), context=_MODES[mode],
+                                     creators="with float arguments", atol=1e-12)
 
 
 def test_argument_forms_switch_between_calls():
@@ -89,9 +67,8 @@ def test_argument_forms_switch_between_calls():
         for i, make in enumerate(forms):
             for k in range(3):
                 _run_both(jf, f, lambda: make(10 * rnd + k), "grad")
-            aj, ae = make(rnd), make(rnd)                          # with a keyword
-            _same(jf(*aj[:1], y=np.array(0.75)), f(*ae[:1], y=np.array(0.75)),
-                  creator=_float_variables(ae))
+            assert_call_matches_eager(jf, f, *make(rnd)[:1], kwargs={"y": np.array(0.75)},
+                                      creators="with float arguments", atol=1e-12)
     assert jf.cache_info()["fallbacks"] == 0
 
 
@@ -136,9 +113,7 @@ def test_aliasing_switches_between_calls():
         def make_arrays():
             x, y = np.array(0.5 + k), np.array(2.0)
             return (x, y) if form != 1 else (x, x)
-        aj, ae = make_arrays(), make_arrays()
-        _same(jg(*aj), g(*ae))
-        _same(aj[0], ae[0])
+        assert_call_matches_eager(jg, g, *make_arrays(), atol=1e-12)   # and a after it
     assert jf.cache_info()["fallbacks"] == 0 and jg.cache_info()["fallbacks"] == 0
 
 
@@ -164,11 +139,9 @@ def test_captured_0d_parameter_changes_dtype_shape_or_is_replaced():
     for k in range(24):
         if k in changes:
             changes[k]()
-        q.cleargrad()
-        h.p.cleargrad()
-        got = jf(Variable(np.array(1.0 + k)))
-        want = f(Variable(np.array(1.0 + k)))
-        _same(got, want)
+        # captures: both grads cleared before each side's call, and compared after
+        assert_call_matches_eager(jf, f, Variable(np.array(1.0 + k)),
+                                  captures={"q": q, "p": h.p}, atol=1e-12)
     assert jf.cache_info()["fallbacks"] == 0
 
 
