@@ -411,10 +411,10 @@ def assert_jit_matches_eager(f=None, *args, calls=4, rtol=1e-6, atol=1e-9, seed=
     return info
 
 
-def assert_call_matches_eager(jitted, f, *args, kwargs=None, states=None, context=None,
-                              backward=True, creators="always", params=(), captures=None,
-                              second_order=False, rtol=1e-6, atol=1e-9, seed=0,
-                              what="the call"):
+def assert_call_matches_eager(jitted, f, *args, kwargs=None, eager_args=None, states=None,
+                              context=None, backward=True, creators="always", params=(),
+                              captures=None, second_order=False, rtol=1e-6, atol=1e-9,
+                              seed=0, what="the call"):
     """One call of `jitted` beside one of f, compared as assert_jit_matches_eager compares
     each of its calls; returns the jitted side's result.
 
@@ -425,10 +425,13 @@ def assert_call_matches_eager(jitted, f, *args, kwargs=None, states=None, contex
     and making a fallback an error (a JitWarning filter) and checking cache_info().
 
     args and kwargs are the call's arguments, passed as given, each side its own copy
-    (as make_args's). states: (the jit side's state, eager's), trees compared after the
-    call like make_function's states (values, Variables' gradients; a result that is a
-    state object must be on both sides). context: a function of no arguments giving the
-    context manager each side's call runs in. backward, creators, params, captures,
+    (as make_args's). eager_args: eager's own positional arguments; args are then the
+    jit side's, and neither is copied (for arguments that are a side's own state, a
+    Parameter of its model passed to its function). states: (the jit side's state,
+    eager's), trees compared after the call like make_function's states (values,
+    Variables' gradients; a result that is a state object must be on both sides).
+    context: a function of no arguments giving the context manager each side's call
+    runs in. backward, creators, params, captures,
     second_order, rtol, atol: as for assert_jit_matches_eager; seed draws the
     cotangents; `what` starts the failure message.
     """
@@ -438,16 +441,18 @@ def assert_call_matches_eager(jitted, f, *args, kwargs=None, states=None, contex
     state_jit, state_eager = (None, None) if states is None else states
     start = [p.data.copy() for p in params]
     sides, outs = [], []
-    for fn, state in ((jitted, state_jit), (f, state_eager)):
+    copy = eager_args is None
+    for fn, state, given in ((jitted, state_jit, args),
+                             (f, state_eager, args if copy else eager_args)):
         for p, d in zip(params, start):
             p.data = d.copy()
             p.cleargrad()
         for c in (captures or {}).values():
             if isinstance(c, Variable):
                 c.cleargrad()
-        record, out = _run_call(fn, args, seed, params, second_order, False,
+        record, out = _run_call(fn, given, seed, params, second_order, False,
                                 None if context is None else context(), backward,
-                                creators, captures, state, kwargs)
+                                creators, captures, state, kwargs, copy)
         sides.append(record)
         outs.append(out)
     _assert_results_match(sides[0], sides[1], rtol, atol, what)
@@ -594,7 +599,7 @@ def _results_and_grads(fn, args, seed, params=(), second_order=False, as_variabl
 
 def _run_call(fn, args, seed, params=(), second_order=False, as_variables=True,
               context=None, backward=True, creators="always", captures=None,
-              state=None, kwargs=None):
+              state=None, kwargs=None, copy=True):
     """What a call gives, in terms two calls on different copies can compare: per
     result leaf (path, kind, value, creator), the identities of the result's objects,
     the results' containers, the gradients of the arguments, params, captures and state
@@ -602,7 +607,8 @@ def _run_call(fn, args, seed, params=(), second_order=False, as_variables=True,
     as_variables: float ndarray arguments are passed as Variables of them."""
     from tracejit.runtime.checking import leaves_with_paths
     kwargs = dict(kwargs or {})
-    copied = _copy_args(list(args) + list(kwargs.values()))
+    given = list(args) + list(kwargs.values())
+    copied = _copy_args(given) if copy else given
     args, kwargs = copied[:len(args)], dict(zip(kwargs, copied[len(args):]))
     wrt = [Variable(a) if as_variables and isinstance(a, np.ndarray) and _is_float(a)
            else a for a in args]
