@@ -14,25 +14,33 @@ import tracejit as tj
 import tracejit.functions as F
 from tracejit import Parameter, Variable
 
-from compare import data_of, same
+from tracejit.testing.checks import assert_call_matches_eager
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+
+def _same_run(run_j, run_e, *args, **options):
+    """run_j and run_e each call one side's function and run the backward under test;
+    what they return (the outputs, the arguments' .grad) and the states are compared.
+    No further backward: the test's own is the one that matters."""
+    return assert_call_matches_eager(run_j, run_e, *args, backward=False, atol=1e-12,
+                                     **options)
 
 
 def test_a_float64_gradient_with_an_output_that_died():
     def f(x):
         return F.sin(x) * 3.0, F.cos(x) * x
 
+    def run(fn):
+        def r(x):
+            a, _ = fn(x)                    # the second output dies
+            (F.sum(a) * Variable(np.array(2.0))).backward()
+            return a, x.grad
+        return r
+
     jf = tj.jit(f)
     for k in range(5):
-        xj = Variable(np.array([0.3 + k, 0.7], np.float32))
-        xe = Variable(np.array([0.3 + k, 0.7], np.float32))
-        aj, _ = jf(xj)
-        ae, _ = f(xe)
-        s = Variable(np.array(2.0))
-        (F.sum(aj) * s).backward()
-        (F.sum(ae) * s).backward()
-        _same(xj.grad, xe.grad, creator=False)
+        _same_run(run(jf), run(f), Variable(np.array([0.3 + k, 0.7], np.float32)))
     assert jf.cache_info()["fallbacks"] == 0
 
 
@@ -41,16 +49,17 @@ def test_a_gradient_of_another_shape(g_dtype):
     def f(x):
         return F.sin(x) * 3.0
 
+    def run(fn):
+        def r(x):
+            y = fn(x)
+            y.grad = Variable(np.array(1.5, g_dtype))       # 0-d into a (2,) output
+            y.backward()
+            return y, x.grad
+        return r
+
     jf = tj.jit(f)
     for k in range(5):
-        xj = Variable(np.array([0.3 + k, 0.5], np.float32))
-        xe = Variable(np.array([0.3 + k, 0.5], np.float32))
-        yj, ye = jf(xj), f(xe)
-        yj.grad = Variable(np.array(1.5, g_dtype))       # 0-d into a (2,) output
-        ye.grad = Variable(np.array(1.5, g_dtype))
-        yj.backward()
-        ye.backward()
-        _same(xj.grad, xe.grad, creator=False)
+        _same_run(run(jf), run(f), Variable(np.array([0.3 + k, 0.5], np.float32)))
     assert jf.cache_info()["fallbacks"] == 0
 
 
@@ -58,20 +67,18 @@ def test_create_graph_with_a_float64_gradient_into_a_float32_call():
     def f(x):
         return F.sin(x) * x
 
+    def run(fn):
+        def r(x):
+            (F.sum(fn(x)) * Variable(np.array(2.0))).backward(create_graph=True)
+            g = x.grad                      # compared with its creator
+            x.cleargrad()
+            F.sum(g).backward()
+            return g, x.grad
+        return r
+
     jf = tj.jit(f)
     for k in range(5):
-        xj = Variable(np.array([0.3 + k, 0.7], np.float32))
-        xe = Variable(np.array([0.3 + k, 0.7], np.float32))
-        s = Variable(np.array(2.0))
-        (F.sum(jf(xj)) * s).backward(create_graph=True)
-        (F.sum(f(xe)) * s).backward(create_graph=True)
-        gj, ge = xj.grad, xe.grad
-        _same(gj, ge)
-        xj.cleargrad()
-        xe.cleargrad()
-        F.sum(gj).backward()
-        F.sum(ge).backward()
-        _same(xj.grad, xe.grad, creator=False)
+        _same_run(run(jf), run(f), Variable(np.array([0.3 + k, 0.7], np.float32)))
     assert jf.cache_info()["fallbacks"] == 0
 
 
@@ -88,17 +95,18 @@ def test_a_float64_gradient_into_a_call_that_updates_its_inputs(record_jit_warni
     pj, fj = make()
     pe, fe = make()
     jf = tj.jit(fj)
+    def run(fn):
+        def r(x):
+            y = fn(x)
+            (F.sum(y) * Variable(np.array(2.0))).backward()
+            return y, x.grad
+        return r
+
     for k in range(5):
-        xj = Variable(np.array([0.3 + k, 0.7], np.float32))
-        xe = Variable(np.array([0.3 + k, 0.7], np.float32))
-        yj, ye = jf(xj), fe(xe)
-        _same(pj, pe)
-        s = Variable(np.array(2.0))
-        (F.sum(yj) * s).backward()
-        (F.sum(ye) * s).backward()
-        # The backward graph interpreted on the saved values: float64, as eager.
-        _same(xj.grad, xe.grad, creator=False)
-        _same(pj.grad, pe.grad, creator=False)
+        # The backward graph interpreted on the saved values: float64, as eager. The
+        # states: p's data after the update and its gradient.
+        _same_run(run(jf), run(fe), Variable(np.array([0.3 + k, 0.7], np.float32)),
+                  states=(pj, pe))
         pj.cleargrad()
         pe.cleargrad()
     assert not record_jit_warnings
@@ -110,20 +118,17 @@ def test_a_float64_gradient_through_a_float32_dropout_call():
         return F.dropout(x, 0.5) * 2.0
 
     jf = tj.jit(f)
+    def run(fn, k):
+        def r(x):
+            np.random.seed(k)
+            y = fn(x)
+            (F.sum(y) * Variable(np.array(1.0))).backward()
+            return y, x.grad, np.random.get_state()[2]     # and where the draws ended
+        return r
+
     for k in range(6):
-        np.random.seed(k)
-        xj = Variable(np.ones(16, np.float32))
-        yj = jf(xj)
-        (F.sum(yj) * Variable(np.array(1.0))).backward()
-        state_j = np.random.get_state()[2]
-        np.random.seed(k)
-        xe = Variable(np.ones(16, np.float32))
-        ye = f(xe)
-        (F.sum(ye) * Variable(np.array(1.0))).backward()
-        _same(yj, ye)
-        _same(xj.grad, xe.grad, creator=False)
-        assert np.array_equal(xj.grad.data != 0, yj.data != 0)
-        assert state_j == np.random.get_state()[2]
+        yj, gj, _ = _same_run(run(jf, k), run(f, k), Variable(np.ones(16, np.float32)))
+        assert np.array_equal(gj.data != 0, yj.data != 0)
 
 
 def _update_between_call_and_backward(g_dtype, rebind=False):
@@ -134,6 +139,17 @@ def _update_between_call_and_backward(g_dtype, rebind=False):
             return F.sin(x * p)
         return p, f
 
+    def run(fn, p):
+        def r(x):
+            y = fn(x)
+            if rebind:
+                p.data = p.data * 3
+            else:
+                p.data *= 3
+            (F.sum(y) * Variable(np.array(1.0, g_dtype))).backward()
+            return x.grad
+        return r
+
     pj, fj = make()
     pe, fe = make()
     jf = tj.jit(fj)
@@ -141,20 +157,9 @@ def _update_between_call_and_backward(g_dtype, rebind=False):
         for p in (pj, pe):
             p.data = np.array([0.5, -0.25], np.float32)
             p.cleargrad()
-        xj = Variable(np.array([0.3 + k, 0.7], np.float32))
-        xe = Variable(np.array([0.3 + k, 0.7], np.float32))
-        yj, ye = jf(xj), fe(xe)
-        if rebind:
-            pj.data = pj.data * 3
-            pe.data = pe.data * 3
-        else:
-            pj.data *= 3
-            pe.data *= 3
-        s = Variable(np.array(1.0, g_dtype))
-        (F.sum(yj) * s).backward()
-        (F.sum(ye) * s).backward()
-        _same(xj.grad, xe.grad, creator=False)
-        _same(pj.grad, pe.grad, creator=False)
+        # the states: p's gradient (and data)
+        _same_run(run(jf, pj), run(fe, pe), Variable(np.array([0.3 + k, 0.7], np.float32)),
+                  states=(pj, pe))
     assert jf.cache_info()["fallbacks"] == 0
 
 
@@ -186,17 +191,16 @@ def test_a_captured_parameter_rebound_before_a_float64_backward():
     _update_between_call_and_backward(np.float64, rebind=True)     # the interpret path
 
 
-_data, _same = data_of, same
-
-
 def test_a_float64_upstream_gradient_into_a_float32_call():
     def f(x):
         return F.sin(x) * 3.0
 
     jf = tj.jit(f)
+    def run(fn, scale):
+        def r(x):
+            (fn(x) * Variable(np.array(scale))).backward()
+            return x.grad
+        return r
+
     for scale in [1.0, 1.0, 1e-50, 1e300, 1e-50, 1e300]:
-        xj, xe = Variable(np.array(0.3, np.float32)), Variable(np.array(0.3, np.float32))
-        s = Variable(np.array(scale))
-        (jf(xj) * s).backward()
-        (f(xe) * s).backward()
-        _same(xj.grad, xe.grad, creator=False)
+        _same_run(run(jf, scale), run(f, scale), Variable(np.array(0.3, np.float32)))
