@@ -16,9 +16,8 @@ import tracejit as tj
 import tracejit.functions as F
 from tracejit import Parameter, Variable
 from tracejit.runtime.checking import first_difference, gradient_difference, identity_difference
-from tests.compare import same
-
-from results_close import N_CALLS, assert_close, assert_grad_close, no_fallbacks, rng
+from tracejit.testing import assert_jit_matches_eager
+from tracejit.testing.checks import assert_call_matches_eager
 
 jit_module = importlib.import_module("tracejit.runtime.jitted")
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
@@ -62,10 +61,9 @@ def test_a_one_ulp_scalar_difference_is_a_match(compiled_scalars_off_by, dtype, 
     rng = np.random.default_rng(0)
     for _ in range(6):
         xv = rng.standard_normal(5).astype(dtype)
-        got, want = jf(Variable(xv.copy())), f(Variable(xv.copy()))
-        same(got[0], want[0])
-        assert type(got[1]) is type(want[1]) is dtype
-        np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+        # all three outputs: kinds and dtypes exactly, values within rtol=1e-6
+        got = assert_call_matches_eager(jf, f, Variable(xv), backward=False, atol=1e-12)
+        assert type(got[1]) is dtype
     assert jf.cache_info()["fallbacks"] == 0
 
 
@@ -79,8 +77,8 @@ def test_a_scalar_far_off_demotes_the_variant(compiled_scalars_off_by):
     with pytest.warns(tj.JitWarning, match=r"output\[1\]"):
         for _ in range(4):
             xv = np.random.randn(3).astype(np.float32)
-            got, want = jf(Variable(xv.copy())), f(Variable(xv.copy()))
-            same(got[1], want[1])       # eager's, after the demotion
+            assert_call_matches_eager(lambda x: jf(x)[1], lambda x: f(x)[1], Variable(xv),
+                                      backward=False, atol=1e-12)  # eager's, after demotion
 
 
 def test_scalar_comparison_keeps_kind_and_dtype_exact():
@@ -177,9 +175,9 @@ def test_the_gradient_check_leaves_live_state_and_compiles_no_backward():
     jf = tj.jit(f)
     for _ in range(5):
         x = Variable(np.random.randn(3))
-        want = f(Variable(x.data.copy()))
-        got = jf(x)
-        same(got, want)
+        # no backward: the test is that none is compiled
+        got = assert_call_matches_eager(jf, f, x, eager_args=(Variable(x.data.copy()),),
+                                        backward=False, atol=1e-12)
         assert x.grad is None and P.grad is g
         np.testing.assert_array_equal(P.grad.data, gv)
     (v,) = [v for vs in jf._variants.values() for v in vs]
@@ -208,9 +206,9 @@ def test_the_gradient_check_stops_at_a_captured_variables_own_graph():
 
     jf = tj.jit(f)
     for _ in range(5):
-        wv = np.random.randn(3)
-        got, want = jf(Variable(wv.copy())), f(Variable(wv.copy()))
-        same(got, want)
+        # no backward: it would go through h's graph
+        got = assert_call_matches_eager(jf, f, Variable(np.random.randn(3)),
+                                        backward=False, atol=1e-12)
     assert calls == []
     got.backward()              # the user's own backward does go through h's graph
     assert calls == [1]
@@ -266,14 +264,8 @@ def test_the_checks_compare_the_results_grad(monkeypatch):
 def test_check_mode_agrees():
     g = lambda x, s: F.tanh(x) * s
     jf = tj.jit(g, check=True)
-    r = rng(29)
-    for i in range(N_CALLS):
-        xa, s = r.standard_normal(3), float(r.uniform(0.5, 2))
-        xj, xe = Variable(xa.copy()), Variable(xa.copy())
-        yj, ye = jf(xj, s), g(xe, s)
-        assert_close(yj, ye)
-        F.sum(yj).backward()
-        F.sum(ye).backward()
-        assert_grad_close(xj, xe)
-    assert jf.cache_info()["hits"] >= 1
-    no_fallbacks(jf)
+    r = np.random.default_rng(29)
+    info = assert_jit_matches_eager(
+        g, make_args=lambda i: (Variable(r.standard_normal(3)), float(r.uniform(0.5, 2))),
+        jitted=jf, calls=4, rtol=1e-10, atol=1e-12)
+    assert info["hits"] >= 1 and info["fallbacks"] == 0
