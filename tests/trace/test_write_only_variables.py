@@ -13,19 +13,17 @@ import tracejit as tj
 import tracejit.functions as F
 from tracejit import Parameter, Variable
 
-from compare import data_of, same
+from tracejit.testing.checks import assert_call_matches_eager
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
 
-def _grad(v):
-    return None if v.grad is None else v.grad.data
-
-
-def _same_grad(a, b):
-    assert (a.grad is None) == (b.grad is None), (_grad(a), _grad(b))
-    if b.grad is not None:
-        _same(a.grad, b.grad, creator=False)
+def _same_call(jf, fe, x, state_j, state_e, backward=False, **options):
+    """One call of each side on copies of x; the results and the state each side's
+    function writes (data and .grad) compared, and with backward=True the gradients of
+    a backward from the results."""
+    return assert_call_matches_eager(jf, fe, x, states=(state_j, state_e),
+                                     backward=backward, atol=1e-12, **options)
 
 
 def test_a_grad_the_function_only_writes():
@@ -41,13 +39,8 @@ def test_a_grad_the_function_only_writes():
     pe, fe = make()
     jf = tj.jit(fj)
     for k in range(5):
-        xj, xe = Variable(np.arange(3.0) + k), Variable(np.arange(3.0) + k)
-        yj, ye = jf(xj), fe(xe)
-        _same(yj, ye)
-        _same_grad(pj, pe)
-        yj.backward()
-        ye.backward()
-        _same_grad(xj, xe)
+        # p.grad as the call left it (the backward does not reach p), then x's gradient
+        _same_call(jf, fe, Variable(np.arange(3.0) + k), pj, pe, backward=True)
     assert jf.cache_info()["fallbacks"] == 0
 
 
@@ -66,8 +59,7 @@ def test_cleargrad_of_parameters_the_function_never_reads():
     for k in range(5):
         pj.grad = Variable(np.ones(3) * k)
         pe.grad = Variable(np.ones(3) * k)
-        _same(jf(Variable(np.arange(3.0) + k)), fe(Variable(np.arange(3.0) + k)))
-        _same_grad(pj, pe)
+        _same_call(jf, fe, Variable(np.arange(3.0) + k), pj, pe)
     assert jf.cache_info()["fallbacks"] == 0
 
 
@@ -86,13 +78,8 @@ def test_a_write_only_variable_written_under_no_grad(outer_no_grad):
     we, fe = make()
     jf = tj.jit(fj)
     for k in range(5):
-        if outer_no_grad:
-            with tj.no_grad():
-                got, want = jf(Variable(np.arange(3.0) + k)), fe(Variable(np.arange(3.0) + k))
-        else:
-            got, want = jf(Variable(np.arange(3.0) + k)), fe(Variable(np.arange(3.0) + k))
-        _same(got, want)
-        _same(wj, we)
+        _same_call(jf, fe, Variable(np.arange(3.0) + k), wj, we,
+                   context=tj.no_grad if outer_no_grad else None)
     assert jf.cache_info()["fallbacks"] == 0
 
 
@@ -111,9 +98,8 @@ def test_a_variable_made_on_the_first_call_and_kept_in_a_global_list():
     se, fe = make()
     jf = tj.jit(fj)
     for k in range(5):
-        _same(jf(Variable(np.arange(3.0) + k)), fe(Variable(np.arange(3.0) + k)))
+        _same_call(jf, fe, Variable(np.arange(3.0) + k), sj, se)
         assert len(sj) == len(se) == 1
-        _same(sj[0], se[0])
     assert jf.cache_info()["fallbacks"] == 0
 
 
@@ -130,16 +116,10 @@ def test_a_write_only_parameter_used_afterwards_gets_its_grad():
     we, fe = make()
     jf = tj.jit(fj)
     for k in range(5):
-        xj, xe = Variable(np.arange(3.0) + k), Variable(np.arange(3.0) + k)
         wj.cleargrad()
         we.cleargrad()
-        yj, ye = jf(xj), fe(xe)
-        _same(yj, ye)
-        _same(wj, we)
-        yj.backward()
-        ye.backward()
-        _same_grad(xj, xe)
-        _same_grad(wj, we)                             # jit: None
+        # w's data, then the gradients of x and w (jit: None) after a backward
+        _same_call(jf, fe, Variable(np.arange(3.0) + k), wj, we, backward=True)
 
 
 @pytest.mark.parametrize("read_first", [False, True], ids=["write-only", "read-first"])
@@ -158,10 +138,8 @@ def test_returning_a_parameter_the_function_rebinds(read_first):
     we, fe = make()
     jf = tj.jit(fj)
     for k in range(5):
-        got = jf(Variable(np.array([1.0, 2.0]) + k))
-        want = fe(Variable(np.array([1.0, 2.0]) + k))
-        _same(got, want)
-        assert (got[0] is wj) == (want[0] is we)
+        # output[0] is "state" (w) on both sides, or a new object on both
+        _same_call(jf, fe, Variable(np.array([1.0, 2.0]) + k), wj, we)
 
 
 def test_a_write_only_variable_written_twice():
@@ -179,11 +157,7 @@ def test_a_write_only_variable_written_twice():
     jf = tj.jit(fj)
     for k in range(7):
         v = np.zeros(2) if k < 3 else np.array([1.0, 2.0]) * k
-        _same(jf(Variable(v)), fe(Variable(v)))
-        _same(wj, we)                                  # jit: 2x, eager: 3x
-
-
-_data, _same = data_of, same
+        _same_call(jf, fe, Variable(v), wj, we)           # jit: 2x, eager: 3x
 
 
 def test_a_parameter_the_function_only_writes():
@@ -199,5 +173,4 @@ def test_a_parameter_the_function_only_writes():
     we, fe = make()
     jf = tj.jit(fj)
     for k in range(5):
-        _same(jf(Variable(np.arange(3.0) + k)), fe(Variable(np.arange(3.0) + k)))
-        _same(wj, we, creator=False)
+        _same_call(jf, fe, Variable(np.arange(3.0) + k), wj, we)
