@@ -482,3 +482,22 @@ def test_a_variable_and_its_data_given_together_stay_aliased():
         return F.exp(x) + d, d     # d is "argument 0.data" on both sides
 
     assert_jit_matches_eager(f, make_args=lambda i: (lambda v: [v, v.data])(_x(i)[0]))
+
+
+def test_identity_false_leaves_out_only_the_identity_comparison():
+    def f(x):
+        return x, F.exp(x)
+
+    def copies(x):
+        return tj.Variable(x.data.copy()), F.exp(x)
+
+    def copies_wrong(x):
+        return tj.Variable(x.data * 2.0), F.exp(x)
+
+    with pytest.raises(AssertionError, match="new object"):
+        assert_jit_matches_eager(f, make_args=_x, jitted=tj.jit(copies), backward=False)
+    assert_jit_matches_eager(f, make_args=_x, jitted=tj.jit(copies), backward=False,
+                             identity=False)
+    with pytest.raises(AssertionError, match="differs"):
+        assert_jit_matches_eager(f, make_args=_x, jitted=tj.jit(copies_wrong),
+                                 backward=False, identity=False)
