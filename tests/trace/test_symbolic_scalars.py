@@ -20,24 +20,23 @@ from hypothesis import strategies as st
 
 import tracejit as tj
 import tracejit.functions as F
-from compare import same
+from tracejit.testing import assert_jit_matches_eager
+from tracejit.testing.checks import assert_call_matches_eager
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
 
 def run(f, args_list, **options):
-    """Call jit(f) and f on each argument tuple (fresh copies), compare, give cache_info."""
-    jf = tj.jit(f, **options)
-    for args in args_list:
-        want = f(*_copies(args))
-        got = jf(*_copies(args))
-        same(got, want, creator=False)
-    return jf.cache_info()
+    """Call jit(f) and f on each argument tuple (each side its copies), compare (values,
+    kinds, dtypes, creators, identity; no backward), give cache_info."""
+    return assert_jit_matches_eager(f, make_args=lambda i: args_list[i],
+                                    calls=len(args_list) - 2, backward=False, atol=1e-12,
+                                    **options)
 
 
-def _copies(args):
-    return tuple(tj.Variable(a.data.copy()) if isinstance(a, tj.Variable) else
-                 a.copy() if isinstance(a, np.ndarray) else a for a in args)
+def _same_call(jf, f, *args):
+    """One call of jf and of f on copies of args, compared (no backward)."""
+    return assert_call_matches_eager(jf, f, *args, backward=False, atol=1e-12)
 
 
 def signs(n, shape=(4,), dtype=np.float64, seed=0):
@@ -91,10 +90,9 @@ def test_int_in_a_comparison_and_int_arithmetic():
         return x - n // 2
     rng = np.random.default_rng(2)
     xs = [rng.uniform(-6, 6, 3) for _ in range(16)]
-    want = [f(x.copy()) for x in xs]
     jf = tj.jit(f, max_variants=8)
-    for x, w in zip(xs, want):
-        same(jf(x.copy()), w, creator=False)
+    for x in xs:
+        _same_call(jf, f, x)
     info = jf.cache_info()
     # Outcomes: (even, > -3) True, (even, not > -3), odd: at most 3 variants.
     assert info["fallbacks"] == 0 and info["variants"] <= 3, info
@@ -128,9 +126,7 @@ def test_loss_accumulated_with_float_is_returned_without_retrace():
     xs = [tj.Variable(rng.standard_normal((4, 3))) for _ in range(6)]
     jf = tj.jit(f)
     for i, x in enumerate(xs):
-        want = f(tj.Variable(x.data.copy()))
-        got = jf(tj.Variable(x.data.copy()))
-        same(got, want, creator=False)
+        got = _same_call(jf, f, x)
         assert type(got[1]) is float
         W.data *= 1.1          # captured Parameter mutated: still read live
     info = jf.cache_info()
@@ -149,7 +145,7 @@ def test_print_of_a_traced_number_is_a_side_effect_not_a_guard(capsys):
     with pytest.warns(tj.JitWarning, match="print"):
         for _ in range(5):
             x = rng.standard_normal(3)
-            same(jf(x.copy()), f(x.copy()), creator=False)
+            _same_call(jf, f, x.copy())
     info = jf.cache_info()
     assert info["variants"] == 1 and info["retraces"] == 0 and info["fallbacks"] == 0, info
 
@@ -219,12 +215,12 @@ def test_zero_divisor_raises_as_in_eager():
         return x * (1.0 / s), x / s      # Python raises on the first; NumPy gives inf
     jf = tj.jit(f)
     for v in (1.0, 2.0, 3.0):
-        same(jf(np.full(2, v)), f(np.full(2, v)), creator=False)
+        _same_call(jf, f, np.full(2, v))
     with pytest.raises(ZeroDivisionError):
         f(np.zeros(2))
     with pytest.raises(ZeroDivisionError):
         jf(np.zeros(2))
-    same(jf(np.full(2, 4.0)), f(np.full(2, 4.0)), creator=False)
+    _same_call(jf, f, np.full(2, 4.0))
 
 
 def test_int_of_nan_raises_as_in_eager():
@@ -232,7 +228,7 @@ def test_int_of_nan_raises_as_in_eager():
         return x * int(x.sum())
     jf = tj.jit(f)
     for v in (1.5, 2.5, -3.5):
-        same(jf(np.full(2, v)), f(np.full(2, v)), creator=False)
+        _same_call(jf, f, np.full(2, v))
     with pytest.raises(ValueError):
         jf(np.array([np.nan, 1.0]))
 
@@ -251,7 +247,7 @@ def test_escapes_guard_the_value_and_log_where(caplog):
     jf = tj.jit(f, max_variants=16)
     with caplog.at_level(logging.INFO, logger="tracejit"):
         for v in (0.3, 0.3, 1.7, 2.2, 0.3):
-            same(jf(np.full(2, v)), f(np.full(2, v)), creator=False)
+            _same_call(jf, f, np.full(2, v))
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "test_symbolic_scalars.py:" in logged and "r = math.sqrt(abs(s))" in logged
     assert "hash()" in logged and "string formatting" in logged
@@ -294,8 +290,7 @@ def test_float_in_a_function_passed_as_an_argument_is_by_value_and_logged(caplog
     jf = tj.jit(f, static_argnums=1, max_variants=16)
     with caplog.at_level(logging.INFO, logger="tracejit"):
         for v in (0.5, 0.5, 1.5, -2.0, 0.5):
-            same(jf(np.full(2, v), _helper_mean), f(np.full(2, v), _helper_mean),
-                 creator=False)
+            _same_call(jf, f, np.full(2, v), _helper_mean)
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "return float(h.mean())" in logged and "outside the jitted function" in logged
     info = jf.cache_info()
@@ -331,7 +326,8 @@ def test_threads_compile_once_per_outcome_and_hit():
     def worker(k):
         try:
             for i in range(k, 48, 8):
-                same(jf(xs[i].copy()), want[i], creator=False)
+                # eager's side: its result, computed before the threads start
+                _same_call(jf, lambda x, i=i: want[i], xs[i])
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
     with warnings.catch_warnings():
@@ -370,8 +366,9 @@ def _hyp_body(x, c):
 def test_python_number_semantics_match_eager(vals, c):
     x = np.array(vals)
     want = _hyp_body(tj.Variable(x.copy()), c)
-    got = _HYP(tj.Variable(x.copy()), c)
-    same(got, want)
+    got = assert_call_matches_eager(_HYP, _hyp_body, tj.Variable(x), c, backward=False,
+                                    atol=1e-12)
+    # and the Python floats closer than the comparer's rtol: to 1e-12 relative
     for g, w in zip(got[1], want[1]):
         assert type(g) is type(w) and _same_number(g, w), (got[1], want[1])
 
@@ -415,7 +412,7 @@ def test_a_traced_number_stored_on_an_object_is_a_plain_number_after_the_trace()
     jf = tj.jit(f)
     with pytest.warns(tj.JitWarning, match="changes the Python value"):
         for v in (1.0, 2.0, 3.0, 4.0):
-            same(jf(np.full(2, v)), f(np.full(2, v)), creator=False)
+            _same_call(jf, f, np.full(2, v))
             assert type(box.last) is float and box.last == 2 * v
 
 
@@ -502,7 +499,7 @@ def test_float_in_a_differentiated_function_under_jit_is_symbolic():
     rng = np.random.default_rng(13)
     for i in range(10):
         xv = rng.standard_normal(3) * (2.0 if (i // 2) % 2 else 0.3)
-        same(jg(tj.Variable(xv.copy())), g(tj.Variable(xv.copy())), creator=False)
+        _same_call(jg, g, tj.Variable(xv))
     info = jg.cache_info()
     assert info["fallbacks"] == 0 and info["variants"] <= 2, info
     assert info["hits"] >= 10 - 1 - 2 * 2, info
