@@ -11,7 +11,7 @@ import tracejit as tj
 import tracejit.functions as F
 from tracejit import Variable
 
-from results_close import assert_close, assert_grad_close
+from tracejit.testing.checks import assert_call_matches_eager
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
@@ -29,12 +29,9 @@ def test_define_by_run_while_loop():
     for rnd in range(4):
         before = jf.cache_info()
         for v in seq:
-            xj, xe = Variable(np.array(v)), Variable(np.array(v))
-            yj, ye = jf(xj), _loop(xe)
-            assert_close(yj, ye)
-            yj.backward()
-            ye.backward()
-            assert_grad_close(xj, xe)
+            # the result, then x's gradient from a backward
+            assert_call_matches_eager(jf, _loop, Variable(np.array(v)), rtol=1e-10,
+                                      atol=1e-12)
     info = jf.cache_info()
     assert info["guard_failures"] > 0, info
     assert info["variants"] == 4, info          # one per trip count
@@ -50,12 +47,9 @@ def test_while_loop_max_variants_falls_back_once():
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always", tj.JitWarning)
         for v in values:
-            xj, xe = Variable(np.array(v)), Variable(np.array(v))
-            yj, ye = jf(xj), _loop(xe)
-            assert_close(yj, ye)
-            yj.backward()
-            ye.backward()
-            assert_grad_close(xj, xe)
+            # the result, then x's gradient from a backward
+            assert_call_matches_eager(jf, _loop, Variable(np.array(v)), rtol=1e-10,
+                                      atol=1e-12)
     jw = [w for w in rec if issubclass(w.category, tj.JitWarning)]
     assert len(jw) == 1, [str(w.message) for w in jw]
     assert "max_variants" in str(jw[0].message)
@@ -82,15 +76,10 @@ def test_data_dependent_branch_both_outcomes():
         xa = np.abs(r.standard_normal((3, 2)))
         Wa = np.abs(r.standard_normal((2, 2)))
         ba = sign * (2.0 + np.abs(r.standard_normal(2)))
-        Wj, We = Variable(Wa.copy()), Variable(Wa.copy())
-        bj, be = Variable(ba.copy()), Variable(ba.copy())
-        yj, ye = jf(xa, Wj, bj), _branch(xa, We, be)
+        # the result, then W's and b's gradients from a backward
+        assert_call_matches_eager(jf, _branch, xa, Variable(Wa), Variable(ba), rtol=1e-10,
+                                  atol=1e-12)
         outcomes.append(np.tanh(xa @ Wa + ba).mean() > 0)
-        assert_close(yj, ye)
-        yj.backward()
-        ye.backward()
-        assert_grad_close(Wj, We)
-        assert_grad_close(bj, be)
     assert any(outcomes) and not all(outcomes)
     info = jf.cache_info()
     assert info["variants"] == 2, info
