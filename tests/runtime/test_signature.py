@@ -11,7 +11,7 @@ import tracejit.functions as F
 from tracejit import Variable
 from tracejit.testing import assert_jit_matches_eager
 
-from results_close import assert_close, assert_grad_close
+from tracejit.testing.checks import assert_call_matches_eager
 
 N_CALLS = 6          # >= 5: warm-up, trace, then at least 3 replays
 
@@ -27,12 +27,9 @@ def test_float_args_are_runtime_inputs():
     for i in range(N_CALLS + 2):
         xa = r.standard_normal(4)
         lr = float(r.uniform(0.1, 2.0))
-        xj, xe = Variable(xa.copy()), Variable(xa.copy())
-        yj, ye = jf(xj, lr), f(xe, lr)
-        assert_close(yj, ye)
-        yj.backward()
-        ye.backward()
-        assert_grad_close(xj, xe)
+        # the result, then x's gradient from a backward
+        assert_call_matches_eager(jf, f, Variable(xa), lr,
+                                  rtol=1e-10, atol=1e-12)
     info = jf.cache_info()
     assert info["retraces"] == 0 and info["variants"] == 1, info
     assert info["hits"] >= N_CALLS - 1, info
@@ -47,7 +44,7 @@ def test_zero_d_array_args_are_runtime_inputs():
     for i in range(N_CALLS):
         xa = np.arange(3.0) + i
         a = np.array(0.5 + i)
-        assert_close(jf(xa, a), f(xa, a))
+        assert_call_matches_eager(jf, f, xa, a, backward=False, rtol=1e-10, atol=1e-12)
     info = jf.cache_info()
     assert info["retraces"] == 0 and info["variants"] == 1, info
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
@@ -67,12 +64,9 @@ def test_int_and_str_args_are_static():
     for n, mode in [(1, "sq"), (2, "sq"), (1, "id"), (2, "id")]:
         for i in range(N_CALLS):
             xa = r.standard_normal(3)
-            xj, xe = Variable(xa.copy()), Variable(xa.copy())
-            yj, ye = jf(xj, n, mode), f(xe, n, mode)
-            assert_close(yj, ye)
-            yj.backward()
-            ye.backward()
-            assert_grad_close(xj, xe)
+            # the result, then x's gradient from a backward
+            assert_call_matches_eager(jf, f, Variable(xa), n, mode,
+                                      rtol=1e-10, atol=1e-12)
     info = jf.cache_info()
     assert info["variants"] == 4, info
     assert info["retraces"] == 0
@@ -89,12 +83,9 @@ def test_static_argnums_and_argnames():
     for scale in (1.0, 2.5):
         for i in range(N_CALLS):
             xa = r.standard_normal(3)
-            xj, xe = Variable(xa.copy()), Variable(xa.copy())
-            yj, ye = jf(xj, 3, scale=scale), f(xe, 3, scale=scale)
-            assert_close(yj, ye)
-            yj.backward()
-            ye.backward()
-            assert_grad_close(xj, xe)
+            # the result, then x's gradient from a backward
+            assert_call_matches_eager(jf, f, Variable(xa), 3, kwargs={"scale": scale},
+                                      rtol=1e-10, atol=1e-12)
     info = jf.cache_info()
     assert info["variants"] == 2, info     # a static float is part of the key
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
@@ -106,12 +97,9 @@ def test_new_shape_new_variant():
     for shape in [(3,), (2, 3), (3,), ()]:
         for i in range(N_CALLS):
             xa = r.standard_normal(shape)
-            xj, xe = Variable(xa.copy()), Variable(xa.copy())
-            yj, ye = jf(xj), F.sum(F.tanh(xe) * xe)
-            assert_close(yj, ye)
-            yj.backward()
-            ye.backward()
-            assert_grad_close(xj, xe)
+            # the result, then x's gradient from a backward
+            assert_call_matches_eager(jf, lambda x: F.sum(F.tanh(x) * x), Variable(xa),
+                                      rtol=1e-10, atol=1e-12)
     assert jf.cache_info()["variants"] == 3
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
@@ -140,7 +128,8 @@ def test_dropout_test_mode_is_deterministic_variant():
     with tj.test_mode():
         for i in range(N_CALLS):
             xa = np.arange(4.0) + i
-            assert_close(jf(Variable(xa)), f(Variable(xa)))
+            assert_call_matches_eager(jf, f, Variable(xa), backward=False, rtol=1e-10,
+                                      atol=1e-12)
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
