@@ -11,11 +11,18 @@ import tracejit as tj
 import tracejit.functions as F
 from tracejit import Variable
 
-from results_close import assert_close, assert_grad_close
+from tracejit.testing.checks import assert_call_matches_eager
 
 N_CALLS = 6          # >= 5: warm-up, trace, then at least 3 replays
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+
+def _same_call(jf, f, *args, backward=False):
+    """One call of jf and f on copies of args compared (and with backward=True the
+    arguments' gradients from a backward of the result)."""
+    return assert_call_matches_eager(jf, f, *args, backward=backward, rtol=1e-10,
+                                     atol=1e-12)
 
 
 def test_tolist_falls_back_with_warning_naming_cause_and_line():
@@ -28,12 +35,7 @@ def test_tolist_falls_back_with_warning_naming_cause_and_line():
         warnings.simplefilter("always", tj.JitWarning)
         for i in range(N_CALLS):
             xa = np.arange(3.0) * (i + 1)
-            xj, xe = Variable(xa.copy()), Variable(xa.copy())
-            yj, ye = jf(xj), f(xe)
-            assert_close(yj, ye)
-            F.sum(yj).backward()
-            F.sum(ye).backward()
-            assert_grad_close(xj, xe)
+            _same_call(jf, f, Variable(xa), backward=True)
     jw = [str(w.message) for w in rec if issubclass(w.category, tj.JitWarning)]
     assert len(jw) == 1, jw
     assert "tolist" in jw[0] and "USER-LINE-TOLIST" in jw[0]
@@ -51,7 +53,7 @@ def test_item_assignment_falls_back():
         warnings.simplefilter("always", tj.JitWarning)
         for i in range(N_CALLS):
             xa = np.arange(3.0) + i
-            assert_close(jf(Variable(xa.copy())), f(Variable(xa.copy())))
+            _same_call(jf, f, Variable(xa))
     jw = [str(w.message) for w in rec if issubclass(w.category, tj.JitWarning)]
     assert len(jw) == 1, jw
     assert "assignment" in jw[0] and "USER-LINE-SETITEM" in jw[0]
@@ -67,12 +69,7 @@ def test_print_inside_warns_runs_only_while_tracing(capsys):
         warnings.simplefilter("always", tj.JitWarning)
         for i in range(N_CALLS):
             xa = np.arange(3.0) + i
-            xj, xe = Variable(xa.copy()), Variable(xa.copy())
-            yj = jf(xj)
-            assert_close(yj, f(xe))
-            F.sum(yj).backward()
-            F.sum(f(xe)).backward()
-            assert_grad_close(xj, xe)
+            _same_call(jf, f, Variable(xa), backward=True)
     jw = [str(w.message) for w in rec if issubclass(w.category, tj.JitWarning)]
     assert len(jw) == 1, jw
     assert "only while tracing" in jw[0]
@@ -92,7 +89,7 @@ def test_exception_inside_propagates():
     jf = tj.jit(f)
     for i in range(N_CALLS):
         xa = np.arange(3.0) + i
-        assert_close(jf(Variable(xa), 1), f(Variable(xa), 1))
+        _same_call(jf, f, Variable(xa), 1)
     for i in range(3):
         with pytest.raises(KeyError, match="n is zero"):
             jf(Variable(np.arange(3.0)), 0)
@@ -102,7 +99,7 @@ def test_exception_inside_propagates():
     for i in range(N_CALLS):
         with pytest.raises(ValueError, match="big sum"):
             jg(Variable(np.full(3, 10.0 + i)))
-        assert_close(jg(Variable(np.full(3, 0.5 * i))), g(Variable(np.full(3, 0.5 * i))))
+        _same_call(jg, g, Variable(np.full(3, 0.5 * i)))
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
@@ -117,7 +114,7 @@ def test_exception_midway_after_warm_and_trace():
     for v in [1.0, 2.0, 20.0, 3.0, 4.0, 5.0]:
         with pytest.raises(ArithmeticError, match="over 50"):
             jf(Variable(np.array([v + 100])))
-        assert_close(jf(Variable(np.array([v]))), f(Variable(np.array([v]))))
+        _same_call(jf, f, Variable(np.array([v])))
 
 
 def test_bad_input_non_broadcastable_raises_value_error():
@@ -126,8 +123,7 @@ def test_bad_input_non_broadcastable_raises_value_error():
 
     jf = tj.jit(f)
     for i in range(N_CALLS):
-        assert_close(jf(Variable(np.ones(3) * i), Variable(np.ones(3))),
-                     f(Variable(np.ones(3) * i), Variable(np.ones(3))))
+        _same_call(jf, f, Variable(np.ones(3) * i), Variable(np.ones(3)))
     for i in range(3):
         with pytest.raises(ValueError) as e_j:
             jf(Variable(np.ones(3)), Variable(np.ones(4)))
