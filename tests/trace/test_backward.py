@@ -9,30 +9,34 @@ import tracejit as tj
 import tracejit.functions as F
 from tracejit import Variable
 
-from results_close import assert_close, assert_grad_close
+from tracejit.testing.checks import assert_call_matches_eager
 
 N_CALLS = 6          # >= 5: warm-up, trace, then at least 3 replays
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
 
+def _same_run(run, jf, f, *args):
+    """run(fn, *args) calls fn and runs the backward under test, returning what is
+    compared (results, gradients); the jitted side's run beside eager's, on copies."""
+    return assert_call_matches_eager(lambda *a: run(jf, *a), lambda *a: run(f, *a), *args,
+                                     backward=False, rtol=1e-10, atol=1e-12)
+
+
 def test_backward_through_region_and_mixed_eager():
     def f(x, y):
         return F.tanh(x) * y + x ** 2
+
+    def run(fn, x, y):
+        z = F.sum(fn(x * 2, F.sin(y)) + x)      # eager before and after
+        z.backward()
+        return z, x.grad, y.grad
 
     jf = tj.jit(f)
     r = np.random.default_rng(17)
     for i in range(N_CALLS):
         xa, ya = r.standard_normal((2, 3)), r.standard_normal((2, 3))
-        xj, yj = Variable(xa.copy()), Variable(ya.copy())
-        xe, ye = Variable(xa.copy()), Variable(ya.copy())
-        zj = F.sum(jf(xj * 2, F.sin(yj)) + xj)      # eager before and after
-        ze = F.sum(f(xe * 2, F.sin(ye)) + xe)
-        assert_close(zj, ze)
-        zj.backward()
-        ze.backward()
-        assert_grad_close(xj, xe)
-        assert_grad_close(yj, ye)
+        _same_run(run, jf, f, Variable(xa), Variable(ya))
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
@@ -40,18 +44,16 @@ def test_backward_nonscalar_output_direct():
     def f(x, y):
         return x * y + F.exp(x)
 
+    def run(fn, x, y):
+        z = fn(x, y)
+        z.backward()
+        return z, x.grad, y.grad
+
     jf = tj.jit(f)
     r = np.random.default_rng(18)
     for i in range(N_CALLS):
         xa, ya = r.standard_normal(3), r.standard_normal(3)
-        xj, yj = Variable(xa.copy()), Variable(ya.copy())
-        xe, ye = Variable(xa.copy()), Variable(ya.copy())
-        zj, ze = jf(xj, yj), f(xe, ye)
-        assert_close(zj, ze)
-        zj.backward()
-        ze.backward()
-        assert_grad_close(xj, xe)
-        assert_grad_close(yj, ye)
+        _same_run(run, jf, f, Variable(xa), Variable(ya))
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
@@ -59,20 +61,17 @@ def test_create_graph_second_derivative():
     def f(x):
         return F.tanh(x) * x
 
+    def run(fn, x):
+        y = fn(x)
+        y.backward(create_graph=True)
+        g = x.grad
+        x.cleargrad()
+        g.backward()
+        return y, g, x.grad
+
     jf = tj.jit(f)
     for v in [0.3, -0.7, 1.2, 0.05, -2.0, 0.9]:
-        xj, xe = Variable(np.array(v)), Variable(np.array(v))
-        yj, ye = jf(xj), f(xe)
-        assert_close(yj, ye)
-        yj.backward(create_graph=True)
-        ye.backward(create_graph=True)
-        assert_close(xj.grad, xe.grad)
-        gj, ge = xj.grad, xe.grad
-        xj.cleargrad()
-        xe.cleargrad()
-        gj.backward()
-        ge.backward()
-        assert_close(xj.grad, xe.grad)
+        _same_run(run, jf, f, Variable(np.array(v)))
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
@@ -82,18 +81,16 @@ def test_returned_argument_gets_gradient(form):
         f = lambda x, y: (x, y * 2)
     else:
         f = lambda x, y: (F.reshape(x, x.shape), y * 2)
+    def run(fn, x, y):
+        a, b = fn(x, y)
+        F.sum(a * b).backward()
+        return (a, b), x.grad, y.grad
+
     jf = tj.jit(f)
     r = np.random.default_rng(34)
     for i in range(N_CALLS):
         xa, ya = r.standard_normal(3), r.standard_normal(3)
-        xj, yj_ = Variable(xa.copy()), Variable(ya.copy())
-        xe, ye_ = Variable(xa.copy()), Variable(ya.copy())
-        (aj, bj), (ae, be) = jf(xj, yj_), f(xe, ye_)
-        assert_close((aj, bj), (ae, be))
-        F.sum(aj * bj).backward()
-        F.sum(ae * be).backward()
-        assert_grad_close(xj, xe)
-        assert_grad_close(yj_, ye_)
+        _same_run(run, jf, f, Variable(xa), Variable(ya))
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
@@ -101,15 +98,15 @@ def test_gradient_accumulates_across_compiled_calls():
     f = lambda x: F.sum(F.tanh(x))
     jf = tj.jit(f)
     r = np.random.default_rng(27)
+
+    def run(fn, x):
+        (fn(x) + fn(x * 3)).backward()
+        g = x.grad                  # the accumulation rebinds x.grad: g keeps its value
+        fn(x).backward()
+        return g, x.grad
+
     for i in range(N_CALLS):
-        xa = r.standard_normal(3)
-        xj, xe = Variable(xa.copy()), Variable(xa.copy())
-        (jf(xj) + jf(xj * 3)).backward()
-        (f(xe) + f(xe * 3)).backward()
-        assert_grad_close(xj, xe)
-        jf(xj).backward()
-        f(xe).backward()
-        assert_grad_close(xj, xe)
+        _same_run(run, jf, f, Variable(r.standard_normal(3)))
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
@@ -117,12 +114,12 @@ def test_retain_grad_on_compiled_output():
     g = lambda x: F.tanh(x) * 3
     jf = tj.jit(g)
     r = np.random.default_rng(28)
+
+    def run(fn, x):
+        y = fn(x)
+        F.sum(y * y).backward(retain_grad=True)
+        return y, y.grad, x.grad
+
     for i in range(N_CALLS):
-        xa = r.standard_normal(3)
-        xj, xe = Variable(xa.copy()), Variable(xa.copy())
-        yj, ye = jf(xj), g(xe)
-        F.sum(yj * yj).backward(retain_grad=True)
-        F.sum(ye * ye).backward(retain_grad=True)
-        assert_grad_close(yj, ye)
-        assert_grad_close(xj, xe)
+        _same_run(run, jf, g, Variable(r.standard_normal(3)))
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
