@@ -14,12 +14,17 @@ import tracejit.layers as L
 from tracejit import Parameter, Variable
 from tracejit.testing import assert_jit_matches_eager
 
-from results_close import assert_close, assert_grad_close
+from tracejit.testing.checks import assert_call_matches_eager
 
 N_CALLS = 6          # >= 5: warm-up, trace, then at least 3 replays
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
+
+
+def _same_call(jf, f, *args):
+    """One call of jf and f on copies of args compared (no backward, as before)."""
+    return assert_call_matches_eager(jf, f, *args, backward=False, rtol=1e-10, atol=1e-12)
 
 def test_closure_parameter_mutated_in_place_and_rebound():
     p = Parameter(np.array([1.0, 2.0, 3.0]), name="p")
@@ -35,18 +40,9 @@ def test_closure_parameter_mutated_in_place_and_rebound():
             p.data[...] = r.standard_normal(3)          # in place
         else:
             p.data = r.standard_normal(3)                # rebind
-        p.cleargrad()
-        xj = Variable(xa.copy())
-        yj = jf(xj)
-        yj.backward()
-        gj = p.grad.data.copy()
-        p.cleargrad()
-        xe = Variable(xa.copy())
-        ye = f(xe)
-        ye.backward()
-        assert_close(yj, ye)
-        assert_grad_close(xj, xe)
-        np.testing.assert_allclose(gj, p.grad.data, rtol=1e-12)
+        # the result, then x's and p's gradients (p's cleared before each side's call)
+        assert_call_matches_eager(jf, f, Variable(xa), captures={"p": p}, rtol=1e-12,
+                                  atol=1e-12)
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
@@ -62,12 +58,7 @@ def test_closure_ndarray_in_variable_ops_mutated_in_place():
         if i >= 4:                 # mutate only after the variant's first (checked) calls
             c[...] = r.standard_normal(3)
         xa = r.standard_normal(3)
-        xj, xe = Variable(xa.copy()), Variable(xa.copy())
-        yj, ye = jf(xj), f(xe)
-        assert_close(yj, ye)
-        yj.backward()
-        ye.backward()
-        assert_grad_close(xj, xe)
+        assert_call_matches_eager(jf, f, Variable(xa), rtol=1e-10, atol=1e-12)
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
@@ -84,7 +75,7 @@ def test_closure_ndarray_numpy_op_mutated_later():
             if i >= 4:
                 c[...] = np.arange(3.0) * i
             xa = np.arange(3.0) + i
-            assert_close(jf(Variable(xa)), f(Variable(xa)))
+            _same_call(jf, f, Variable(xa))
 
 
 _GLOBAL_K = 2.0
@@ -102,7 +93,7 @@ def test_global_python_float_change_retraces():
             if i >= 4:
                 _GLOBAL_K = float(i)
             xa = np.arange(3.0) + i
-            assert_close(jf(Variable(xa)), f(Variable(xa)))
+            _same_call(jf, f, Variable(xa))
         assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
     finally:
         _GLOBAL_K = 2.0
@@ -123,7 +114,7 @@ def test_closure_cell_python_float_change_retraces():
         if i >= 4:
             set_k(float(i))
         xa = np.arange(3.0) + i
-        assert_close(jf(Variable(xa)), f(Variable(xa)))
+        _same_call(jf, f, Variable(xa))
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
@@ -142,12 +133,7 @@ def test_attribute_python_float_change_retraces():
         if i >= 4:
             cfg.k = float(i)
         xa = np.arange(3.0) + i
-        xj, xe = Variable(xa.copy()), Variable(xa.copy())
-        yj, ye = jf(xj), f(xe)
-        assert_close(yj, ye)
-        yj.backward()
-        ye.backward()
-        assert_grad_close(xj, xe)
+        assert_call_matches_eager(jf, f, Variable(xa), rtol=1e-10, atol=1e-12)
     assert jf.cache_info()["retraces"] >= 1
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
@@ -165,7 +151,7 @@ def test_dict_item_python_float_change():
             if i >= 4:
                 state["k"] = float(i)
             xa = np.arange(3.0) + i
-            assert_close(jf(Variable(xa)), f(Variable(xa)))
+            _same_call(jf, f, Variable(xa))
 
 
 def test_python_attribute_mutation_falls_back():
@@ -187,7 +173,7 @@ def test_python_attribute_mutation_falls_back():
         warnings.simplefilter("always", tj.JitWarning)
         for i in range(N_CALLS):
             xa = np.arange(3.0) + i
-            assert_close(jf(Variable(xa)), fe(Variable(xa)))
+            _same_call(jf, fe, Variable(xa))
             assert c_j.t == c_e.t
     jw = [str(w.message) for w in rec if issubclass(w.category, tj.JitWarning)]
     assert len(jw) == 1, jw
@@ -206,15 +192,9 @@ def test_captured_parameter_changes_shape():
         else:
             p.data = r.standard_normal(p.shape)
         xa = r.standard_normal(3)
-        p.cleargrad()
-        yj = jf(Variable(xa))
-        yj.backward()
-        gj = p.grad.data.copy()
-        p.cleargrad()
-        ye = g(Variable(xa))
-        ye.backward()
-        assert_close(yj, ye)
-        np.testing.assert_allclose(gj, p.grad.data, rtol=1e-12)
+        # the result, then p's gradient (and x's)
+        assert_call_matches_eager(jf, g, Variable(xa), captures={"p": p}, rtol=1e-12,
+                                  atol=1e-12)
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
