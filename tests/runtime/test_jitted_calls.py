@@ -17,11 +17,17 @@ from tracejit import Variable
 from tracejit.models import MLP
 from tracejit.testing import strategies as tjst
 
-from results_close import _arr, assert_close, assert_grad_close
+from tracejit.testing.checks import assert_call_matches_eager
 
 N_CALLS = 6          # >= 5: warm-up, trace, then at least 3 replays
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+
+def _same_call(jf, f, *args, rtol=1e-10, atol=1e-12, **options):
+    """One call of jf and f on copies of args: the results, then (unless backward=False)
+    the arguments' gradients from a backward with random cotangents, compared."""
+    return assert_call_matches_eager(jf, f, *args, rtol=rtol, atol=atol, **options)
 
 
 def _graph(x, W, b):
@@ -34,15 +40,7 @@ def test_basic_variable_args_values_and_grads():
     r = np.random.default_rng(1)
     for i in range(N_CALLS):
         xa, Wa, ba = r.standard_normal((4, 3)), r.standard_normal((3, 2)), r.standard_normal(2)
-        args_j = [Variable(xa.copy()), Variable(Wa.copy()), Variable(ba.copy())]
-        args_e = [Variable(xa.copy()), Variable(Wa.copy()), Variable(ba.copy())]
-        yj = jf(*args_j)
-        ye = _graph(*args_e)
-        assert_close(yj, ye)
-        yj.backward()
-        ye.backward()
-        for a, b in zip(args_j, args_e):
-            assert_grad_close(a, b)
+        _same_call(jf, _graph, Variable(xa), Variable(Wa), Variable(ba))
     info = jf.cache_info()
     assert info["variants"] == 1 and info["retraces"] == 0
     assert info["hits"] >= N_CALLS - 3, info   # the first replay may be a checked run
@@ -54,16 +52,9 @@ def test_basic_ndarray_args_and_mixed():
     r = np.random.default_rng(2)
     for i in range(N_CALLS):
         xa, Wa, ba = r.standard_normal((5, 3)), r.standard_normal((3, 4)), r.standard_normal(4)
-        W_j, W_e = Variable(Wa.copy()), Variable(Wa.copy())
-        yj = jf(xa, W_j, ba)
-        ye = _graph(xa, W_e, ba)
-        assert_close(yj, ye)
-        yj.backward()
-        ye.backward()
-        assert_grad_close(W_j, W_e)
+        _same_call(jf, _graph, xa, Variable(Wa), ba)
         # all-ndarray call: a Variable result that is not attached to any leaf
-        yj2 = jf(xa, Wa, ba)
-        assert_close(yj2, _graph(xa, Wa, ba))
+        _same_call(jf, _graph, xa, Wa, ba, backward=False)
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
@@ -86,21 +77,8 @@ def test_output_containers(form):
     r = np.random.default_rng(3)
     for i in range(N_CALLS):
         xa, ya = r.standard_normal((2, 3)), r.standard_normal((2, 3))
-        xj, yj_ = Variable(xa.copy()), Variable(ya.copy())
-        xe, ye_ = Variable(xa.copy()), Variable(ya.copy())
-        oj, oe = jf(xj, yj_), f(xe, ye_)
-        assert_close(oj, oe)
-        # gradient of a combination of all outputs
-        def total(o):
-            leaves = list(o.values()) if isinstance(o, dict) else list(o)
-            flat = []
-            for v in leaves:
-                flat.extend(v if isinstance(v, list) else [v])
-            return sum(F.sum(v * (k + 1)) for k, v in enumerate(flat))
-        total(oj).backward()
-        total(oe).backward()
-        assert_grad_close(xj, xe)
-        assert_grad_close(yj_, ye_)
+        # the outputs, then the gradients of a random combination of all of them
+        _same_call(jf, f, Variable(xa), Variable(ya))
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
@@ -115,15 +93,8 @@ def test_keyword_arguments():
     r = np.random.default_rng(4)
     for i in range(N_CALLS):
         xa, sa, ta = r.standard_normal(3), r.standard_normal(3), r.standard_normal(3)
-        xj, xe = Variable(xa.copy()), Variable(xa.copy())
-        sj, se = Variable(sa.copy()), Variable(sa.copy())
-        yj = jf(xj, scale=sj, shift=ta)
-        ye = f(xe, scale=se, shift=ta)
-        assert_close(yj, ye)
-        yj.backward()
-        ye.backward()
-        assert_grad_close(xj, xe)
-        assert_grad_close(sj, se)
+        # and the gradients of x and of the keyword argument scale
+        _same_call(jf, f, Variable(xa), kwargs={"scale": Variable(sa), "shift": ta})
     assert jf.cache_info()["variants"] == 1
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
@@ -136,10 +107,8 @@ def test_float_returned_and_python_float_output():
     for i in range(N_CALLS):
         lr = 0.1 * (i + 1)
         xa = np.arange(3.0) * i
-        oj, oe = jf(Variable(xa), lr), f(Variable(xa), lr)
-        assert_close(oj[0], oe[0])
+        oj = _same_call(jf, f, Variable(xa), lr, backward=False, rtol=1e-12)
         assert type(oj[1]) is float
-        assert oj[1] == pytest.approx(oe[1], rel=1e-12)
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
@@ -195,13 +164,9 @@ def test_jit_method_of_model():
         xa = r.standard_normal((4, 3))
         m_j.cleargrads()
         m_e.cleargrads()
-        lj = net.loss(xa)
-        le = F.sum(m_e(xa) ** 2)
-        assert_close(lj, le)
-        lj.backward()
-        le.backward()
-        for p1, p2 in zip(m_j.params(), m_e.params()):
-            assert_grad_close(p1, p2)
+        # the loss, then the parameters' data and gradients after a backward
+        _same_call(net.loss, lambda x: F.sum(m_e(x) ** 2), xa,
+                   states=(list(m_j.params()), list(m_e.params())))
         # mutate the params the same way in both
         for p1, p2 in zip(m_j.params(), m_e.params()):
             d = r.standard_normal(p1.shape) * 0.1
@@ -243,9 +208,9 @@ def test_inplace_write_into_argument_replayed(kind):
         if kind == "variable":
             aj, ae = Variable(aj), Variable(ae)
         xa = np.linspace(-1, 1, 3) * i
-        yj, ye = jf(Variable(xa), aj), f(Variable(xa), ae)
-        assert_close(yj, ye)
-        np.testing.assert_array_equal(_arr(aj), _arr(ae))
+        # a after the call: exactly eager's
+        _same_call(jf, f, Variable(xa), aj, eager_args=(Variable(xa), ae), backward=False,
+                   rtol=0.0, atol=0.0)
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
@@ -262,12 +227,7 @@ def test_nested_jit():
     r = np.random.default_rng(26)
     for i in range(N_CALLS):
         xa = r.standard_normal(3)
-        xj, xe = Variable(xa.copy()), Variable(xa.copy())
-        yj, ye = jo(xj), eager(xe)
-        assert_close(yj, ye)
-        yj.backward()
-        ye.backward()
-        assert_grad_close(xj, xe)
+        _same_call(jo, eager, Variable(xa))
     assert jo.cache_info()["fallbacks"] == 0, jo.cache_info()
 
 
@@ -278,8 +238,7 @@ def test_int_dtype_arrays_correct():
         warnings.simplefilter("ignore", tj.JitWarning)   # ints may run eagerly, with a warning
         for i in range(N_CALLS):
             a = np.arange(3) + i
-            yj, ye = jf(Variable(a)), f(Variable(a))
-            assert_close(yj, ye)
+            _same_call(jf, f, Variable(a), backward=False)
 
 
 def test_non_array_outputs_are_constants():
@@ -300,12 +259,7 @@ def test_mask_from_data_comparison():
     r = np.random.default_rng(31)
     for i in range(N_CALLS):
         xa = r.standard_normal(5)
-        xj, xe = Variable(xa.copy()), Variable(xa.copy())
-        yj, ye = jf(xj), f(xe)
-        assert_close(yj, ye)
-        yj.backward()
-        ye.backward()
-        assert_grad_close(xj, xe)
+        _same_call(jf, f, Variable(xa))
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
@@ -314,12 +268,7 @@ def test_softmax_cross_entropy_with_int_labels():
     r = np.random.default_rng(32)
     for i in range(N_CALLS):
         xa, t = r.standard_normal((4, 3)), r.integers(0, 3, 4)
-        xj, xe = Variable(xa.copy()), Variable(xa.copy())
-        yj, ye = jf(xj, t), F.softmax_cross_entropy(xe, t)
-        assert_close(yj, ye)
-        yj.backward()
-        ye.backward()
-        assert_grad_close(xj, xe)
+        _same_call(jf, F.softmax_cross_entropy, Variable(xa), t)
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
@@ -328,7 +277,7 @@ def test_accuracy_compiles():
     r = np.random.default_rng(33)
     for i in range(N_CALLS):
         xa, t = r.standard_normal((6, 3)), r.integers(0, 3, 6)
-        assert_close(jf(xa, t), F.accuracy(xa, t))
+        _same_call(jf, F.accuracy, xa, t, backward=False)
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
@@ -342,15 +291,10 @@ def test_float32_stays_float32():
         xa = r.standard_normal(4).astype(np.float32)
         wa = r.standard_normal(4).astype(np.float32)
         xj, wj = Variable(xa.copy()), Variable(wa.copy())
-        xe, we = Variable(xa.copy()), Variable(wa.copy())
-        (aj, bj), (ae, be) = jf(xj, wj), f(xe, we)
+        aj, bj = _same_call(jf, f, xj, wj, eager_args=(Variable(xa), Variable(wa)),
+                            rtol=1e-6, atol=1e-7)
         assert aj.dtype == np.float32 and bj.dtype == np.float32
-        assert_close((aj, bj), (ae, be), rtol=1e-6, atol=1e-7)
-        (F.sum(aj) + bj).backward()
-        (F.sum(ae) + be).backward()
         assert xj.grad.dtype == np.float32 and wj.grad.dtype == np.float32
-        assert_grad_close(xj, xe, rtol=1e-6, atol=1e-7)
-        assert_grad_close(wj, we, rtol=1e-6, atol=1e-7)
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
@@ -362,9 +306,8 @@ def test_float32_times_runtime_float_arg():
     for i in range(N_CALLS):
         xa = (np.arange(3) + i).astype(np.float32)
         s = 0.1 * (i + 1)
-        yj, ye = jf(Variable(xa), s), f(Variable(xa), s)
-        assert yj.dtype == ye.dtype == np.float32
-        assert_close(yj, ye, rtol=1e-6)
+        yj = _same_call(jf, f, Variable(xa), s, backward=False, rtol=1e-6)
+        assert yj.dtype == np.float32          # eager's dtype too: compared
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
 
 
@@ -382,14 +325,7 @@ def test_random_programs_jit_matches_eager(data, dtype):
             arrays = inputs
         else:
             arrays = [r.uniform(-2, 2, s).astype(dtype) for s in shapes]
-        xj = [Variable(a.copy()) for a in arrays]
-        xe = [Variable(a.copy()) for a in arrays]
-        yj, ye = jf(*xj), prog(*xe)
-        assert_close(yj, ye, rtol, atol)
-        F.sum(yj * 1.5).backward()
-        F.sum(ye * 1.5).backward()
-        for a, b in zip(xj, xe):
-            assert_grad_close(a, b, rtol, atol)
+        _same_call(jf, prog, *[Variable(a) for a in arrays], rtol=rtol, atol=atol)
     info = jf.cache_info()
     assert info["variants"] == 1 and info["hits"] >= N_CALLS - 3, info
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
