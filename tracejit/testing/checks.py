@@ -1,8 +1,12 @@
 """gradcheck and assert_jit_matches_eager: checks of differentiable code, yours and ours.
 
-`gradcheck` compares the analytic gradient of a function (from `backward()`) with
-central differences in float64, contracting the outputs with seeded random cotangents
-(all-ones cotangents miss gradients that are permuted or summed in the wrong order).
+`assert_jit_matches_eager` calls tracejit.jit(f) and f side by side, call after call, and
+compares results (values, kinds, dtypes, identity, creators), gradients and state;
+`assert_call_matches_eager` compares one call the same way, for tests that drive a
+jitted function themselves. `gradcheck` compares the analytic gradient of a function
+(from `backward()`) with central differences in float64, contracting the outputs with
+seeded random cotangents (all-ones cotangents miss gradients that are permuted or summed
+in the wrong order).
 `strategies` holds hypothesis strategies for arrays, shapes and random programs; it is
 imported lazily, so gradcheck works without hypothesis installed.
 
@@ -429,8 +433,8 @@ def assert_call_matches_eager(jitted, f, *args, kwargs=None, eager_args=None, st
 
     args and kwargs are the call's arguments, passed as given, each side its own copy
     (as make_args's). eager_args: eager's own positional arguments; args are then the
-    jit side's, and neither is copied (for arguments that are a side's own state, a
-    Parameter of its model passed to its function). states: (the jit side's state,
+    jit side's, and neither is copied, nor are kwargs (for arguments that are a side's
+    own state, a Parameter of its model passed to its function). states: (the jit side's state,
     eager's), trees compared after the call like make_function's states (values,
     Variables' gradients; a result that is a state object must be on both sides).
     context: a function of no arguments giving the context manager each side's call
