@@ -1,9 +1,9 @@
 """tracejit.testing: tools for testing differentiable code, yours and tracejit's own.
 
 `gradcheck`, `assert_jit_matches_eager` (several calls, new values) and
-`assert_call_matches_eager` (one call you drive yourself), in checks.py; `strategies`, hypothesis
-strategies for arrays, shapes and random programs, imported lazily so gradcheck works
-without hypothesis installed; `fuzz`, the differential fuzzer
+`assert_call_matches_eager` (one call you drive yourself), in checks.py; `strategies`,
+hypothesis strategies for arrays, shapes and random programs, imported lazily so
+gradcheck works without hypothesis installed; `fuzz`, the differential fuzzer
 (`python -m tracejit.testing.fuzz`).
 """
 from tracejit.testing.checks import (assert_call_matches_eager, assert_jit_matches_eager,
