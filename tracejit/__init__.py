@@ -16,6 +16,7 @@ from tracejit.datasets import Dataset
 from tracejit.dataloaders import DataLoader, SeqDataLoader
 from tracejit.runtime.jitted import jit, disable_jit, JitWarning
 from tracejit.autodiff import grad, value_and_grad, eval_shape
+from tracejit.export import Exported, ExportError, export, load
 
 # DeZero's switch between its two cores, set by editing dezero/__init__.py. tracejit
 # always exports the full core; the simple one is tracejit.core_simple, which the
@@ -29,5 +30,6 @@ __all__ = [
     "no_grad", "test_mode", "using_config", "functions", "layers", "models", "optimizers",
     "utils", "datasets", "dataloaders", "Layer", "Model", "DataLoader", "jit", "disable_jit",
     "JitWarning", "grad", "value_and_grad", "eval_shape", "cuda", "transforms", "core_simple",
-    "Dataset", "SeqDataLoader", "setup_variable", "is_simple_core",
+    "Dataset", "SeqDataLoader", "setup_variable", "is_simple_core", "export", "load",
+    "Exported", "ExportError",
 ]

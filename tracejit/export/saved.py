@@ -1,0 +1,274 @@
+"""Exported.save / tj.load: a self-contained file a process without the source runs.
+
+The file is one .npz: "__graph__" holds the graph as JSON (format, version, symbols,
+values with their symbolic shapes, ops by primitive name with their declared params,
+inputs, outputs), the other entries the initializers and constants by name. Loading
+rebuilds each op from tracejit.ops.primitive.PRIMITIVES (and the guard op) with its
+params, so nothing of the user's code is needed; running instantiates the graph at
+the sizes the inputs have and compiles it with the numba backend.
+"""
+import json
+import zipfile
+
+import numpy as np
+
+from tracejit.export.exported import FORMAT_VERSION, Exported, ExportError
+from tracejit.export.symbolic import Sym, substitute
+from tracejit.ir import Graph, Lit, Node, Value
+
+_MAGIC = "tracejit-export"
+_GRAPH_KEY = "__graph__"
+
+
+# ---------------------------------------------------------------- encoding
+
+def _enc(x, what):
+    from tracejit.ops.arrayops import _ArrayIndex, _Slice
+    if isinstance(x, Sym):
+        return {"sym": [x.coef, list(x.names)]}
+    if x is None or isinstance(x, (bool, str)):
+        return x
+    if isinstance(x, _ArrayIndex):
+        return {"aidx": int(x)}
+    if isinstance(x, (int, np.integer)) and not isinstance(x, np.bool_):
+        return int(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x)
+    if x is Ellipsis:
+        return {"ellipsis": True}
+    if isinstance(x, _Slice):
+        return {"slice": [_enc(e, what) for e in x]}
+    if isinstance(x, tuple):
+        return {"tuple": [_enc(e, what) for e in x]}
+    raise ExportError(f"save: {what} has a parameter {x!r} that has no saved form")
+
+
+def _dec(x):
+    from tracejit.ops.arrayops import _ArrayIndex, _Slice
+    if isinstance(x, dict):
+        if "sym" in x:
+            return Sym(x["sym"][0], x["sym"][1])
+        if "aidx" in x:
+            return _ArrayIndex(x["aidx"])
+        if "ellipsis" in x:
+            return Ellipsis
+        if "slice" in x:
+            return _Slice(tuple(_dec(e) for e in x["slice"]))
+        if "tuple" in x:
+            return tuple(_dec(e) for e in x["tuple"])
+        raise ValueError(f"unknown entry {x!r}")
+    return x
+
+
+def _op_class(name):
+    from tracejit.ops.primitive import PRIMITIVES
+    from tracejit.ops.trace_only import Guard
+    if name == "Guard":
+        return Guard
+    cls = PRIMITIVES.get(name)
+    if cls is None:
+        raise ValueError(f"op {name!r} is not a primitive of this tracejit")
+    return cls
+
+
+def save(ex, path):
+    vid = {}
+    values = []
+
+    def val(v):
+        if id(v) not in vid:
+            vid[id(v)] = len(values)
+            values.append({"shape": [_enc(d, "a shape") for d in ex.shape_of(v)],
+                           "dtype": v.dtype.str})
+        return vid[id(v)]
+
+    def operand(n, i, x):
+        if isinstance(x, Lit):
+            return {"lit": _enc(ex.lit(n, i), "a literal"), "dtype": x.dtype.str}
+        return {"v": val(x)}
+
+    inputs = [{"v": val(v), "kind": k, "name": nm}
+              for v, k, nm in zip(ex.inputs, ex.input_kinds, ex.input_names)]
+    nodes = []
+    for n in ex.nodes:
+        what = f"op {n.op.__name__} ({n.line or 'no line'})"
+        _op_class(n.op.__name__)          # only ops a loading process can rebuild
+        if n.op.__name__ != "Guard" and getattr(n.op, "params", None) is None:
+            raise ExportError(f"save: {what} declares no params")
+        nodes.append({"op": n.op.__name__,
+                      "params": [_enc(p, what) for p in ex.node_params(n)],
+                      "inputs": [operand(n, i, x) for i, x in enumerate(n.inputs)],
+                      "outputs": [val(v) for v in n.outputs], "line": n.line})
+    outputs = [({"lit": _enc(o.value, "an output"), "dtype": o.dtype.str}
+                if isinstance(o, Lit) else {"v": val(o)}) for o in ex.outputs]
+    doc = {"format": _MAGIC, "version": FORMAT_VERSION, "name": ex.name,
+           "symbols": ex.symbols, "values": values, "inputs": inputs, "nodes": nodes,
+           "outputs": outputs, "output_names": ex.output_names,
+           "guards": [list(g) for g in ex.guards]}
+    arrays = {f"a:{k}": np.asarray(a) for k, a in ex.arrays.items()}
+    with open(path, "wb") as fh:
+        np.savez(fh, **{_GRAPH_KEY: np.array(json.dumps(doc))}, **arrays)
+
+
+def load(path):
+    """An Exported read from a file Exported.save wrote: call it on arrays (numba
+    backend), or to_onnx() it. ValueError for a file that is not one, a truncated one,
+    or one from a newer tracejit format."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if _GRAPH_KEY not in z.files:
+                raise ValueError(f"tj.load: {path} is not a tracejit export file")
+            doc = json.loads(str(z[_GRAPH_KEY][()]))
+            arrays = {k[2:]: z[k] for k in z.files if k.startswith("a:")}
+    except (zipfile.BadZipFile, EOFError, OSError, json.JSONDecodeError, KeyError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(f"tj.load: {path} is truncated or not a tracejit export file "
+                         f"({type(e).__name__}: {e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != _MAGIC:
+        raise ValueError(f"tj.load: {path} is not a tracejit export file")
+    version = doc.get("version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ValueError(f"tj.load: {path} has format version {version}, newer than this "
+                         f"tracejit reads ({FORMAT_VERSION}); upgrade tracejit")
+    try:
+        return _rebuild(doc, arrays)
+    except (KeyError, IndexError, TypeError) as e:
+        raise ValueError(f"tj.load: {path} is damaged ({type(e).__name__}: {e})") from None
+
+
+def _rebuild(doc, arrays):
+    symbols = doc["symbols"]
+    shapes = {}
+    values = []
+    for d in doc["values"]:
+        dims = tuple(_dec(x) for x in d["shape"])
+        v = Value(substitute(dims, symbols), np.dtype(d["dtype"]))
+        if any(isinstance(x, Sym) for x in dims):
+            shapes[id(v)] = dims
+        values.append(v)
+    params, lits, nodes = {}, {}, []
+    for d in doc["nodes"]:
+        cls = _op_class(d["op"])
+        p = tuple(_dec(x) for x in d["params"])
+        ins, node_lits = [], {}
+        for i, x in enumerate(d["inputs"]):
+            if "v" in x:
+                ins.append(values[x["v"]])
+            else:
+                lv = _dec(x["lit"])
+                ins.append(Lit(substitute(lv, symbols), x["dtype"]))
+                if isinstance(lv, Sym):
+                    node_lits[i] = lv
+        n = Node(cls(*substitute(p, symbols)), ins, [values[k] for k in d["outputs"]],
+                 d.get("line"))
+        if p != n.params:
+            params[id(n)] = p
+        for i, lv in node_lits.items():
+            lits[(id(n), i)] = lv
+        nodes.append(n)
+    inputs = [values[x["v"]] for x in doc["inputs"]]
+    missing = [x["name"] for x in doc["inputs"] if x["kind"] in ("init", "const")
+               and x["name"] not in arrays]
+    if missing:
+        raise KeyError(f"arrays {missing} missing")
+    outputs = [values[x["v"]] if "v" in x else Lit(_dec(x["lit"]), x["dtype"])
+               for x in doc["outputs"]]
+    return Exported(doc["name"], inputs, [x["kind"] for x in doc["inputs"]],
+                    [x["name"] for x in doc["inputs"]], arrays, nodes, outputs,
+                    doc["output_names"], shapes, params, lits, symbols,
+                    [tuple(g) for g in doc.get("guards", [])])
+
+
+# ---------------------------------------------------------------- running
+
+def _bind(ex, arrays):
+    """The symbols' sizes these input arrays give (ValueError if they do not fit)."""
+    specs = ex.input_specs
+    if len(arrays) != len(specs):
+        raise TypeError(f"{ex.name}: takes {len(specs)} input(s) "
+                        f"({', '.join(s['name'] for s in specs)}), got {len(arrays)}")
+    sizes = {}
+    out = []
+    for a, s in zip(arrays, specs):
+        a = np.asarray(a.data if hasattr(a, "creator") else a)
+        want = "[" + ", ".join(str(d) for d in s["shape"]) + "]"
+        bad = ValueError(f"{ex.name}: input {s['name']} must be {s['dtype'].name}{want}, "
+                         f"got {a.dtype.name}{list(a.shape)}")
+        if a.dtype != s["dtype"] or a.ndim != len(s["shape"]):
+            raise bad
+        for d, n in zip(s["shape"], a.shape):
+            if isinstance(d, Sym) and len(d.names) == 1 and d.coef == 1:
+                if sizes.setdefault(d.names[0], n) != n:
+                    raise ValueError(f"{ex.name}: input {s['name']}: {d} is "
+                                     f"{sizes[d.names[0]]} in another input, {n} here")
+        out.append(a)
+    for a, s in zip(out, specs):
+        for d, n in zip(s["shape"], a.shape):
+            want = d.value(sizes) if isinstance(d, Sym) and all(
+                k in sizes for k in d.names) else d
+            if isinstance(want, Sym) or want != n:
+                raise ValueError(f"{ex.name}: input {s['name']} must be "
+                                 f"{s['dtype'].name}{list(s['shape'])}, got "
+                                 f"{a.dtype.name}{list(a.shape)}")
+    return sizes, out
+
+
+def instantiate(ex, sizes):
+    """The concrete Graph of ex at these symbol sizes, and per graph input how a run
+    gets its array: ("input", k), ("array", ndarray)."""
+    vmap = {}
+
+    def val(v):
+        if isinstance(v, Lit):
+            return v
+        if id(v) not in vmap:
+            vmap[id(v)] = Value(substitute(ex.shape_of(v), sizes), v.dtype)
+        return vmap[id(v)]
+
+    feeds, k = [], 0
+    for v, kind, nm in zip(ex.inputs, ex.input_kinds, ex.input_names):
+        val(v)
+        if kind == "input":
+            feeds.append(("input", k))
+            k += 1
+        elif kind == "range":
+            feeds.append(("array", np.arange(substitute(ex.shape_of(v), sizes)[0],
+                                             dtype=v.dtype)))
+        else:
+            feeds.append(("array", ex.arrays[nm]))
+    nodes = []
+    for n in ex.nodes:
+        fn = type(n.fn)(*substitute(ex.node_params(n), sizes))
+        ins = []
+        for i, x in enumerate(n.inputs):
+            if isinstance(x, Lit):
+                ins.append(Lit(substitute(ex.lit(n, i), sizes), x.dtype))
+            else:
+                ins.append(val(x))
+        nodes.append(Node(fn, ins, [val(v) for v in n.outputs], n.line))
+    g = Graph(ex.name, [val(v) for v in ex.inputs], nodes, [val(o) for o in ex.outputs],
+              ex.input_names)
+    return g, feeds
+
+
+def run(ex, arrays):
+    from tracejit.backends import numba as backend
+    from tracejit.ops.trace_only import GuardFailure
+    sizes, arrays = _bind(ex, arrays)
+    key = tuple(sorted(sizes.items()))
+    entry = ex._runners.get(key)
+    if entry is None:
+        g, feeds = instantiate(ex, {**ex.symbols, **sizes})
+        entry = ex._runners[key] = (backend.compile(g), feeds)
+    exe, feeds = entry
+    ins = [arrays[x] if kind == "input" else x for kind, x in feeds]
+    try:
+        outs = exe(ins)
+    except GuardFailure as e:
+        text, line = ex.guards[e.index] if e.index < len(ex.guards) else ("?", None)
+        raise ValueError(f"{ex.name}: these inputs take another path than the exported "
+                         f"one: guard {text} does not hold ({line})") from None
+    return tuple(outs) if len(outs) != 1 else outs[0]
