@@ -94,11 +94,22 @@ class Reduction(Primitive):
             return ("(0.0 + {0})" if node.out.dtype.kind == "f" else "(0 + {0})"), {}
         return "{0}", {}
 
+    # Export: the ONNX reduction (Sum: ReduceSum, Max: ReduceMax, Min: ReduceMin).
+    onnx_reduce = None
+
+    def to_onnx(self, b, node):
+        # In the result's dtype: NumPy sums bools and small ints as int64.
+        x = b.x(node, 0, node.out.dtype)
+        rank = len(node.inputs[0].shape)
+        axes = list(range(rank)) if self.axis is None else [a % rank for a in self.axis]
+        b.bind(node, b.reduce(x, self.onnx_reduce, axes, self.keepdims))
+
 
 @primitive
 class Sum(Reduction):
     reduction_combine = np.add
     reduction_identity = 0.0
+    onnx_reduce = "ReduceSum"
 
     def forward(self, x):
         return np.sum(x, axis=self.axis, keepdims=self.keepdims)
@@ -113,6 +124,7 @@ class Sum(Reduction):
 class Max(Reduction):
     reduction_combine = np.maximum
     reduction_identity = -np.inf
+    onnx_reduce = "ReduceMax"
 
     def forward(self, x):
         return np.max(x, axis=self.axis, keepdims=self.keepdims)
@@ -134,6 +146,7 @@ class Max(Reduction):
 class Min(Max):
     reduction_combine = np.minimum
     reduction_identity = np.inf
+    onnx_reduce = "ReduceMin"
 
     def forward(self, x):
         return np.min(x, axis=self.axis, keepdims=self.keepdims)
@@ -152,6 +165,18 @@ class SumTo(Reduction):
 
     def forward(self, x):
         return _np_sum_to(x, self.shape)
+
+    def to_onnx(self, b, node):
+        # The axes broadcasting added or stretched, summed keeping them, then the target
+        # shape (which may follow a dynamic dimension).
+        x = b.x(node, 0)
+        shape = b.params(node)[0]
+        in_dims = b.dims(node.inputs[0])
+        lead = len(in_dims) - len(shape)
+        axes = list(range(lead)) + [k + lead for k, d in enumerate(shape)
+                                    if d == 1 and in_dims[k + lead] != 1]
+        y = b.reduce(x, "ReduceSum", axes, True)
+        b.bind(node, b.op("Reshape", [y, b.shape(shape)]))
 
     def backward(self, gy):
         x, = self.inputs
@@ -194,6 +219,90 @@ def _np_sum_to(x, shape):
 
 # ---------------------------------------------------------------- movement
 
+def _onnx_index(b, node, x, key, rank):
+    """Export: ONNX ops computing x[key] (GetItem's template; node.inputs[1:] are its
+    index arrays), NumPy's rules: slices and ints as Slice (+ Squeeze); with index
+    arrays, ints are 0-d index arrays too, and the indexed axes are merged into one that
+    a Gather reads at the flat index (in place when they are adjacent, else first)."""
+    arrays = [i for i in range(1, len(node.inputs))]
+    for i in arrays:
+        if node.inputs[i].dtype.kind not in "iu":
+            raise b.unsupported(node, "a boolean mask index (its result's shape depends "
+                                      "on the data)")
+    used = sum(1 for k in key if k is not None and k is not Ellipsis)
+    entries = []
+    for k in key:
+        if k is Ellipsis:
+            entries += [_Slice((None, None, None))] * (rank - used)
+        else:
+            entries.append(k)
+    entries += [_Slice((None, None, None))] * (rank - sum(1 for k in entries if k is not None))
+    advanced = bool(arrays)
+    starts, ends, axes, steps = [], [], [], []
+    squeeze, new_axes, adv = [], [], []
+    axis = out_axis = 0
+    for k in entries:
+        if k is None:
+            if advanced:
+                raise b.unsupported(node, "None together with index arrays")
+            new_axes.append(out_axis)
+            out_axis += 1
+            continue
+        if isinstance(k, _ArrayIndex):
+            adv.append((axis, b.x(node, 1 + int(k), np.int64)))
+        elif isinstance(k, _Slice):
+            start, stop, step = k
+            step = 1 if step is None else step
+            if (start, stop, step) != (None, None, 1):
+                lo, hi = (0, INT64_MAX) if step > 0 else (INT64_MAX, INT64_MIN)
+                starts.append(lo if start is None else start)
+                ends.append(hi if stop is None else stop)
+                axes.append(axis)
+                steps.append(step)
+            out_axis += 1
+        elif advanced:
+            adv.append((axis, b.const(np.array(k, np.int64))))
+        else:
+            starts.append(k)
+            ends.append(k + 1 if k != -1 else INT64_MAX)
+            axes.append(axis)
+            steps.append(1)
+            squeeze.append(axis)
+        axis += 1
+    y = x
+    if axes:
+        y = b.op("Slice", [y, b.shape(starts), b.shape(ends), b.ints(axes), b.ints(steps)])
+    if squeeze:
+        y = b.op("Squeeze", [y, b.ints(squeeze)])
+    if new_axes:
+        y = b.op("Unsqueeze", [y, b.ints(new_axes)])
+    if not adv:
+        return y
+    shape = b.op("Shape", [y])
+    flat = None
+    for a, idx in adv:
+        dim = b.op("Gather", [shape, b.const(np.array(a, np.int64))], axis=0)
+        neg = b.op("Less", [idx, b.const(np.array(0, np.int64))])
+        idx = b.op("Where", [neg, b.op("Add", [idx, dim]), idx])
+        flat = idx if flat is None else b.op("Add", [b.op("Mul", [flat, dim]), idx])
+    first, last = adv[0][0], adv[-1][0]
+    if [a for a, _ in adv] != list(range(first, last + 1)):
+        # Apart: NumPy puts the indexed axes first.
+        order = [a for a, _ in adv] + [a for a in range(rank) if a not in dict(adv)]
+        y = b.op("Transpose", [y], perm=order)
+        shape = b.op("Shape", [y])
+        first, last = 0, len(adv) - 1
+    pre = b.op("Slice", [shape, b.ints([0]), b.ints([first])])
+    mid = b.op("ReduceProd", [b.op("Slice", [shape, b.ints([first]), b.ints([last + 1])])],
+               keepdims=1)
+    post = b.op("Slice", [shape, b.ints([last + 1]), b.ints([INT64_MAX])])
+    y = b.op("Reshape", [y, b.op("Concat", [pre, mid, post], axis=0)])
+    return b.op("Gather", [y, flat], axis=first)
+
+
+INT64_MAX = np.iinfo(np.int64).max
+INT64_MIN = np.iinfo(np.int64).min
+
 def affine(c, step, i):
     """Index source of c + step * i (c, i: index names or integer literals)."""
     if i == "0":
@@ -214,6 +323,10 @@ class Reshape(Primitive):
 
     def forward(self, x):
         return x.reshape(self.shape)
+
+    def to_onnx(self, b, node):
+        b.bind(node, b.op("Reshape", [b.x(node, 0), b.shape(b.params(node)[0])],
+                          allowzero=1))
 
     def backward(self, gy):
         x, = self.inputs
@@ -265,6 +378,11 @@ class Transpose(Primitive):
     def forward(self, x):
         return np.transpose(x, self.axes)
 
+    def to_onnx(self, b, node):
+        rank = len(node.inputs[0].shape)
+        perm = list(range(rank))[::-1] if self.axes is None else [a % rank for a in self.axes]
+        b.bind(node, b.op("Transpose", [b.x(node, 0)], perm=perm))
+
     def backward(self, gy):
         if self.axes is None:
             return F.transpose(gy)
@@ -301,6 +419,9 @@ class BroadcastTo(Primitive):
     def forward(self, x):
         # A fresh array, not a read-only view: results must be writable.
         return np.array(np.broadcast_to(x, self.shape))
+
+    def to_onnx(self, b, node):
+        b.bind(node, b.op("Expand", [b.x(node, 0), b.shape(b.params(node)[0])]))
 
     def backward(self, gy):
         x, = self.inputs
@@ -398,6 +519,10 @@ class GetItem(Primitive):
     def forward(self, x, *indices):
         y = x[_join_index(self.key, indices)]
         return np.array(y) if not isinstance(y, np.ndarray) or y.base is not None else y
+
+    def to_onnx(self, b, node):
+        x = b.x(node, 0)
+        b.bind(node, _onnx_index(b, node, x, b.params(node)[0], len(node.inputs[0].shape)))
 
     def backward(self, gy):
         x, *indices = self.inputs
@@ -529,6 +654,24 @@ class GetItemGrad(Primitive):
             np.add.at(gx, _join_index(self.key, indices), gy)
         return gx
 
+    def to_onnx(self, b, node):
+        # Where each element of gy goes: x[key] of x = the flat positions of in_shape;
+        # then a scatter-add of gy into zeros (ONNX's ScatterElements, reduction add).
+        key, in_shape = b.params(node)
+        shape = b.shape(in_shape)
+        count = b.op("ReduceProd", [shape], keepdims=0)
+        pos = b.op("Range", [b.const(np.array(0, np.int64)), count,
+                             b.const(np.array(1, np.int64))])
+        pos = b.op("Reshape", [pos, shape])
+        where = _onnx_index(b, node, pos, key, len(in_shape))
+        flat = b.ints([-1])
+        zeros = b.op("Expand", [b.const(np.zeros(1, node.out.dtype)),
+                                b.op("Reshape", [count, flat])])
+        gy = b.x(node, 0, node.out.dtype)
+        out = b.op("ScatterElements", [zeros, b.op("Reshape", [where, flat]),
+                                       b.op("Reshape", [gy, flat])], axis=0, reduction="add")
+        b.bind(node, b.op("Reshape", [out, shape]))
+
     def backward(self, ggx):
         _, *indices = self.inputs
         return (GetItem(self.key)(ggx, *indices),) + (None,) * len(indices)
@@ -586,6 +729,10 @@ class MatMul(Primitive):
 
     def forward(self, x, W):
         return np.matmul(x, W)
+
+    def to_onnx(self, b, node):
+        dt = node.out.dtype
+        b.bind(node, b.op("MatMul", [b.x(node, 0, dt), b.x(node, 1, dt)]))
 
     def backward(self, gy):
         x, W = self.inputs

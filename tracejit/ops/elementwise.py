@@ -15,6 +15,7 @@ from tracejit.ops.primitive import (KERNEL_FLOATS, Elementwise, differentiable, 
 @primitive
 class Neg(Elementwise):
     expr = "-{0}"
+    onnx_op = "Neg"
 
     def forward(self, x):
         return -x
@@ -26,6 +27,7 @@ class Neg(Elementwise):
 @primitive
 class Exp(Elementwise):
     expr = "math.exp({0})"
+    onnx_op = "Exp"
     vector_math = True
 
     def forward(self, x):
@@ -38,6 +40,7 @@ class Exp(Elementwise):
 @primitive
 class Log(Elementwise):
     expr = "math.log({0})"
+    onnx_op = "Log"
     vector_math = True
 
     def forward(self, x):
@@ -51,6 +54,7 @@ class Log(Elementwise):
 @primitive
 class Sin(Elementwise):
     expr = "math.sin({0})"
+    onnx_op = "Sin"
     vector_math = True
     checks_trig_range = True
 
@@ -65,6 +69,7 @@ class Sin(Elementwise):
 @primitive
 class Cos(Elementwise):
     expr = "math.cos({0})"
+    onnx_op = "Cos"
     vector_math = True
     checks_trig_range = True
 
@@ -79,6 +84,7 @@ class Cos(Elementwise):
 @primitive
 class Tanh(Elementwise):
     expr = "math.tanh({0})"
+    onnx_op = "Tanh"
     vector_math = True
 
     def forward(self, x):
@@ -92,6 +98,7 @@ class Tanh(Elementwise):
 @primitive
 class Sqrt(Elementwise):
     expr = "math.sqrt({0})"
+    onnx_op = "Sqrt"
 
     def forward(self, x):
         return np.sqrt(x)
@@ -104,6 +111,7 @@ class Sqrt(Elementwise):
 @primitive
 class Abs(Elementwise):
     expr = "abs({0})"
+    onnx_op = "Abs"
 
     def forward(self, x):
         return np.abs(x)
@@ -117,6 +125,7 @@ class Abs(Elementwise):
 class Sign(Elementwise):
     # np.sign: nan for nan, +0.0 for both zeros (x * 0.0 gave -0.0, and 1 / that -inf).
     expr = "(1.0 if {0} > 0 else (-1.0 if {0} < 0 else ({0} if {0} != {0} else 0.0)))"
+    onnx_op = "Sign"
 
     def forward(self, x):
         return np.sign(x)
@@ -129,6 +138,7 @@ class Sign(Elementwise):
 class Sigmoid(Elementwise):
     # tanh form: no overflow for large |x|, unlike 1 / (1 + F.exp(-x)).
     expr = "math.tanh({0} * 0.5) * 0.5 + 0.5"
+    onnx_op = "Sigmoid"
     vector_math = True
 
     def forward(self, x):
@@ -143,6 +153,7 @@ class Sigmoid(Elementwise):
 class ReLU(Elementwise):
     # NaN propagates, as in np.maximum(x, 0).
     expr = "({0} if not {0} <= 0 else 0.0)"
+    onnx_op = "Relu"
 
     def forward(self, x):
         return np.maximum(x, x.dtype.type(0))
@@ -163,6 +174,14 @@ class LeakyReLU(Elementwise):
     def forward(self, x):
         return np.where(x > 0, x, x * x.dtype.type(self.slope)).astype(x.dtype, copy=False)
 
+    def to_onnx(self, b, node):
+        # As a where: ONNX's LeakyRelu has no float64 kernel in ONNX Runtime.
+        dt = node.out.dtype
+        x = b.x(node, 0, dt)
+        pos = b.op("Greater", [x, b.const(np.zeros((), dt))])
+        b.bind(node, b.op("Where", [pos, x, b.op("Mul", [x, b.const(np.array(self.slope,
+                                                                             dt))])]))
+
     def backward(self, gy):
         x, = self.inputs
         return F.where(x > 0, gy, gy * self.slope)
@@ -180,6 +199,10 @@ class Pow(Elementwise):
 
     def forward(self, x):
         return x ** self.c
+
+    def to_onnx(self, b, node):
+        dt = node.out.dtype
+        b.bind(node, b.op("Pow", [b.x(node, 0, dt), b.const(np.array(self.c, dt))]))
 
     def cheap_to_recompute(self):
         # x ** 2 is a multiply; x ** 0.3 is libm's pow.
@@ -223,6 +246,12 @@ class Clip(Elementwise):
     def forward(self, x):
         return np.clip(x, self.x_min, self.x_max)
 
+    def to_onnx(self, b, node):
+        dt = node.out.dtype
+        bounds = ["" if c is None else b.const(np.array(c, dt))
+                  for c in (self.x_min, self.x_max)]
+        b.bind(node, b.op("Clip", [b.x(node, 0, dt)] + bounds))
+
     def backward(self, gy):
         x, = self.inputs
         return gy * ((x >= self.x_min) * (x <= self.x_max))
@@ -238,6 +267,9 @@ class Cast(Elementwise):
 
     def forward(self, x):
         return x.astype(self.dtype)
+
+    def to_onnx(self, b, node):
+        b.bind(node, b.x(node, 0, node.out.dtype))
 
     def fuses_for(self, in_dtypes, out_dtype):
         if out_dtype == np.bool_:
@@ -264,6 +296,7 @@ class Cast(Elementwise):
 @primitive
 class Add(Elementwise):
     expr = "{0} + {1}"
+    onnx_op = "Add"
 
     def forward(self, x0, x1):
         return x0 + x1
@@ -276,6 +309,7 @@ class Add(Elementwise):
 @primitive
 class Sub(Elementwise):
     expr = "{0} - {1}"
+    onnx_op = "Sub"
 
     def forward(self, x0, x1):
         return x0 - x1
@@ -288,6 +322,7 @@ class Sub(Elementwise):
 @primitive
 class Mul(Elementwise):
     expr = "{0} * {1}"
+    onnx_op = "Mul"
 
     def forward(self, x0, x1):
         return x0 * x1
@@ -302,6 +337,7 @@ class Mul(Elementwise):
 @primitive
 class Div(Elementwise):
     expr = "{0} / {1}"
+    onnx_op = "Div"
 
     def forward(self, x0, x1):
         return x0 / x1
@@ -318,6 +354,7 @@ class PowV(Elementwise):
     """x0 ** x1 with a Variable exponent."""
 
     expr = "{0} ** {1}"
+    onnx_op = "Pow"
 
     def forward(self, x0, x1):
         return x0 ** x1
@@ -345,6 +382,7 @@ class PowV(Elementwise):
 class Maximum(Elementwise):
     # Ties give x1, as np.maximum does: maximum(-0.0, 0.0) is 0.0, maximum(0.0, -0.0) -0.0.
     expr = "({0} if ({0} > {1} or {0} != {0}) else {1})"
+    onnx_op = "Max"
 
     def forward(self, x0, x1):
         return np.maximum(x0, x1)
@@ -360,6 +398,7 @@ class Maximum(Elementwise):
 class Minimum(Elementwise):
     # Ties give x1, as np.minimum does (the sign of a zero result).
     expr = "({0} if ({0} < {1} or {0} != {0}) else {1})"
+    onnx_op = "Min"
 
     def forward(self, x0, x1):
         return np.minimum(x0, x1)
@@ -380,10 +419,17 @@ class _Compare(Elementwise):
     def fuses_for(self, in_dtypes, out_dtype):
         return True            # a bool result: a kernel writes it as NumPy's bool
 
+    def to_onnx(self, b, node):
+        # Compared in the dtype NumPy promotes the arrays to (a literal is weak).
+        arrays = [v.dtype for v in node.inputs if not b.is_lit(v)]
+        b.elementwise(node, self.onnx_op, np.result_type(*(arrays or
+                                                           [v.dtype for v in node.inputs])))
+
 
 @primitive
 class Greater(_Compare):
     expr = "{0} > {1}"
+    onnx_op = "Greater"
 
     def forward(self, x0, x1):
         return x0 > x1
@@ -392,6 +438,7 @@ class Greater(_Compare):
 @primitive
 class GreaterEqual(_Compare):
     expr = "{0} >= {1}"
+    onnx_op = "GreaterOrEqual"
 
     def forward(self, x0, x1):
         return x0 >= x1
@@ -400,6 +447,7 @@ class GreaterEqual(_Compare):
 @primitive
 class Less(_Compare):
     expr = "{0} < {1}"
+    onnx_op = "Less"
 
     def forward(self, x0, x1):
         return x0 < x1
@@ -408,6 +456,7 @@ class Less(_Compare):
 @primitive
 class LessEqual(_Compare):
     expr = "{0} <= {1}"
+    onnx_op = "LessOrEqual"
 
     def forward(self, x0, x1):
         return x0 <= x1
@@ -416,6 +465,7 @@ class LessEqual(_Compare):
 @primitive
 class Equal(_Compare):
     expr = "{0} == {1}"
+    onnx_op = "Equal"
 
     def forward(self, x0, x1):
         return x0 == x1
@@ -428,6 +478,12 @@ class NotEqual(_Compare):
     def forward(self, x0, x1):
         return x0 != x1
 
+    def to_onnx(self, b, node):
+        super().to_onnx(b, node)        # Equal, then Not: ONNX has no NotEqual
+        b.bind(node, b.op("Not", [b.names[id(node.out)]]))
+
+    onnx_op = "Equal"
+
 
 @primitive
 class Where(Elementwise):
@@ -435,6 +491,11 @@ class Where(Elementwise):
 
     def forward(self, cond, x0, x1):
         return np.where(cond, x0, x1)
+
+    def to_onnx(self, b, node):
+        dt = node.out.dtype
+        b.bind(node, b.op("Where", [b.x(node, 0, np.bool_), b.x(node, 1, dt),
+                                    b.x(node, 2, dt)]))
 
     def fuses_for(self, in_dtypes, out_dtype):
         if out_dtype == np.bool_:

@@ -65,6 +65,18 @@ class Primitive(Function):
     # elements raises, as NumPy's does.
     reduction_combine = None
     reduction_identity = None
+    # Export (tracejit/export/onnx.py): the standard ONNX operator an elementwise op is,
+    # its operands cast to the result's dtype; None: the op's to_onnx lowers it, or it
+    # has no ONNX form (export then names it).
+    onnx_op = None
+
+    def to_onnx(self, b, node):
+        """Export: emit `node` as ONNX ops through the builder `b` (b.x(node, i, dtype)
+        its operands, b.op(type, inputs, **attrs), b.bind(node, name), b.shape(dims)
+        for shapes that may follow a dynamic dimension). Default: onnx_op."""
+        if self.onnx_op is None:
+            raise b.unsupported(node)
+        b.elementwise(node, self.onnx_op)
 
     def cheap_to_recompute(self):
         """Elementwise: is recomputing the value in the backward's kernel cheaper than

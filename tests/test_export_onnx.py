@@ -1,0 +1,263 @@
+"""tj.export(...).to_onnx(): ONNX Runtime's outputs equal tracejit's on new inputs.
+
+Every model is checked by onnx.checker (to_onnx runs it) and run by ONNX Runtime on
+inputs it was not exported with, three times, including new batch sizes where a
+dimension is symbolic; each is compared with the jitted function and eager.
+Refusals (guards, random draws, in-place updates, ops with no ONNX form) are clear
+ExportErrors.
+"""
+import sys
+
+import numpy as np
+import pytest
+
+import tracejit as tj
+import tracejit.functions as F
+from tracejit.models import MLP
+
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+
+def _run_onnx(ex, feeds):
+    model = ex.to_onnx()
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    assert names == [s["name"] for s in ex.input_specs]
+    return sess.run(None, dict(zip(names, feeds)))
+
+
+def _plain(x):
+    if isinstance(x, tj.Variable):
+        return [x.data]
+    if isinstance(x, (tuple, list)):
+        return [a for e in x for a in _plain(e)]
+    return [np.asarray(x)]
+
+
+def _check(f, ex, calls, rtol=1e-6, atol=1e-9):
+    """ONNX Runtime vs jit vs eager on each call's arguments (the model's inputs)."""
+    jf = tj.jit(f)
+    for args in calls:
+        got = _run_onnx(ex, args)
+        want_jit = _plain(jf(*args))
+        want = _plain(f(*args))
+        assert len(got) == len(want) == len(want_jit)
+        for g, w, wj in zip(got, want, want_jit):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+            np.testing.assert_allclose(g, wj, rtol=rtol, atol=atol)
+
+
+def test_mlp_with_a_symbolic_batch():
+    np.random.seed(0)
+    model = MLP((10, 3))
+
+    def predict(x):
+        return F.softmax(model(x))
+
+    x = np.random.rand(5, 2)
+    ex = tj.export(predict, x, dynamic={"x": {0: "batch"}})
+    assert [s["shape"][1:] for s in ex.input_specs] == [(2,)]
+    assert str(ex.input_specs[0]["shape"][0]) == "batch"
+    assert sorted(ex.initializers) == ["model.l0.W", "model.l0.b", "model.l1.W",
+                                       "model.l1.b"]
+    text = str(ex)
+    assert "x: float64[batch, 2]" in text and "matmul" in text
+    _check(predict, ex, [(np.random.rand(n, 2),) for n in (3, 8, 5)])
+
+
+def test_goldstein_price():
+    def goldstein(x, y):
+        a = 1 + (x + y + 1) ** 2 * (19 - 14 * x + 3 * x ** 2 - 14 * y + 6 * x * y
+                                    + 3 * y ** 2)
+        b = 30 + (2 * x - 3 * y) ** 2 * (18 - 32 * x + 12 * x ** 2 + 48 * y - 36 * x * y
+                                         + 27 * y ** 2)
+        return a * b
+
+    def f(x, y):
+        return goldstein(tj.Variable(x), tj.Variable(y))
+
+    rng = np.random.default_rng(1)
+    ex = tj.export(f, rng.random(4), rng.random(4), dynamic={"x": {0: "n"}, "y": {0: "n"}})
+    _check(f, ex, [(rng.random(n) - 0.5, rng.random(n) - 0.5) for n in (4, 7, 2)],
+           rtol=1e-10)
+
+
+def test_gradients_of_goldstein_price():
+    def goldstein(x, y):
+        a = 1 + (x + y + 1) ** 2 * (19 - 14 * x + 3 * x ** 2 - 14 * y + 6 * x * y
+                                    + 3 * y ** 2)
+        b = 30 + (2 * x - 3 * y) ** 2 * (18 - 32 * x + 12 * x ** 2 + 48 * y - 36 * x * y
+                                         + 27 * y ** 2)
+        return a * b
+
+    vg = tj.value_and_grad(goldstein, argnums=(0, 1))
+    ex = tj.export(vg, np.array(1.0), np.array(1.0))
+    rng = np.random.default_rng(2)
+    _check(vg, ex, [(np.array(v), np.array(w)) for v, w in rng.random((3, 2)) - 0.5],
+           rtol=1e-10)
+
+
+def test_elementwise_chain_with_broadcasting():
+    def chain(x, y, z):
+        a = F.tanh(x * y) + F.exp(-z) ** 2
+        b = F.maximum(a, 0.1 * x) - F.minimum(x, y) / (1 + F.sigmoid(z))
+        c = F.where(b > 0.2, F.sqrt(F.abs(b)), F.cos(b) * F.sin(x))
+        d = F.clip(c, -0.5, 0.9) + F.leaky_relu(x - 0.5, 0.1) + F.relu(y - 0.3)
+        return F.sum(d, axis=1), F.mean(d * F.log(1 + z))
+
+    rng = np.random.default_rng(3)
+
+    def args(n):
+        return (rng.random((n, 3)), rng.random(3), rng.random((n, 1)))
+
+    ex = tj.export(chain, *args(4), dynamic={"x": {0: "batch"}, "z": {0: "batch"}})
+    _check(chain, ex, [args(n) for n in (4, 6, 9)], rtol=1e-9)
+
+
+def test_float32_mlp_training_gradients_with_backward():
+    # loss.backward() inside the function: the gradients it leaves on the captured
+    # Parameters are outputs, here also returned.
+    np.random.seed(4)
+    model = MLP((8, 3))
+
+    def step(x, t):
+        y = model(x)
+        loss = F.softmax_cross_entropy(y, t)
+        model.cleargrads()
+        loss.backward()
+        return loss, model.l0.W.grad, model.l1.b.grad
+
+    x = np.random.rand(6, 2)
+    t = np.random.randint(0, 3, 6)
+    ex = tj.export(step, x, t, dynamic={"x": {0: "batch"}, "t": {0: "batch"}})
+    names = [s["name"] for s in ex.output_specs]
+    # The two gradients the function does not return are outputs too, by name.
+    assert "model.l0.b.grad" in names and "model.l1.W.grad" in names
+    sess = ort.InferenceSession(ex.to_onnx().SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    for n in (6, 3, 10):
+        x, t = np.random.rand(n, 2), np.random.randint(0, 3, n)
+        got = dict(zip(names, sess.run(None, {"x": x, "t": t})))
+        loss, gW, gb = step(x, t)
+        np.testing.assert_allclose(got["output_0"], loss.data, rtol=1e-5)
+        np.testing.assert_allclose(got["output_1"], gW.data, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(got["output_2"], gb.data, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(got["model.l1.W.grad"], model.l1.W.grad.data,
+                                   rtol=1e-4, atol=1e-6)
+
+
+def test_softmax_cross_entropy_value_and_grad_symbolic_batch():
+    def loss(x, t, W, b):
+        return F.softmax_cross_entropy(F.linear(x, W, b), t)
+
+    rng = np.random.default_rng(5)
+    W, b = rng.random((4, 3)), rng.random(3)
+    vg = tj.value_and_grad(loss, argnums=(2, 3))
+    ex = tj.export(vg, rng.random((5, 4)), rng.integers(0, 3, 5), W, b,
+                   dynamic={"x": {0: "batch"}, "t": {0: "batch"}})
+    _check(vg, ex, [(rng.random((n, 4)), rng.integers(0, 3, n), rng.random((4, 3)),
+                     rng.random(3)) for n in (5, 2, 11)], rtol=1e-9)
+
+
+def test_indexing_and_its_gradient():
+    def f(x, i):
+        # The index array as a Variable: a plain traced ndarray inside a tuple key is
+        # an escape of the tracer today (reported, not this file's subject).
+        i = tj.Variable(i)
+        y = x[:, 1:] * 2
+        w = x[i, ::-1][:, :2] + x[0, None, 1:]
+        z = F.sum(x[-1]) + F.sum(x[1:3, -1]) + F.sum(x[i, 1] * x[2, np.array([0, 2, -1, 1, 0])])
+        return F.sum(y ** 2) + F.sum(w * w) + z
+
+    vg = tj.value_and_grad(f, argnums=0)
+    rng = np.random.default_rng(6)
+    ex = tj.export(vg, rng.random((4, 3)), np.array([3, 0, -1, 1, 1]),
+                   dynamic={"x": {0: "rows"}})
+    _check(vg, ex, [(rng.random((n, 3)), rng.integers(-n, n, 5)) for n in (4, 5, 8)],
+           rtol=1e-10)
+
+
+def newton_steps(x, iters):
+    # Newton's method for f(x) = x^4 - 2x^2 at a fixed trip count (the book's step 33
+    # loop, bounded): static control flow, exportable.
+    for _ in range(iters):
+        y = x ** 4 - 2 * x ** 2
+        gx = 4 * x ** 3 - 4 * x
+        gx2 = 12 * x ** 2 - 4
+        x = x - y * 0 - gx / gx2
+    return x
+
+
+def test_loop_at_a_fixed_trip_count():
+    def f(x):
+        return newton_steps(tj.Variable(x), 5)
+
+    ex = tj.export(f, np.array([2.0, 1.5]), dynamic={"x": {0: "n"}})
+    _check(f, ex, [(np.array([2.0, 1.5, 3.0]),), (np.array([1.2]),),
+                   (np.array([2.5, 4.0]),)], rtol=1e-10)
+
+
+def test_a_data_dependent_while_loop_is_refused_naming_its_lines():
+    def until_small(x):
+        x = tj.Variable(x)
+        while float(F.sum(x * x).data) > 1.0:        # the guard's line
+            x = x * 0.5
+        return x
+
+    with pytest.raises(tj.ExportError) as e:
+        tj.export(until_small, np.array([3.0, 4.0]))
+    msg = str(e.value)
+    assert "guard" in msg and "while float(F.sum(x * x).data) > 1.0" in msg
+    assert msg.count("guard bool") == 4     # one per traced iteration test, each listed
+
+
+def test_random_draws_and_inplace_updates_are_refused():
+    np.random.seed(7)
+    model = MLP((5, 2))
+    opt = tj.optimizers.SGD(0.1).setup(model)
+
+    def noisy(x):
+        return F.dropout(model(x), 0.5)
+
+    def train(x, t):
+        loss = F.softmax_cross_entropy(model(x), t)
+        model.cleargrads()
+        loss.backward()
+        opt.update()
+        return loss
+
+    x, t = np.random.rand(4, 3), np.array([0, 1, 1, 0])
+    with pytest.raises(tj.ExportError, match="random"):
+        tj.export(noisy, x)
+    with pytest.raises(tj.ExportError, match="in place"):
+        tj.export(train, x, t)
+
+
+def test_an_op_without_onnx_form_is_named():
+    def acc(x, t):
+        return F.accuracy(tj.Variable(x), t)
+
+    ex = tj.export(acc, np.random.rand(4, 3), np.array([0, 1, 2, 0]))
+    with pytest.raises(tj.ExportError, match="no ONNX lowering"):
+        ex.to_onnx()
+
+
+def test_missing_onnx_says_how_to_install(monkeypatch):
+    ex = tj.export(lambda x: tj.Variable(x) * 2, np.ones(3))
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    with pytest.raises(ImportError, match=r"pip install 'tracejit\[onnx\]'"):
+        ex.to_onnx()
+
+
+def test_onnx_file_and_bad_opset(tmp_path):
+    ex = tj.export(lambda x: F.exp(tj.Variable(x)), np.ones((2, 2)))
+    path = tmp_path / "f.onnx"
+    ex.to_onnx(str(path), opset=18)
+    import onnx
+    onnx.checker.check_model(onnx.load(str(path)))
+    with pytest.raises(ValueError, match="opset"):
+        ex.to_onnx(opset=7)

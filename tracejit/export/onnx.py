@@ -1,0 +1,241 @@
+"""Exported.to_onnx: the exported graph as an ONNX model (standard operators only).
+
+Each op lowers itself: its class's `to_onnx(b, node)` facet (ops/primitive.py; plain
+elementwise ops just declare `onnx_op`) calls the builder `b` below, which knows
+ONNX's names, dtypes and the symbolic dimensions. A shape an op needs (a reshape's
+target, a sum_to's, a scatter's zeros) is computed in the model from its inputs'
+shapes where it follows a dynamic dimension, so the model runs at any batch size.
+Operands are cast to the dtype NumPy computes in (ONNX has no type promotion).
+"""
+import numpy as np
+
+from tracejit.export.exported import ExportError
+from tracejit.export.symbolic import Sym
+from tracejit.ir import Lit
+
+DEFAULT_OPSET = 17
+MIN_OPSET = 16       # ScatterElements with reduction="add" (the gradient of indexing)
+INT64_MAX = np.iinfo(np.int64).max
+INT64_MIN = np.iinfo(np.int64).min
+
+
+def _import_onnx():
+    try:
+        import onnx
+        from onnx import helper, numpy_helper
+    except ImportError:
+        raise ImportError("Exported.to_onnx needs the onnx package: pip install "
+                          "'tracejit[onnx]' (onnx, and onnxruntime to run the model)") from None
+    return onnx, helper, numpy_helper
+
+
+class Builder:
+    """What an op's to_onnx facet calls: operands, ops, constants, shapes."""
+
+    def __init__(self, ex, opset):
+        self.onnx, self.helper, self.numpy_helper = _import_onnx()
+        self.ex = ex
+        self.opset = opset
+        self.nodes = []
+        self.initializers = []
+        self.names = {}           # id(Value) -> ONNX tensor name
+        self.counter = 0
+        self.sym_source = {}      # symbol -> (ONNX input name, axis)
+        self._cache = {}
+
+    # ---- names and ops
+
+    def fresh(self, hint="t"):
+        self.counter += 1
+        return f"{hint}_{self.counter}"
+
+    def op(self, op_type, inputs, n_out=1, **attrs):
+        """Append an ONNX node; its output name (a list of them if n_out > 1)."""
+        outs = [self.fresh(op_type.lower()) for _ in range(n_out)]
+        self.nodes.append(self.helper.make_node(op_type, list(inputs), outs, **attrs))
+        return outs if n_out > 1 else outs[0]
+
+    def const(self, array, hint="c"):
+        array = np.asarray(array)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self._cache:
+            name = self.fresh(hint)
+            self.initializers.append(self.numpy_helper.from_array(array, name))
+            self._cache[key] = name
+        return self._cache[key]
+
+    def ints(self, values):
+        return self.const(np.array(list(values), np.int64), "ints")
+
+    def elem_type(self, dtype):
+        return self.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+    def cast(self, name, from_dtype, to_dtype):
+        if np.dtype(from_dtype) == np.dtype(to_dtype):
+            return name
+        return self.op("Cast", [name], to=self.elem_type(to_dtype))
+
+    def unsupported(self, node, why=None):
+        return ExportError(f"to_onnx: op {node.name} ({node.line or 'no line'}) has no "
+                           f"ONNX lowering{': ' + why if why else ''}")
+
+    # ---- operands and results
+
+    def x(self, node, i, dtype=None):
+        """Operand i of node as an ONNX name, cast to `dtype` when given."""
+        v = node.inputs[i]
+        if isinstance(v, Lit):
+            want = np.dtype(dtype or v.dtype)
+            value = self.ex.lit(node, i)
+            if isinstance(value, Sym):
+                return self.scalar_of(value, want)
+            return self.const(np.array(value, dtype=v.dtype).astype(want), "lit")
+        name = self.names[id(v)]
+        return self.cast(name, v.dtype, dtype) if dtype is not None else name
+
+    def bind(self, node, name, k=0, dtype=None):
+        """Output k of node is `name` (of `dtype`, cast to the output's dtype)."""
+        v = node.outputs[k]
+        self.names[id(v)] = self.cast(name, dtype, v.dtype) if dtype is not None else name
+
+    @staticmethod
+    def is_lit(v):
+        return isinstance(v, Lit)
+
+    def params(self, node):
+        """node's params, a Sym where one follows a dynamic dimension."""
+        return self.ex.node_params(node)
+
+    def dims(self, v):
+        return tuple(self.ex.shape_of(v))
+
+    # ---- shapes
+
+    def sym_dim(self, name):
+        """A 1-element int64 tensor holding symbol `name`'s size."""
+        key = ("sym", name)
+        if key not in self._cache:
+            src, axis = self.sym_source[name]
+            shape = self.op("Shape", [src])
+            self._cache[key] = self.op("Gather", [shape, self.ints([axis])], axis=0)
+        return self._cache[key]
+
+    def shape(self, dims):
+        """dims (ints and Syms) as a 1-D int64 tensor, computed from the inputs' shapes
+        where a dim follows a dynamic dimension."""
+        dims = list(dims)
+        if not any(isinstance(d, Sym) for d in dims):
+            return self.ints([int(d) for d in dims])
+        parts = []
+        for d in dims:
+            if isinstance(d, Sym):
+                t = None
+                for n in d.names:
+                    s = self.sym_dim(n)
+                    t = s if t is None else self.op("Mul", [t, s])
+                if d.coef != 1:
+                    t = self.op("Mul", [t, self.ints([int(d.coef)])])
+                parts.append(t)
+            else:
+                parts.append(self.ints([int(d)]))
+        return self.op("Concat", parts, axis=0)
+
+    def scalar_of(self, sym, dtype):
+        """A 0-d tensor of dtype holding sym's value (a literal such as a mean's N)."""
+        t = self.shape([Sym(1, sym.names)])
+        t = self.op("Reshape", [t, self.ints([])])
+        t = self.cast(t, np.int64, dtype)
+        if sym.coef != 1:
+            t = self.op("Mul", [t, self.const(np.array(sym.coef, dtype))])
+        return t
+
+    # ---- helpers the op facets share
+
+    def elementwise(self, node, op_type, operand_dtype=None, **attrs):
+        """op_type on all operands cast to operand_dtype (default: the result's dtype,
+        as NumPy computes), the result cast to the node's dtype."""
+        dt = np.dtype(operand_dtype or node.out.dtype)
+        ins = [self.x(node, i, dt) for i in range(len(node.inputs))]
+        out = self.op(op_type, ins, **attrs)
+        result_dtype = np.bool_ if op_type in _BOOL_OPS else dt
+        self.bind(node, out, dtype=result_dtype)
+
+    def reduce(self, name, op_type, axes, keepdims):
+        """op_type (ReduceSum, ReduceMax, ...) of tensor `name` over `axes`."""
+        if not axes:
+            return self.op("Identity", [name])
+        if op_type == "ReduceSum" or self.opset >= 18:
+            return self.op(op_type, [name, self.ints(axes)], keepdims=int(keepdims))
+        return self.op(op_type, [name], axes=list(axes), keepdims=int(keepdims))
+
+
+_BOOL_OPS = {"Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual", "Not", "And",
+             "Or", "Xor"}
+
+
+def to_onnx(ex, path=None, opset=None):
+    """The ONNX ModelProto of `ex` (written to path if given)."""
+    onnx, helper, numpy_helper = _import_onnx()
+    opset = DEFAULT_OPSET if opset is None else int(opset)
+    latest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= latest:
+        raise ValueError(f"to_onnx: opset {opset} is outside {MIN_OPSET}..{latest} (the "
+                         f"installed onnx's newest)")
+    if ex.guards:
+        lines = "; ".join(f"guard {t} at {line}" for t, line in ex.guards)
+        raise ExportError(f"to_onnx: {ex.name} was exported with its guards ({lines}); "
+                          f"ONNX export of guarded graphs (If nodes) is not supported")
+    b = Builder(ex, opset)
+    graph_inputs = []
+    for v, kind, nm in zip(ex.inputs, ex.input_kinds, ex.input_names):
+        b.names[id(v)] = nm
+        if kind == "input":
+            dims = ex.shape_of(v)
+            graph_inputs.append(helper.make_tensor_value_info(
+                nm, b.elem_type(v.dtype), [_dim(d) for d in dims]))
+            for axis, d in enumerate(dims):
+                if isinstance(d, Sym) and d.coef == 1 and len(d.names) == 1:
+                    b.sym_source.setdefault(d.names[0], (nm, axis))
+        elif kind == "range":
+            pass
+        else:
+            b.initializers.append(numpy_helper.from_array(
+                np.array(ex.arrays[nm], order="C"), nm))
+    for v, kind, nm in zip(ex.inputs, ex.input_kinds, ex.input_names):
+        if kind == "range":
+            n = b.op("Reshape", [b.shape(ex.shape_of(v)[:1]), b.ints([])])
+            r = b.op("Range", [b.const(np.array(0, np.int64)), n,
+                               b.const(np.array(1, np.int64))])
+            b.names[id(v)] = b.cast(r, np.int64, v.dtype)
+    for n in ex.nodes:
+        lower = getattr(n.fn, "to_onnx", None)
+        if lower is None:
+            why = "a guard (data-dependent control flow)" if n.kind == "guard" else \
+                "a NumPy call or user Function the tracer kept as is"
+            raise b.unsupported(n, why)
+        lower(b, n)
+    outputs = []
+    for o, nm in zip(ex.outputs, ex.output_names):
+        if isinstance(o, Lit):
+            src = b.const(np.array(o.value, o.dtype))
+            dims = ()
+        else:
+            src = b.names[id(o)]
+            dims = ex.shape_of(o)
+        b.nodes.append(helper.make_node("Identity", [src], [nm]))
+        outputs.append(helper.make_tensor_value_info(nm, b.elem_type(o.dtype),
+                                                     [_dim(d) for d in dims]))
+    graph = helper.make_graph(b.nodes, ex.name, graph_inputs, outputs, b.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              producer_name="tracejit")
+    # ONNX Runtime reads IR versions up to the one its release knows; the oldest one
+    # that has this opset keeps the model loadable by older runtimes too.
+    model.ir_version = min(model.ir_version, 8 if opset <= 18 else model.ir_version)
+    onnx.checker.check_model(model, full_check=True)
+    if path is not None:
+        onnx.save(model, str(path))
+    return model
+
+
+def _dim(d):
+    return str(d) if isinstance(d, Sym) else int(d)
