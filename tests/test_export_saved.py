@@ -1,0 +1,203 @@
+"""Exported.save / tj.load: a file that runs without the user's source.
+
+Saved models run in a fresh process that has only the file (and tracejit), through the
+numba backend, with the jitted function's results; a loaded file runs at new sizes of
+its symbolic dimensions and still converts to ONNX. A newer format, a truncated file
+and inputs that do not match are clear errors.
+"""
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+import tracejit as tj
+import tracejit.functions as F
+from tracejit.export.exported import FORMAT_VERSION
+from tracejit.models import MLP
+
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _loss(x, t, W, b):
+    return F.softmax_cross_entropy(F.linear(x, W, b), t)
+
+
+def _exports(tmp_path):
+    """(file, function, example-free call arguments) for three models."""
+    np.random.seed(0)
+    model = MLP((10, 3))
+
+    def predict(x):
+        return F.softmax(model(x))
+
+    rng = np.random.default_rng(1)
+    vg = tj.value_and_grad(_loss, argnums=(2, 3))
+    W, b = rng.random((4, 3)), rng.random(3)
+
+    def chain(x, y):
+        return F.tanh(tj.Variable(x) * y) ** 2 + F.exp(-y)
+
+    out = []
+    ex = tj.export(predict, np.random.rand(5, 2), dynamic={"x": {0: "batch"}})
+    out.append(("mlp", ex, predict, [(np.random.rand(n, 2),) for n in (3, 7, 5)]))
+    ex = tj.export(vg, rng.random((5, 4)), rng.integers(0, 3, 5), W, b,
+                   dynamic={0: {0: "batch"}, "t": {0: "batch"}})
+    out.append(("sce", ex, vg, [(rng.random((n, 4)), rng.integers(0, 3, n), W, b)
+                                for n in (5, 2, 9)]))
+    ex = tj.export(chain, rng.random((4, 3)), rng.random(3))
+    out.append(("chain", ex, chain, [(rng.random((4, 3)), rng.random(3)) for _ in range(3)]))
+    files = []
+    for name, ex, f, calls in out:
+        path = str(tmp_path / f"{name}.tj")
+        ex.save(path)
+        files.append((path, ex, f, calls))
+    return files
+
+
+def _flat(x):
+    if isinstance(x, tj.Variable):
+        return [x.data]
+    if isinstance(x, (tuple, list)):
+        return [a for e in x for a in _flat(e)]
+    return [np.asarray(x)]
+
+
+def _close(got, want):
+    got = got if isinstance(got, tuple) else (got,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)
+
+
+_CHILD = """
+import sys, numpy as np, tracejit as tj
+for path in sys.argv[1:]:
+    m = tj.load(path)
+    z = np.load(path + ".in.npz")
+    outs = {}
+    for k in range(int(z["calls"])):
+        args = [z[f"{k}_{i}"] for i in range(int(z["nargs"]))]
+        res = m(*args)
+        res = res if isinstance(res, tuple) else (res,)
+        for j, r in enumerate(res):
+            outs[f"{k}_{j}"] = r
+    np.savez(path + ".out.npz", **outs)
+print("ran", len(sys.argv) - 1)
+"""
+
+
+def test_saved_files_run_in_a_fresh_process_without_the_source(tmp_path):
+    files = _exports(tmp_path)
+    for path, ex, f, calls in files:
+        np.savez(path + ".in.npz", calls=len(calls), nargs=len(calls[0]),
+                 **{f"{k}_{i}": a for k, args in enumerate(calls) for i, a in enumerate(args)})
+    run_dir = tmp_path / "elsewhere"
+    run_dir.mkdir()
+    # Only tracejit on the path: neither this file nor its functions are importable.
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, "-c", _CHILD] + [p for p, *_ in files],
+                       cwd=run_dir, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "ran 3" in r.stdout
+    for path, ex, f, calls in files:
+        outs = np.load(path + ".out.npz")
+        jf = tj.jit(f)
+        for k, args in enumerate(calls):
+            want = _flat(f(*args))
+            _close(tuple(outs[f"{k}_{j}"] for j in range(len(want))), want)
+            _close(tuple(outs[f"{k}_{j}"] for j in range(len(want))), _flat(jf(*args)))
+
+
+def test_a_loaded_file_runs_at_new_sizes_and_converts_to_onnx(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    for path, ex, f, calls in _exports(tmp_path):
+        m = tj.load(path)
+        assert m.input_specs == ex.input_specs and m.output_names == ex.output_names
+        assert sorted(m.initializers) == sorted(ex.initializers)
+        assert "inputs:" in str(m)
+        sess = ort.InferenceSession(m.to_onnx().SerializeToString(),
+                                    providers=["CPUExecutionProvider"])
+        names = [s["name"] for s in m.input_specs]
+        for args in calls:
+            want = _flat(f(*args))
+            _close(m(*args), want)
+            _close(ex(*args), want)
+            got = sess.run(None, dict(zip(names, args)))
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-9)
+
+
+def test_inputs_that_do_not_match_are_clear_errors(tmp_path):
+    (path, ex, f, calls), *_ = _exports(tmp_path)
+    m = tj.load(path)
+    with pytest.raises(ValueError, match=r"input x must be float64\[batch, 2\], got "
+                                         r"float32\[3, 2\]"):
+        m(np.ones((3, 2), np.float32))
+    with pytest.raises(ValueError, match=r"input x must be float64\[batch, 2\]"):
+        m(np.ones((3, 5)))
+    with pytest.raises(TypeError, match="takes 1 input"):
+        m(np.ones((3, 2)), np.ones(2))
+    (_, ex2, _, _) = _exports(tmp_path)[1]
+    with pytest.raises(ValueError, match="batch"):
+        ex2(np.ones((3, 4)), np.zeros(4, np.int64), np.ones((4, 3)), np.ones(3))
+
+
+def _rewrite(path, change):
+    z = dict(np.load(path))
+    doc = json.loads(str(z["__graph__"][()]))
+    change(doc)
+    z["__graph__"] = np.array(json.dumps(doc))
+    with open(path, "wb") as fh:
+        np.savez(fh, **z)
+
+
+def test_newer_truncated_and_foreign_files_are_clear_errors(tmp_path):
+    (path, ex, f, calls), *_ = _exports(tmp_path)
+    newer = str(tmp_path / "newer.tj")
+    ex.save(newer)
+    _rewrite(newer, lambda d: d.update(version=FORMAT_VERSION + 1))
+    with pytest.raises(ValueError, match="newer"):
+        tj.load(newer)
+    data = open(path, "rb").read()
+    cut = str(tmp_path / "cut.tj")
+    with open(cut, "wb") as fh:
+        fh.write(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="truncated"):
+        tj.load(cut)
+    other = str(tmp_path / "other.npz")
+    np.savez(other, a=np.ones(3))
+    with pytest.raises(ValueError, match="not a tracejit export file"):
+        tj.load(other)
+    unknown = str(tmp_path / "unknown.tj")
+    ex.save(unknown)
+    _rewrite(unknown, lambda d: d["nodes"][0].update(op="NoSuchOp"))
+    with pytest.raises(ValueError, match="NoSuchOp"):
+        tj.load(unknown)
+    assert zipfile.is_zipfile(path)
+
+
+def test_kept_guards_are_checked_when_a_saved_file_runs(tmp_path):
+    def halve_if_big(x):
+        x = tj.Variable(x)
+        if float(F.sum(x).data) > 1.0:
+            x = x * 0.5
+        return x
+
+    ex = tj.export(halve_if_big, np.array([1.0, 2.0]), allow_guards=True)
+    assert len(ex.guards) == 1 and "if float(F.sum(x).data) > 1.0" in ex.guards[0][1]
+    path = str(tmp_path / "g.tj")
+    ex.save(path)
+    m = tj.load(path)
+    for x in (np.array([3.0, 1.0]), np.array([0.7, 0.9]), np.array([5.0, -1.0])):
+        np.testing.assert_allclose(m(x), halve_if_big(x).data)
+    with pytest.raises(ValueError, match="another path"):
+        m(np.array([0.1, 0.2]))
+    with pytest.raises(tj.ExportError, match="guards"):
+        m.to_onnx()
