@@ -261,3 +261,45 @@ def test_onnx_file_and_bad_opset(tmp_path):
     onnx.checker.check_model(onnx.load(str(path)))
     with pytest.raises(ValueError, match="opset"):
         ex.to_onnx(opset=7)
+
+
+def test_comparisons_promote_as_numpy_does():
+    # int64 t > -0.5 compares in float64 (as int64 it would be t > 0, False at t = 0);
+    # float32 x <= 0.1 in float32.
+    def f(t, x):
+        a = F.where(tj.Variable(t) > -0.5, x, x * 3)
+        return a, F.where(tj.Variable(x) <= 0.1, x, x * 0)
+
+    rng = np.random.default_rng(8)
+
+    def args(n):
+        return rng.integers(-1, 2, n), rng.random(n).astype(np.float32)
+
+    ex = tj.export(f, *args(6), dynamic={"t": {0: "n"}, "x": {0: "n"}})
+    _check(f, ex, [args(n) for n in (6, 3, 12)])
+
+
+def test_sizes_a_symbolic_dimension_cannot_follow_are_refused():
+    def diff(x):
+        x = tj.Variable(x)
+        return x[1:] - x[:-1]
+
+    with pytest.raises(tj.ExportError, match="symbolic dimension cannot follow"):
+        tj.export(diff, np.arange(5.0), dynamic={"x": {0: "n"}})
+    ex = tj.export(diff, np.arange(5.0))              # fixed sizes export
+    _check(diff, ex, [(np.random.rand(5),) for _ in range(3)])
+    with pytest.raises(tj.ExportError, match="not an argument"):
+        tj.export(diff, np.arange(5.0), dynamic={"y": {0: "n"}})
+    with pytest.raises(tj.ExportError, match="axis 1 out of range"):
+        tj.export(diff, np.arange(5.0), dynamic={"x": {1: "n"}})
+
+
+def test_reading_a_live_grad_is_refused():
+    W = tj.Parameter(np.ones(3))
+    W.grad = tj.Variable(np.full(3, 0.5))
+
+    def f(x):
+        return x * W + W.grad
+
+    with pytest.raises(tj.ExportError, match=r"\.grad"):
+        tj.export(f, np.ones(3))

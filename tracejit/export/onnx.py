@@ -42,12 +42,17 @@ class Builder:
         self.counter = 0
         self.sym_source = {}      # symbol -> (ONNX input name, axis)
         self._cache = {}
+        self.reserved = set(ex.input_names) | set(ex.output_names)
 
     # ---- names and ops
 
     def fresh(self, hint="t"):
-        self.counter += 1
-        return f"{hint}_{self.counter}"
+        # Never one of the model's own input, initializer or output names.
+        while True:
+            self.counter += 1
+            name = f"{hint}_{self.counter}"
+            if name not in self.reserved:
+                return name
 
     def op(self, op_type, inputs, n_out=1, **attrs):
         """Append an ONNX node; its output name (a list of them if n_out > 1)."""
@@ -68,7 +73,10 @@ class Builder:
         return self.const(np.array(list(values), np.int64), "ints")
 
     def elem_type(self, dtype):
-        return self.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        try:
+            return self.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        except (KeyError, ValueError, TypeError):
+            raise ExportError(f"to_onnx: ONNX has no dtype {np.dtype(dtype).name}") from None
 
     def cast(self, name, from_dtype, to_dtype):
         if np.dtype(from_dtype) == np.dtype(to_dtype):

@@ -420,10 +420,10 @@ class _Compare(Elementwise):
         return True            # a bool result: a kernel writes it as NumPy's bool
 
     def to_onnx(self, b, node):
-        # Compared in the dtype NumPy promotes the arrays to (a literal is weak).
-        arrays = [v.dtype for v in node.inputs if not b.is_lit(v)]
-        b.elementwise(node, self.onnx_op, np.result_type(*(arrays or
-                                                           [v.dtype for v in node.inputs])))
+        # Compared in the dtype NumPy promotes the operands to: a literal is a weak
+        # Python number (int64 t > 0.5 compares in float64, float32 x > 0.1 in float32).
+        b.elementwise(node, self.onnx_op, np.result_type(
+            *[v.value.item() if b.is_lit(v) else v.dtype for v in node.inputs]))
 
 
 @primitive
