@@ -303,3 +303,50 @@ def test_reading_a_live_grad_is_refused():
 
     with pytest.raises(tj.ExportError, match=r"\.grad"):
         tj.export(f, np.ones(3))
+
+
+def halve_if_big(x):
+    x = tj.Variable(x)
+    if float(F.sum(x).data) > 1.0:
+        return x * 0.5
+    return F.exp(x)
+
+
+def halve_until_small(x):
+    # The book's while loop: the trip count depends on the data.
+    x = tj.Variable(x)
+    while float(F.sum(x * x).data) > 1.0:
+        x = x * 0.5
+    return x + 1
+
+
+def test_an_if_tree_of_traced_paths_picks_the_branch_of_each_input():
+    ex = tj.export(halve_if_big, np.array([1.0, 2.0]), paths=[(np.array([0.1, 0.2]),)],
+                   dynamic={"x": {0: "n"}})
+    model = ex.to_onnx()
+    assert [n.op_type for n in model.graph.node].count("If") == 1
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for x in (np.array([3.0, 1.0, 2.0]), np.array([0.2, 0.1]), np.array([5.0, -1.0]),
+              np.array([-3.0, 0.5, 0.25, 1.0])):
+        out, flag = sess.run(None, {"x": x})
+        np.testing.assert_allclose(out, halve_if_big(x).data, rtol=1e-12)
+        assert flag
+        np.testing.assert_allclose(ex(x), halve_if_big(x).data, rtol=1e-12)
+
+
+def test_a_while_loop_exports_per_traced_trip_count():
+    # Trip counts 0, 1 and 2 are traced; an input needing 3 takes none of the paths:
+    # traced_path is False (and the values zeros), never a silently wrong answer.
+    examples = [np.array([0.5]), np.array([1.5]), np.array([3.0])]
+    ex = tj.export(halve_until_small, examples[0], paths=[(e,) for e in examples[1:]])
+    sess = ort.InferenceSession(ex.to_onnx().SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    for v in (0.9, 1.9, 3.9, 0.1, 1.2):
+        x = np.array([v])
+        out, flag = sess.run(None, {"x": x})
+        assert flag
+        np.testing.assert_allclose(out, halve_until_small(x).data, rtol=1e-12)
+    out, flag = sess.run(None, {"x": np.array([7.0])})
+    assert not flag and np.all(out == 0)
+    with pytest.raises(ValueError, match="another path"):
+        ex(np.array([7.0]))

@@ -11,8 +11,9 @@ every fused group inlined back into its member ops.
 Refused, with an ExportError (a ValueError) that says why and where:
   - data-dependent control flow: a guard (an `if` or `while` on traced data, float(v))
     would make the model follow the one traced path silently; each guard is listed
-    with its line. `allow_guards=True` keeps them: a saved file then checks them when
-    it runs and raises on another path (ONNX refuses them: no If-tree export yet);
+    with its line. `paths=[...]` exports the paths other examples take as an ONNX
+    If-tree; `allow_guards=True` keeps one path's guards, checked when it runs (a
+    saved file too: another path raises);
   - random draws (dropout in train mode, np.random): ONNX's RandomUniform has no seed
     stream matching NumPy's, and a saved file would replay one fixed draw;
   - effects on live state (an optimizer's in-place Parameter update, `W.data = ...`)
@@ -61,6 +62,7 @@ class Exported:
         self.symbols = dict(symbols)
         self.guards = guards
         self.graph = graph
+        self.paths = None         # export(paths=...): one Exported per traced path
         self._runners = {}
 
     # ---- symbolic facts (ints where nothing follows a dynamic dimension)
@@ -126,13 +128,21 @@ class Exported:
         """Write a self-contained file (graph as JSON, arrays, a format version) that
         tj.load reads in a process without the function's source."""
         from tracejit.export.saved import save
+        if self.paths:
+            raise ExportError(f"save: {self.name} was exported with {len(self.paths)} "
+                              f"paths; a saved file holds one (export without paths=)")
         save(self, path)
 
     def __call__(self, *arrays):
         """Run the graph on the model's inputs (in input_specs order) through the numba
         backend; dynamic dimensions take the sizes these arrays have."""
-        from tracejit.export.saved import run
-        return run(self, arrays)
+        from tracejit.export.saved import PathMissed, run
+        for p in self.paths or [self]:
+            try:
+                return run(p, arrays)
+            except PathMissed:
+                if self.paths is None or p is self.paths[-1]:
+                    raise
 
 
 def _flat_text(ex):
@@ -143,15 +153,42 @@ def _flat_text(ex):
 
 # ---------------------------------------------------------------- export
 
-def export(f, *args, dynamic=None, allow_guards=False, **kwargs):
+def export(f, *args, dynamic=None, allow_guards=False, paths=None, **kwargs):
     """Export the variant of f these arguments select (see the module docstring).
 
     dynamic: {argument name or position: {axis: symbol}}, e.g. {"x": {0: "batch"}}:
     those dimensions stay symbolic (arguments sharing a symbol share the size). f is
     traced once more per symbol at another size to find what follows it.
+    paths: more example argument tuples (same keyword arguments), each selecting the
+    variant of another outcome of the guards (an `if` on data, a while loop's trip
+    count). Their guards are kept: to_onnx builds an ONNX If-tree, one branch per
+    path, with one more output `traced_path` (False, and zeros, for inputs that take
+    none of them); calling the Exported runs the first path whose guards hold.
     """
     from tracejit.runtime.jitted import Jitted, jit
     jf = f if isinstance(f, Jitted) else jit(f)
+    if paths:
+        first = _export_one(jf, args, kwargs, dynamic, True)
+        rest = [_export_one(jf, tuple(p), kwargs, dynamic, True) for p in paths]
+        for k, p in enumerate(rest, 1):
+            if [(s["name"], s["dtype"], _dims_text(s)) for s in p.input_specs] != \
+                    [(s["name"], s["dtype"], _dims_text(s)) for s in first.input_specs]:
+                raise ExportError(f"export({jf.__name__}): path {k} has other inputs than "
+                                  f"the first: {p.input_specs} vs {first.input_specs}")
+            if [s["dtype"] for s in p.output_specs] != \
+                    [s["dtype"] for s in first.output_specs]:
+                raise ExportError(f"export({jf.__name__}): path {k} has other outputs "
+                                  f"than the first")
+        first.paths = [first] + rest
+        return first
+    return _export_one(jf, args, kwargs, dynamic, allow_guards)
+
+
+def _dims_text(spec):
+    return tuple(str(d) for d in spec["shape"])
+
+
+def _export_one(jf, args, kwargs, dynamic, allow_guards):
     name = jf.__name__
     base = _traced(jf, args, kwargs, name)
     dims = _dynamic_dims(jf.fn, args, kwargs, dynamic or {})
@@ -175,9 +212,9 @@ def export(f, *args, dynamic=None, allow_guards=False, **kwargs):
         raise ExportError(
             f"export({name}): the traced graph has {len(guards)} data-dependent guard(s) "
             f"(Python control flow on traced values); a model would follow the traced "
-            f"path for every input:\n{lines}\nMake the control flow static, or pass "
-            f"allow_guards=True to keep the guards (checked when a saved file runs; "
-            f"ONNX export refuses them).")
+            f"path for every input:\n{lines}\nMake the control flow static; or pass "
+            f"paths=[other example arguments] for an ONNX If-tree of the traced paths, "
+            f"or allow_guards=True to keep the guards (checked when the export runs).")
     arrays = dict(base["arrays"])
     input_kinds = [kinds.get(i, k) for i, k in enumerate(base["kinds"])]
     return Exported(name, base["inputs"], input_kinds, base["names"], arrays,

@@ -42,7 +42,9 @@ class Builder:
         self.counter = 0
         self.sym_source = {}      # symbol -> (ONNX input name, axis)
         self._cache = {}
-        self.reserved = set(ex.input_names) | set(ex.output_names)
+        self.reserved = set(ex.input_names) | set(ex.output_names) | {"traced_path"}
+        self.conds = []           # the current path's guard conditions (guard_holds)
+        self.declared = set()     # initializer names declared
 
     # ---- names and ops
 
@@ -159,6 +161,24 @@ class Builder:
 
     # ---- helpers the op facets share
 
+    def guard_holds(self, node, conv, expected):
+        """A guard's `conv(x) == expected` as a bool scalar, collected in self.conds."""
+        x = self.op("Reshape", [self.x(node, 0), self.ints([])])    # one element
+        dt = node.inputs[0].dtype
+        if conv == "bool":
+            t = self.cast(x, dt, np.bool_)
+            holds = t if expected else self.op("Not", [t])
+        elif conv in ("int", "index"):
+            # int() truncates toward zero, as ONNX's Cast from a float does.
+            t = self.cast(x, dt, np.int64)
+            holds = self.op("Equal", [t, self.const(np.array(int(expected), np.int64))])
+        else:
+            t = self.cast(x, dt, np.float64)
+            e = float(expected)
+            holds = self.op("IsNaN", [t]) if e != e else \
+                self.op("Equal", [t, self.const(np.array(e, np.float64))])
+        self.conds.append(holds)
+
     def elementwise(self, node, op_type, operand_dtype=None, **attrs):
         """op_type on all operands cast to operand_dtype (default: the result's dtype,
         as NumPy computes), the result cast to the node's dtype."""
@@ -189,49 +209,29 @@ def to_onnx(ex, path=None, opset=None):
     if not MIN_OPSET <= opset <= latest:
         raise ValueError(f"to_onnx: opset {opset} is outside {MIN_OPSET}..{latest} (the "
                          f"installed onnx's newest)")
-    if ex.guards:
+    if ex.guards and not ex.paths:
         lines = "; ".join(f"guard {t} at {line}" for t, line in ex.guards)
         raise ExportError(f"to_onnx: {ex.name} was exported with its guards ({lines}); "
                           f"ONNX export of guarded graphs (If nodes) is not supported")
     b = Builder(ex, opset)
-    graph_inputs = []
-    for v, kind, nm in zip(ex.inputs, ex.input_kinds, ex.input_names):
-        b.names[id(v)] = nm
-        if kind == "input":
-            dims = ex.shape_of(v)
-            graph_inputs.append(helper.make_tensor_value_info(
-                nm, b.elem_type(v.dtype), [_dim(d) for d in dims]))
-            for axis, d in enumerate(dims):
-                if isinstance(d, Sym) and d.coef == 1 and len(d.names) == 1:
-                    b.sym_source.setdefault(d.names[0], (nm, axis))
-        elif kind == "range":
-            pass
-        else:
-            b.initializers.append(numpy_helper.from_array(
-                np.array(ex.arrays[nm], order="C"), nm))
-    for v, kind, nm in zip(ex.inputs, ex.input_kinds, ex.input_names):
-        if kind == "range":
-            n = b.op("Reshape", [b.shape(ex.shape_of(v)[:1]), b.ints([])])
-            r = b.op("Range", [b.const(np.array(0, np.int64)), n,
-                               b.const(np.array(1, np.int64))])
-            b.names[id(v)] = b.cast(r, np.int64, v.dtype)
-    for n in ex.nodes:
-        lower = getattr(n.fn, "to_onnx", None)
-        if lower is None:
-            why = "a guard (data-dependent control flow)" if n.kind == "guard" else \
-                "a NumPy call or user Function the tracer kept as is"
-            raise b.unsupported(n, why)
-        lower(b, n)
+    paths = ex.paths or [ex]
+    graph_inputs = _declare_inputs(b, ex)
+    for k, p in enumerate(paths[1:], 1):
+        _declare_inputs(b, p, prefix=f"path{k}.")
+    if len(paths) == 1:
+        _lower(b, ex.nodes)
+        outs = [_output_name(b, o) for o in ex.outputs]
+        names, dims_of = ex.output_names, [_dims_of(ex, o) for o in ex.outputs]
+    else:
+        outs = _if_tree(b, paths)
+        names = ex.output_names + ["traced_path"]
+        dims_of = [_common_dims([_dims_of(p, p.outputs[j]) for p in paths])
+                   for j in range(len(ex.outputs))] + [()]
+    dtypes = [o.dtype for o in ex.outputs] + ([np.bool_] if len(paths) > 1 else [])
     outputs = []
-    for o, nm in zip(ex.outputs, ex.output_names):
-        if isinstance(o, Lit):
-            src = b.const(np.array(o.value, o.dtype))
-            dims = ()
-        else:
-            src = b.names[id(o)]
-            dims = ex.shape_of(o)
+    for src, nm, dims, dt in zip(outs, names, dims_of, dtypes):
         b.nodes.append(helper.make_node("Identity", [src], [nm]))
-        outputs.append(helper.make_tensor_value_info(nm, b.elem_type(o.dtype),
+        outputs.append(helper.make_tensor_value_info(nm, b.elem_type(dt),
                                                      [_dim(d) for d in dims]))
     graph = helper.make_graph(b.nodes, ex.name, graph_inputs, outputs, b.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
@@ -245,5 +245,116 @@ def to_onnx(ex, path=None, opset=None):
     return model
 
 
+def _common_dims(all_dims):
+    """The dims the paths agree on; None (unknown) where they differ."""
+    first = all_dims[0]
+    if any(len(d) != len(first) for d in all_dims):
+        raise ExportError("to_onnx: the paths' outputs have different ranks")
+    return tuple(d if all(str(e[i]) == str(d) for e in all_dims) else None
+                 for i, d in enumerate(first))
+
+
+def _dims_of(ex, o):
+    return () if isinstance(o, Lit) else ex.shape_of(o)
+
+
+def _output_name(b, o):
+    return b.const(np.array(o.value, o.dtype)) if isinstance(o, Lit) else b.names[id(o)]
+
+
+def _declare_inputs(b, ex, prefix=""):
+    """Names of ex's inputs; the model's inputs (value infos) and initializers. A later
+    path (prefix) shares the first's inputs and Parameters, its constants are its own."""
+    helper, numpy_helper = b.helper, b.numpy_helper
+    graph_inputs = []
+    for v, kind, nm in zip(ex.inputs, ex.input_kinds, ex.input_names):
+        b.names[id(v)] = nm
+        if kind == "input":
+            dims = ex.shape_of(v)
+            graph_inputs.append(helper.make_tensor_value_info(
+                nm, b.elem_type(v.dtype), [_dim(d) for d in dims]))
+            for axis, d in enumerate(dims):
+                if isinstance(d, Sym) and d.coef == 1 and len(d.names) == 1:
+                    b.sym_source.setdefault(d.names[0], (nm, axis))
+        elif kind == "init" and prefix and nm in b.declared:
+            pass                          # the same Parameter as the first path's
+        elif kind != "range":
+            b.names[id(v)] = prefix + nm
+            b.declared.add(prefix + nm)
+            b.initializers.append(numpy_helper.from_array(
+                np.array(ex.arrays[nm], order="C"), prefix + nm))
+    for v, kind, nm in zip(ex.inputs, ex.input_kinds, ex.input_names):
+        if kind == "range":
+            n = b.op("Reshape", [b.shape(ex.shape_of(v)[:1]), b.ints([])])
+            r = b.op("Range", [b.const(np.array(0, np.int64)), n,
+                               b.const(np.array(1, np.int64))])
+            b.names[id(v)] = b.cast(r, np.int64, v.dtype)
+    return graph_inputs
+
+
+def _lower(b, nodes):
+    for n in nodes:
+        lower = getattr(n.fn, "to_onnx", None)
+        if lower is None:
+            raise b.unsupported(n, "a NumPy call or user Function the tracer kept as is")
+        lower(b, n)
+
+
+def _if_tree(b, paths):
+    """Nested If nodes, one per path: path k's ops up to its last guard run in the
+    enclosing graph (its guards decide), the rest in its then-branch; the innermost
+    else gives zeros and traced_path False."""
+    helper = b.helper
+    for name in b.sym_source:
+        b.sym_dim(name)                   # in the main graph: every branch sees them
+    conds, branches = [], []
+    for p in paths:
+        last = max([i for i, n in enumerate(p.nodes) if n.kind == "guard"], default=-1)
+        b.conds = []
+        _lower(b, p.nodes[:last + 1])
+        c = b.conds[0] if b.conds else b.const(np.array(True))
+        for more in b.conds[1:]:
+            c = b.op("And", [c, more])
+        conds.append(c)
+        saved, b.nodes = b.nodes, []
+        _lower(b, p.nodes[last + 1:])
+        outs = [_output_name(b, o) for o in p.outputs] + [b.const(np.array(True))]
+        branches.append(_subgraph(b, outs, p))
+        b.nodes = saved
+    first = paths[0]
+    saved, b.nodes = b.nodes, []
+    zeros = []
+    for o in first.outputs:
+        dims = _dims_of(first, o)
+        zeros.append(b.op("Expand", [b.const(np.zeros((), o.dtype)), b.shape(dims)]))
+    else_graph = _subgraph(b, zeros + [b.const(np.array(False))], first)
+    b.nodes = saved
+    n_out = len(first.outputs) + 1
+    for k in range(len(paths) - 1, -1, -1):
+        outs = [b.fresh("if") for _ in range(n_out)]
+        node = helper.make_node("If", [conds[k]], outs, then_branch=branches[k],
+                                else_branch=else_graph)
+        if k == 0:
+            b.nodes.append(node)
+            return outs
+        else_graph = _wrap_graph(b, [node], outs, first)
+
+
+def _subgraph(b, srcs, p):
+    # A branch's outputs: fresh names (a branch may return an outer value or a
+    # constant, which a graph output cannot be directly).
+    outs = [b.fresh("out") for _ in srcs]
+    nodes = b.nodes + [b.helper.make_node("Identity", [s], [o]) for s, o in zip(srcs, outs)]
+    return _wrap_graph(b, nodes, outs, p)
+
+
+def _wrap_graph(b, nodes, outs, p):
+    dtypes = [o.dtype for o in p.outputs] + [np.bool_]
+    dims = [_dims_of(p, o) for o in p.outputs] + [()]
+    infos = [b.helper.make_tensor_value_info(o, b.elem_type(dt), [_dim(x) for x in d])
+             for o, dt, d in zip(outs, dtypes, dims)]
+    return b.helper.make_graph(nodes, b.fresh("branch"), [], infos)
+
+
 def _dim(d):
-    return str(d) if isinstance(d, Sym) else int(d)
+    return None if d is None else str(d) if isinstance(d, Sym) else int(d)

@@ -254,6 +254,10 @@ def instantiate(ex, sizes):
     return g, feeds
 
 
+class PathMissed(ValueError):
+    """The inputs fail a guard of the exported path."""
+
+
 def run(ex, arrays):
     from tracejit.backends import numba as backend
     from tracejit.ops.trace_only import GuardFailure
@@ -269,6 +273,6 @@ def run(ex, arrays):
         outs = exe(ins)
     except GuardFailure as e:
         text, line = ex.guards[e.index] if e.index < len(ex.guards) else ("?", None)
-        raise ValueError(f"{ex.name}: these inputs take another path than the exported "
+        raise PathMissed(f"{ex.name}: these inputs take another path than the exported "
                          f"one: guard {text} does not hold ({line})") from None
     return tuple(outs) if len(outs) != 1 else outs[0]

@@ -52,6 +52,11 @@ class Guard(Function):
     def describe(self, arg):
         return f"{self.conv}({arg}) == {self.expected!r}"
 
+    def to_onnx(self, b, node):
+        """Export (an If-tree of paths): whether the guard holds, a bool the builder
+        collects for the path's branch condition."""
+        b.guard_holds(node, self.conv, self.expected)
+
     def shape_rule(self, x):
         return ()
 
