@@ -350,3 +350,34 @@ def test_a_while_loop_exports_per_traced_trip_count():
     assert not flag and np.all(out == 0)
     with pytest.raises(ValueError, match="another path"):
         ex(np.array([7.0]))
+
+
+def test_an_lstm_step_and_its_gradients():
+    np.random.seed(9)
+    lstm = tj.layers.LSTM(6, in_size=4)
+
+    def step(x, h, c):
+        # One cell step as a function of the state (the layer's own Linears): the layer
+        # keeps h and c on itself, which an exported model cannot.
+        f = F.sigmoid(lstm.x2f(x) + lstm.h2f(h))
+        i = F.sigmoid(lstm.x2i(x) + lstm.h2i(h))
+        o = F.sigmoid(lstm.x2o(x) + lstm.h2o(h))
+        u = F.tanh(lstm.x2u(x) + lstm.h2u(h))
+        c_new = f * c + i * u
+        return o * F.tanh(c_new), c_new
+
+    def loss(x, h, c):
+        h2, c2 = step(x, h, c)
+        return F.sum(h2 * h2) + F.sum(c2)
+
+    def args(n):
+        return (np.random.rand(n, 4).astype(np.float32),
+                np.random.rand(n, 6).astype(np.float32),
+                np.random.rand(n, 6).astype(np.float32))
+
+    dyn = {"x": {0: "batch"}, "h": {0: "batch"}, "c": {0: "batch"}}
+    ex = tj.export(step, *args(3), dynamic=dyn)
+    _check(step, ex, [args(n) for n in (3, 5, 8)], rtol=1e-5, atol=1e-6)
+    vg = tj.value_and_grad(loss, argnums=(1, 2))
+    ex = tj.export(vg, *args(3), dynamic={0: {0: "batch"}, 1: {0: "batch"}, 2: {0: "batch"}})
+    _check(vg, ex, [args(n) for n in (3, 5, 8)], rtol=1e-4, atol=1e-5)
