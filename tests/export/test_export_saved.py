@@ -21,7 +21,8 @@ from tracejit.models import MLP
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The checkout (tests/export/ is two folders down): what the fresh process imports.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _loss(x, t, W, b):
