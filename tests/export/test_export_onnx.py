@@ -6,6 +6,7 @@ dimension is symbolic; each is compared with the jitted function and eager.
 Refusals (guards, random draws, in-place updates, ops with no ONNX form) are clear
 ExportErrors.
 """
+import os
 import sys
 
 import numpy as np
@@ -244,6 +245,8 @@ def test_an_op_without_onnx_form_is_named():
     ex = tj.export(acc, np.random.rand(4, 3), np.array([0, 1, 2, 0]))
     with pytest.raises(tj.ExportError, match="no ONNX lowering"):
         ex.to_onnx()
+    with pytest.raises(tj.ExportError, match="no primitive"):
+        ex.save(os.devnull)
 
 
 def test_missing_onnx_says_how_to_install(monkeypatch):
@@ -381,3 +384,21 @@ def test_an_lstm_step_and_its_gradients():
     vg = tj.value_and_grad(loss, argnums=(1, 2))
     ex = tj.export(vg, *args(3), dynamic={0: {0: "batch"}, 1: {0: "batch"}, 2: {0: "batch"}})
     _check(vg, ex, [args(n) for n in (3, 5, 8)], rtol=1e-4, atol=1e-5)
+
+
+def test_every_result_leaf_is_an_output_or_refused():
+    # An argument returned as is, and one value returned twice: outputs too, in order.
+    def f(x):
+        y = F.exp(tj.Variable(x))
+        return y, x, y
+
+    ex = tj.export(f, np.ones(3), dynamic={"x": {0: "n"}})
+    assert [s["name"] for s in ex.output_specs] == ["output_0", "output_1", "output_2"]
+    _check(f, ex, [(np.random.rand(n),) for n in (3, 4, 6)])
+    W = tj.Parameter(np.ones(3))
+
+    def g(x):
+        return x * W, W                     # the captured Parameter itself
+
+    with pytest.raises(tj.ExportError, match="returns"):
+        tj.export(g, np.ones(3))

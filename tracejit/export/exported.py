@@ -110,6 +110,8 @@ class Exported:
                 f"{n}: {a.dtype.name}{list(a.shape)}" for n, a in inits.items()))
         for text, line in self.guards:
             head.append(f"  guard {text}    # {line}")
+        if self.paths:
+            head.append(f"  paths: {len(self.paths)} (an If-tree in ONNX); the first:")
         if self.graph is not None:
             return "\n".join(head) + "\n" + str(self.graph)
         return "\n".join(head) + "\n" + _flat_text(self)
@@ -270,7 +272,7 @@ def _traced(jf, args, kwargs, name):
             arrays[nm] = np.array(obj.data)
         elif kind == "array":
             arrays[nm] = np.array(obj)
-    outs = [res(o) for o in g.outputs[:v.n_user_outs]]
+    outs = _result_outputs(v, g, res, name)
     out_names = [f"output_{i}" for i in range(len(outs))]
     for target, idx in v.grad_effects:
         if idx is None or res(g.outputs[idx]) in outs:
@@ -285,6 +287,37 @@ def _traced(jf, args, kwargs, name):
     return {"graph": g, "nodes": nodes, "inputs": inputs, "kinds": kinds, "names": names,
             "arrays": arrays, "outputs": outs, "out_names": out_names,
             "sources": v.sources}
+
+
+def _result_outputs(v, g, res, name):
+    """One model output per leaf of the function's result, as the runtime describes
+    them (pytree.result_leaves): computed values, and an argument or another leaf
+    returned again; a leaf a graph output cannot stand for is refused, never dropped."""
+    computed = iter(res(o) for o in g.outputs[:v.n_user_outs])
+    arg_input = {obj: val for (kind, obj, _), val in zip(v.sources, g.inputs)
+                 if kind == "arg"}
+    grad_of = {id(t[1]): res(g.outputs[i]) for t, i in v.grad_effects
+               if i is not None and t[0] == "obj"}
+    outs = []
+
+    def leaf(kind, what):
+        if kind == "out":
+            return next(computed)
+        if kind in ("same", "vardata"):
+            return outs[what]
+        if kind in ("arg", "argdata") and what in arg_input:
+            return arg_input[what]
+        if kind == "wrap":
+            return leaf(what[0], what[1])
+        if kind == "capgrad" and id(what) in grad_of:
+            return grad_of[id(what)]
+        raise ExportError(f"export({name}): the function returns a {kind} leaf (a "
+                          f"captured object or a live .grad), which a model output "
+                          f"cannot stand for; return values computed from the inputs")
+
+    for kind, what, _ in v.out_leaves:
+        outs.append(leaf(kind, what))
+    return outs
 
 
 def _unique(nm, used):

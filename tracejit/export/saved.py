@@ -93,8 +93,13 @@ def save(ex, path):
               for v, k, nm in zip(ex.inputs, ex.input_kinds, ex.input_names)]
     nodes = []
     for n in ex.nodes:
-        what = f"op {n.op.__name__} ({n.line or 'no line'})"
-        _op_class(n.op.__name__)          # only ops a loading process can rebuild
+        what = f"op {n.name} ({n.line or 'no line'})"
+        try:
+            _op_class(n.op.__name__)      # only ops a loading process can rebuild
+        except ValueError:
+            raise ExportError(f"save: {what} is no primitive (a NumPy call or user "
+                              f"Function the tracer kept as is): a file cannot hold "
+                              f"it") from None
         if n.op.__name__ != "Guard" and getattr(n.op, "params", None) is None:
             raise ExportError(f"save: {what} declares no params")
         nodes.append({"op": n.op.__name__,
