@@ -402,3 +402,38 @@ def test_every_result_leaf_is_an_output_or_refused():
 
     with pytest.raises(tj.ExportError, match="returns"):
         tj.export(g, np.ones(3))
+
+
+def test_movement_and_reductions_with_a_symbolic_axis():
+    # Reshape targets and sum_to shapes that follow n (3 * 5 * n): computed in the model.
+    def f(x, y):
+        x = tj.Variable(x)
+        a = F.max(x, axis=1) + F.min(x, axis=(0, 2), keepdims=True).reshape((1, -1, 1)).sum()
+        b = F.transpose(x, (2, 0, 1)).reshape((3, -1))
+        c = F.broadcast_to(y, (x.shape[0], 5, 3)) * x
+        d = F.sum_to(c, (1, 5, 1)) + F.mean(x, axis=0)
+        return a, b, F.sum(c, axis=(0, 2)), d, F.flatten(x) * 2, F.max(x), x.T
+
+    rng = np.random.default_rng(10)
+    ex = tj.export(f, rng.random((4, 5, 3)), rng.random((5, 1)), dynamic={"x": {0: "n"}})
+    assert [str(s["shape"]) for s in ex.output_specs][1] == "(3, 5*n)"
+    _check(f, ex, [(rng.random((n, 5, 3)), rng.random((5, 1))) for n in (4, 6, 2)],
+           rtol=1e-12)
+
+
+@pytest.mark.parametrize("key", [
+    (slice(3, 0, -2), 1), (Ellipsis, -1), (0, Ellipsis, None), (slice(10, None, -1),),
+    ("A", 1, slice(None)), (slice(None), "A", 0), ("A", slice(None), "B")],
+    ids=lambda k: repr(k).replace(" ", ""))
+def test_index_keys_and_their_gradients(key):
+    # NumPy's rules: negative steps, ints beside index arrays (adjacent: in place;
+    # apart: the indexed axes first), negative indices in the arrays.
+    A, B = np.array([[0, -1], [2, 3]]), np.array([1, 0])
+
+    def f(x):
+        k = tuple(tj.Variable(A) if e == "A" else tj.Variable(B) if e == "B" else e
+                  for e in key)
+        return tj.value_and_grad(lambda v: F.sum(v[k] ** 2))(tj.Variable(x))
+
+    ex = tj.export(f, np.random.rand(4, 5, 3))
+    _check(f, ex, [(np.random.rand(4, 5, 3),) for _ in range(3)], rtol=1e-12)
