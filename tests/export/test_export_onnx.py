@@ -437,3 +437,28 @@ def test_index_keys_and_their_gradients(key):
 
     ex = tj.export(f, np.random.rand(4, 5, 3))
     _check(f, ex, [(np.random.rand(4, 5, 3),) for _ in range(3)], rtol=1e-12)
+
+
+def test_a_cnn_forward():
+    # float32: ONNX Runtime's CPU Conv has no float64 kernel. Max pooling pads with
+    # zeros (DeZero's), average pooling counts the padding, deconv's outsize is output
+    # padding.
+    np.random.seed(11)
+    conv = tj.layers.Conv2d(4, kernel_size=3, pad=1)
+    fc = tj.layers.Linear(5)
+    W2 = np.random.standard_normal((4, 2, 3, 3)).astype(np.float32)
+
+    def cnn(x):
+        h = F.relu(conv(x))
+        p = F.pooling(h - 1.0, 2, stride=2, pad=1)
+        a = F.average_pooling(h, 3, stride=2, pad=1)
+        d = F.deconv2d(h, W2, stride=2, pad=1, outsize=(16, 16))
+        return fc(F.reshape(p, (p.shape[0], -1))), a, d
+
+    def image(n):
+        return np.random.standard_normal((n, 3, 8, 8)).astype(np.float32)
+
+    cnn(image(2))                      # the layers' lazy W
+    ex = tj.export(cnn, image(2), dynamic={"x": {0: "batch"}})
+    assert "conv.W" in ex.initializers
+    _check(cnn, ex, [(image(n),) for n in (2, 3, 5)], rtol=1e-4, atol=1e-5)

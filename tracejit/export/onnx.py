@@ -296,7 +296,8 @@ def _lower(b, nodes):
     for n in nodes:
         lower = getattr(n.fn, "to_onnx", None)
         if lower is None:
-            raise b.unsupported(n, "a NumPy call or user Function the tracer kept as is")
+            raise b.unsupported(n, "no to_onnx facet (a NumPy call or user Function the "
+                                   "tracer kept as is, or an op not lowered yet)")
         lower(b, n)
 
 

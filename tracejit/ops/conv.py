@@ -206,6 +206,11 @@ class Conv2d(_ConvBase):
         return _with_bias(y.astype(np.result_type(x, W, *(() if b is None else (b,))),
                                    copy=False), b)
 
+    def to_onnx(self, b, node):
+        dt = node.out.dtype
+        ins = [b.x(node, i, dt) for i in range(len(node.inputs))]
+        b.bind(node, b.op("Conv", ins, strides=list(self.stride), pads=list(self.pad) * 2))
+
     def backward(self, gy):
         x, W, *b = self.inputs
         gx = F.deconv2d(gy, W, stride=self.stride, pad=self.pad, outsize=x.shape[2:])
@@ -246,6 +251,19 @@ class Deconv2d(_ConvBase):
         y = _deconv_forward(x, W, self.stride, self.pad, self._outsize(x.shape, W.shape))
         return _with_bias(y.astype(np.result_type(x, W, *(() if b is None else (b,))),
                                    copy=False), b)
+
+    def to_onnx(self, b, node):
+        # ConvTranspose gives s * (in - 1) + k - 2p; a larger outsize is output padding.
+        dt = node.out.dtype
+        x, W = node.inputs[0].shape, node.inputs[1].shape
+        natural = [get_deconv_outsize(x[2 + i], W[2 + i], self.stride[i], self.pad[i])
+                   for i in range(2)]
+        extra = [o - n for o, n in zip(self._outsize(x, W), natural)]
+        if min(extra) < 0 or any(e >= s for e, s in zip(extra, self.stride)):
+            raise b.unsupported(node, f"outsize {self.outsize} is no ConvTranspose size")
+        ins = [b.x(node, i, dt) for i in range(len(node.inputs))]
+        b.bind(node, b.op("ConvTranspose", ins, strides=list(self.stride),
+                          pads=list(self.pad) * 2, output_padding=extra))
 
     def backward(self, gy):
         x, W, *b = self.inputs
@@ -350,6 +368,15 @@ class Pooling(_Window):
     def shape_rule(self, x):
         return ShapeDtype(self._pooled(x), x.dtype)
 
+    def to_onnx(self, b, node):
+        # DeZero pads with zeros, which take part in the max (MaxPool's pads are -inf).
+        x = b.x(node, 0)
+        if any(self.pad):
+            ph, pw = self.pad
+            x = b.op("Pad", [x, b.ints([0, 0, ph, pw, 0, 0, ph, pw])])
+        b.bind(node, b.op("MaxPool", [x], kernel_shape=list(self.kernel_size),
+                          strides=list(self.stride)))
+
 
 class _WithPooledInput(_Window):
     """Called as (x, gy), x the pooled input; built from a called Pooling (DeZero's
@@ -420,6 +447,12 @@ class AveragePooling(_Window):
         self._pooled(x)
         y = _pool_cols(x, self.kernel_size, self.stride, self.pad).mean(axis=2)
         return y.astype(x.dtype, copy=False) if x.dtype.kind == "f" else y
+
+    def to_onnx(self, b, node):
+        # The padding zeros count in each window's mean, as in DeZero.
+        b.bind(node, b.op("AveragePool", [b.x(node, 0, node.out.dtype)],
+                          kernel_shape=list(self.kernel_size), strides=list(self.stride),
+                          pads=list(self.pad) * 2, count_include_pad=1))
 
     def backward(self, gy):
         x, = self.inputs
