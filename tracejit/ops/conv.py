@@ -313,6 +313,18 @@ class Conv2DGradW(Function):
         gW = _grad_w_forward(x, gy, self.kernel_size, self.stride, self.pad)
         return gW.astype(np.result_type(x, gy), copy=False)
 
+    def to_onnx(self, b, node):
+        # gW[o, c] = sum over n and output pixels of gy[n, o] * x_pad[n, c] shifted: a
+        # Conv of x (C, N, H, W) with gy (O, N, OH, OW) as kernel, dilated by the stride,
+        # cut to the kernel size and transposed to (O, C, KH, KW).
+        dt = node.out.dtype
+        x = b.op("Transpose", [b.x(node, 0, dt)], perm=[1, 0, 2, 3])
+        gy = b.op("Transpose", [b.x(node, 1, dt)], perm=[1, 0, 2, 3])
+        y = b.op("Conv", [x, gy], dilations=list(self.stride), pads=list(self.pad) * 2)
+        kh, kw = self.kernel_size
+        y = b.op("Slice", [y, b.ints([0, 0]), b.ints([kh, kw]), b.ints([2, 3])])
+        b.bind(node, b.op("Transpose", [y], perm=[1, 0, 2, 3]))
+
     def backward(self, ggW):
         x, gy = self.inputs
         gx = F.deconv2d(gy, ggW, stride=self.stride, pad=self.pad, outsize=x.shape[2:])
