@@ -202,3 +202,22 @@ def test_kept_guards_are_checked_when_a_saved_file_runs(tmp_path):
         m(np.array([0.1, 0.2]))
     with pytest.raises(tj.ExportError, match="guards"):
         m.to_onnx()
+
+
+def test_a_saved_cnn_runs_from_the_file(tmp_path):
+    np.random.seed(13)
+    conv = tj.layers.Conv2d(3, kernel_size=3, stride=2, pad=1)
+
+    def cnn(x):
+        h = F.relu(conv(x))
+        return F.pooling(h, 2, stride=1, pad=1), F.average_pooling(h, 2, stride=2)
+
+    x = np.random.standard_normal((2, 2, 6, 6)).astype(np.float32)
+    cnn(x)
+    path = str(tmp_path / "cnn.tj")
+    tj.export(cnn, x, dynamic={"x": {0: "batch"}}).save(path)
+    m = tj.load(path)
+    for n in (2, 3, 5):
+        x = np.random.standard_normal((n, 2, 6, 6)).astype(np.float32)
+        for g, w in zip(m(x), cnn(x)):
+            np.testing.assert_allclose(g, w.data, rtol=1e-6, atol=1e-6)

@@ -63,11 +63,21 @@ def _dec(x):
 
 
 def _op_class(name):
+    """The op class a saved node names: a registered primitive, else one of the ops
+    modules' classes that declares its params (the guard, the convolutions, which are
+    not in the registry); never an opaque op (a NumPy call, a user Function: their
+    params are Python objects)."""
+    from tracejit.core import OPAQUE, Function
+    from tracejit.ops import conv, trace_only
     from tracejit.ops.primitive import PRIMITIVES
-    from tracejit.ops.trace_only import Guard
-    if name == "Guard":
-        return Guard
     cls = PRIMITIVES.get(name)
+    if cls is None:
+        for module in (trace_only, conv):
+            c = getattr(module, name, None)
+            if isinstance(c, type) and issubclass(c, Function) \
+                    and c.__module__ == module.__name__ and not name.startswith("_") \
+                    and getattr(c, "kind", OPAQUE) != OPAQUE:
+                cls = c
     if cls is None:
         raise ValueError(f"op {name!r} is not a primitive of this tracejit")
     return cls
