@@ -491,3 +491,37 @@ def test_conv_gradients():
         for g, w, wj in zip(got, _plain(vg(*a)), _plain(jf(*a))):
             np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
             np.testing.assert_allclose(g, wj, rtol=1e-10, atol=1e-12)
+
+
+def test_cnn_training_gradients_through_pooling_im2col_and_col2im():
+    # Max pooling's gradient (the first maximum of each window, zero padding), average
+    # pooling's (a col2im), im2col / col2im in both layouts. float64 in onnx's
+    # reference evaluator (ONNX Runtime's CPU Conv has no float64 kernel).
+    from onnx.reference import ReferenceEvaluator
+    rng = np.random.default_rng(14)
+
+    def loss(x, W, t):
+        h = F.relu(F.conv2d(x, W, None, stride=1, pad=1))
+        p = F.pooling(h, 2, stride=2, pad=1)
+        a = F.average_pooling(p, 2, stride=1, pad=1)
+        col = F.im2col(a, 3, stride=2, pad=1)
+        y = F.reshape(F.col2im(col, a.shape, 3, stride=2, pad=1), (a.shape[0], -1))
+        y2 = F.im2col(a, 2, stride=1, pad=0, to_matrix=False)
+        return F.softmax_cross_entropy(y[:, :4], t) + F.sum(y2 * y2) * 0.01
+
+    vg = tj.value_and_grad(loss, argnums=(0, 1))
+
+    def args(n):
+        return (rng.standard_normal((n, 2, 6, 6)), rng.standard_normal((3, 2, 3, 3)),
+                rng.integers(0, 4, n))
+
+    ex = tj.export(vg, *args(2), dynamic={"x": {0: "batch"}, "t": {0: "batch"}})
+    names = {n.name for n in ex.nodes}
+    assert {"pooling2_dgrad", "col2im", "im2col", "conv2_dgrad_w"} <= names
+    ref = ReferenceEvaluator(ex.to_onnx())
+    jf = tj.jit(vg)
+    for a in (args(2), args(3), args(4)):
+        got = ref.run(None, dict(zip(["x", "W", "t"], a)))
+        for g, w, wj in zip(got, _plain(vg(*a)), _plain(jf(*a))):
+            np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(g, wj, rtol=1e-9, atol=1e-12)

@@ -342,6 +342,40 @@ class Conv2DGradW(Function):
 
 # ---------------------------------------------------------------- pooling
 
+def _onnx_windows(b, hw, k, s, p):
+    """Export: where each window element of an (H, W) image padded by p reads, as flat
+    positions in the padded image: (an int64 constant of K * L positions, K = KH * KW
+    window-major as im2col orders them, L = OH * OW, the padded (Hp, Wp))."""
+    (h, w), (kh, kw), (sh, sw), (ph, pw) = hw, k, s, p
+    oh, ow = get_conv_outsize(h, kh, sh, ph), get_conv_outsize(w, kw, sw, pw)
+    hp, wp = h + 2 * ph, w + 2 * pw
+    i = (np.arange(kh)[:, None, None, None] + sh * np.arange(oh)[None, None, :, None])
+    j = (np.arange(kw)[None, :, None, None] + sw * np.arange(ow)[None, None, None, :])
+    table = (i * wp + j).reshape(kh * kw, oh * ow).astype(np.int64)
+    return b.const(table.reshape(-1)), table.shape, (hp, wp)
+
+
+def _onnx_padded_rows(b, x, p):
+    # x (N, C, H, W) zero-padded and flattened to (N, C, Hp * Wp).
+    if any(p):
+        x = b.op("Pad", [x, b.ints([0, 0, p[0], p[1], 0, 0, p[0], p[1]])])
+    return b.op("Reshape", [x, b.ints([0, 0, -1])])
+
+
+def _onnx_scatter_image(b, node, values, positions, chw, p, padded):
+    """values (N, C, M) added at flat `positions` (N, C, M) of zeros (N, C, Hp * Wp),
+    then the padding cut: the image (N, C, H, W)."""
+    shape = b.op("Concat", [b.op("Slice", [b.op("Shape", [values]), b.ints([0]),
+                                           b.ints([2])]),
+                            b.ints([padded[0] * padded[1]])], axis=0)
+    zeros = b.op("Expand", [b.const(np.zeros((), node.out.dtype)), shape])
+    out = b.op("ScatterElements", [zeros, positions, values], axis=2, reduction="add")
+    out = b.op("Reshape", [out, b.ints([0, 0, padded[0], padded[1]])])
+    c, h, w = chw
+    return b.op("Slice", [out, b.ints([p[0], p[1]]), b.ints([p[0] + h, p[1] + w]),
+                          b.ints([2, 3])])
+
+
 def _pool_cols(x, k, s, p):
     N, C = x.shape[:2]
     col = im2col_array(x, k, s, p, to_matrix=False)
@@ -420,6 +454,22 @@ class Pooling2DGrad(_WithPooledInput):
         return col2im_array(gcol.reshape(N, C, k[0], k[1], oh, ow), x.shape, k, self.stride,
                             self.pad, to_matrix=False)
 
+    def to_onnx(self, b, node):
+        # Each window's first maximum (ArgMax picks the first, as NumPy's argmax), the
+        # padded position it reads, gy added there.
+        dt = node.out.dtype
+        table, (K, L), padded = _onnx_windows(b, node.inputs[0].shape[2:],
+                                              self.kernel_size, self.stride, self.pad)
+        rows = _onnx_padded_rows(b, b.x(node, 0), self.pad)
+        cols = b.op("Reshape", [b.op("Gather", [rows, table], axis=2), b.ints([0, 0, K, L])])
+        first = b.op("ArgMax", [cols], axis=2, keepdims=0)            # (N, C, L)
+        at = b.op("Add", [b.op("Mul", [first, b.const(np.array(L, np.int64))]),
+                          b.const(np.arange(L, dtype=np.int64))])
+        where = b.op("Gather", [table, at], axis=0)
+        gy = b.op("Reshape", [b.x(node, 1, dt), b.ints([0, 0, -1])])
+        b.bind(node, _onnx_scatter_image(b, node, gy, where, node.out.shape[1:], self.pad,
+                                         padded))
+
     def backward(self, ggx):
         x, _ = self.inputs
         # Piecewise linear in gy, constant in x (away from ties).
@@ -492,6 +542,19 @@ class Im2col(Function):
     def forward(self, x):
         return im2col_array(x, self.kernel_size, self.stride, self.pad, self.to_matrix)
 
+    def to_onnx(self, b, node):
+        n, c, h, w = node.inputs[0].shape
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.pad
+        oh, ow = get_conv_outsize(h, kh, sh, ph), get_conv_outsize(w, kw, sw, pw)
+        table, _, _ = _onnx_windows(b, (h, w), self.kernel_size, self.stride, self.pad)
+        rows = _onnx_padded_rows(b, b.x(node, 0), self.pad)
+        col = b.op("Reshape", [b.op("Gather", [rows, table], axis=2),
+                               b.ints([0, 0, kh, kw, oh, ow])])
+        if self.to_matrix:
+            col = b.op("Transpose", [col], perm=[0, 4, 5, 1, 2, 3])
+            col = b.op("Reshape", [col, b.ints([-1, c * kh * kw])])
+        b.bind(node, col)
+
     def backward(self, gy):
         x, = self.inputs
         return Col2im(x.shape, self.kernel_size, self.stride, self.pad, self.to_matrix)(gy)
@@ -517,6 +580,22 @@ class Col2im(Function):
         self.shape_rule(ShapeDtype(x.shape, x.dtype))
         return col2im_array(x, self.input_shape, self.kernel_size, self.stride, self.pad,
                             self.to_matrix)
+
+    def to_onnx(self, b, node):
+        # Each window element added at the padded position it reads (im2col's inverse).
+        c, h, w = node.out.shape[1:]
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.pad
+        oh, ow = get_conv_outsize(h, kh, sh, ph), get_conv_outsize(w, kw, sw, pw)
+        table, (K, L), padded = _onnx_windows(b, (h, w), self.kernel_size, self.stride,
+                                              self.pad)
+        col = b.x(node, 0, node.out.dtype)
+        if self.to_matrix:
+            col = b.op("Reshape", [col, b.ints([-1, oh, ow, c, kh, kw])])
+            col = b.op("Transpose", [col], perm=[0, 3, 4, 5, 1, 2])
+        col = b.op("Reshape", [col, b.ints([0, c, K * L])] if self.to_matrix else
+                   [col, b.ints([0, 0, -1])])
+        where = b.op("Expand", [table, b.op("Shape", [col])])
+        b.bind(node, _onnx_scatter_image(b, node, col, where, (c, h, w), self.pad, padded))
 
     def backward(self, gy):
         return Im2col(self.kernel_size, self.stride, self.pad, self.to_matrix)(gy)
