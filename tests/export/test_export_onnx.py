@@ -525,3 +525,27 @@ def test_cnn_training_gradients_through_pooling_im2col_and_col2im():
         for g, w, wj in zip(got, _plain(vg(*a)), _plain(jf(*a))):
             np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)
             np.testing.assert_allclose(g, wj, rtol=1e-9, atol=1e-12)
+
+
+def test_dezero_style_backward_on_arguments():
+    # z.backward() on argument Variables: x.grad and y.grad are outputs, returned or not.
+    def g(x, y):
+        z = (x * y + x ** 2) * F.sin(y)
+        z.backward()
+        return z
+
+    def ex_args():
+        return tj.Variable(np.random.rand(3)), tj.Variable(np.random.rand(3))
+
+    ex = tj.export(g, *ex_args())
+    assert [s["name"] for s in ex.output_specs] == ["output_0", "y.grad", "x.grad"]
+    sess = ort.InferenceSession(ex.to_onnx().SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        x, y = ex_args()
+        got = dict(zip(["z", "y.grad", "x.grad"],
+                       sess.run(None, {"x": x.data, "y": y.data})))
+        z = g(x, y)
+        np.testing.assert_allclose(got["z"], z.data, rtol=1e-12)
+        np.testing.assert_allclose(got["x.grad"], x.grad.data, rtol=1e-12)
+        np.testing.assert_allclose(got["y.grad"], y.grad.data, rtol=1e-12)

@@ -272,13 +272,15 @@ def _traced(jf, args, kwargs, name):
             arrays[nm] = np.array(obj.data)
         elif kind == "array":
             arrays[nm] = np.array(obj)
+    arg_name = {obj: nm for (kind, obj, _), nm in zip(v.sources, names) if kind == "arg"}
     outs = _result_outputs(v, g, res, name)
     out_names = [f"output_{i}" for i in range(len(outs))]
     for target, idx in v.grad_effects:
         if idx is None or res(g.outputs[idx]) in outs:
             continue
         where, obj = target
-        label = var_name.get(id(obj)) if where == "obj" else None
+        label = var_name.get(id(obj)) if where == "obj" else arg_name.get(obj) \
+            if where == "leaf" else None
         outs.append(res(g.outputs[idx]))
         out_names.append(_unique(f"{label or 'param'}.grad", used))
     for n in nodes:
