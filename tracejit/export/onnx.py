@@ -233,7 +233,11 @@ def to_onnx(ex, path=None, opset=None):
         b.nodes.append(helper.make_node("Identity", [src], [nm]))
         outputs.append(helper.make_tensor_value_info(nm, b.elem_type(dt),
                                                      [_dim(d) for d in dims]))
-    graph = helper.make_graph(b.nodes, ex.name, graph_inputs, outputs, b.initializers)
+    # A Parameter the function reads but no op needs (dead code) is no initializer: ONNX
+    # Runtime warns about unused ones.
+    used = _used_names(b.nodes)
+    inits = [t for t in b.initializers if t.name in used]
+    graph = helper.make_graph(b.nodes, ex.name, graph_inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
                               producer_name="tracejit")
     # ONNX Runtime reads IR versions up to the one its release knows; the oldest one
@@ -243,6 +247,16 @@ def to_onnx(ex, path=None, opset=None):
     if path is not None:
         onnx.save(model, str(path))
     return model
+
+
+def _used_names(nodes):
+    out = set()
+    for n in nodes:
+        out.update(n.input)
+        for a in n.attribute:
+            if a.g is not None:
+                out |= _used_names(a.g.node)
+    return out
 
 
 def _common_dims(all_dims):
