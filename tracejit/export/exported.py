@@ -225,7 +225,12 @@ def _export_one(jf, args, kwargs, dynamic, allow_guards):
 
 
 def _arg_text(base, n):
-    return " ".join(("lit" if isinstance(v, Lit) else "value") for v in n.inputs)
+    # What the guard tests, by the op that computed it: bool(greater(...)) == True.
+    x = n.inputs[0] if n.inputs else None
+    for m in base["nodes"]:
+        if x is not None and any(o is x for o in m.outputs):
+            return f"{m.name}(...)"
+    return "an input" if x is not None else "?"
 
 
 def _traced(jf, args, kwargs, name):
