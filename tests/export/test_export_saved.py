@@ -221,3 +221,32 @@ def test_a_saved_cnn_runs_from_the_file(tmp_path):
         x = np.random.standard_normal((n, 2, 6, 6)).astype(np.float32)
         for g, w in zip(m(x), cnn(x)):
             np.testing.assert_allclose(g, w.data, rtol=1e-6, atol=1e-6)
+
+
+def _halve_until_small(x):
+    x = tj.Variable(x)
+    while float(F.sum(x * x).data) > 1.0:
+        x = x * 0.5
+    return x + 1
+
+
+def test_a_saved_file_of_several_paths_runs_each_and_converts_to_an_if_tree(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    # Fixed sizes: the loop's trip count follows the sum of squares, which a second
+    # trace at another size (values repeated) changes.
+    ex = tj.export(_halve_until_small, np.array([0.5, 0.1]),
+                   paths=[(np.array([1.5, 0.2]),), (np.array([2.5, 0.3]),)])
+    path = str(tmp_path / "loop.tj")
+    ex.save(path)
+    m = tj.load(path)
+    assert len(m.paths) == 3
+    sess = ort.InferenceSession(m.to_onnx().SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    for x in (np.array([0.3, 0.2]), np.array([1.2, 0.4]), np.array([2.0, 1.0])):
+        want = _halve_until_small(x).data
+        np.testing.assert_allclose(m(x), want, rtol=1e-12)
+        out, flag = sess.run(None, {"x": x})
+        assert flag
+        np.testing.assert_allclose(out, want, rtol=1e-12)
+    with pytest.raises(ValueError, match="another path"):
+        m(np.array([9.0, 0.0]))

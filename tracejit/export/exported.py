@@ -130,9 +130,6 @@ class Exported:
         """Write a self-contained file (graph as JSON, arrays, a format version) that
         tj.load reads in a process without the function's source."""
         from tracejit.export.saved import save
-        if self.paths:
-            raise ExportError(f"save: {self.name} was exported with {len(self.paths)} "
-                              f"paths; a saved file holds one (export without paths=)")
         save(self, path)
 
     def __call__(self, *arrays):

@@ -84,6 +84,21 @@ def _op_class(name):
 
 
 def save(ex, path):
+    # One document per traced path (export(paths=...)): the first is the file's own,
+    # the others under "paths", their arrays named "a<k>:<name>".
+    doc, arrays = _document(ex, "a:")
+    more = []
+    for k, p in enumerate((ex.paths or [])[1:], 1):
+        d, a = _document(p, f"a{k}:")
+        more.append(d)
+        arrays.update(a)
+    if more:
+        doc["paths"] = more
+    with open(path, "wb") as fh:
+        np.savez(fh, **{_GRAPH_KEY: np.array(json.dumps(doc))}, **arrays)
+
+
+def _document(ex, prefix):
     vid = {}
     values = []
 
@@ -122,9 +137,7 @@ def save(ex, path):
            "symbols": ex.symbols, "values": values, "inputs": inputs, "nodes": nodes,
            "outputs": outputs, "output_names": ex.output_names,
            "guards": [list(g) for g in ex.guards]}
-    arrays = {f"a:{k}": np.asarray(a) for k, a in ex.arrays.items()}
-    with open(path, "wb") as fh:
-        np.savez(fh, **{_GRAPH_KEY: np.array(json.dumps(doc))}, **arrays)
+    return doc, {f"{prefix}{k}": np.asarray(a) for k, a in ex.arrays.items()}
 
 
 def load(path):
@@ -136,7 +149,7 @@ def load(path):
             if _GRAPH_KEY not in z.files:
                 raise ValueError(f"tj.load: {path} is not a tracejit export file")
             doc = json.loads(str(z[_GRAPH_KEY][()]))
-            arrays = {k[2:]: z[k] for k in z.files if k.startswith("a:")}
+            arrays = {k: z[k] for k in z.files if k != _GRAPH_KEY}
     except (zipfile.BadZipFile, EOFError, OSError, json.JSONDecodeError, KeyError) as e:
         if isinstance(e, FileNotFoundError):
             raise
@@ -149,9 +162,17 @@ def load(path):
         raise ValueError(f"tj.load: {path} has format version {version}, newer than this "
                          f"tracejit reads ({FORMAT_VERSION}); upgrade tracejit")
     try:
-        return _rebuild(doc, arrays)
+        first = _rebuild(doc, _named(arrays, "a:"))
+        if doc.get("paths"):
+            first.paths = [first] + [_rebuild(d, _named(arrays, f"a{k}:"))
+                                     for k, d in enumerate(doc["paths"], 1)]
+        return first
     except (KeyError, IndexError, TypeError) as e:
         raise ValueError(f"tj.load: {path} is damaged ({type(e).__name__}: {e})") from None
+
+
+def _named(arrays, prefix):
+    return {k[len(prefix):]: a for k, a in arrays.items() if k.startswith(prefix)}
 
 
 def _rebuild(doc, arrays):
