@@ -291,6 +291,10 @@ def test_sizes_a_symbolic_dimension_cannot_follow_are_refused():
         tj.export(diff, np.arange(5.0), dynamic={"x": {0: "n"}})
     ex = tj.export(diff, np.arange(5.0))              # fixed sizes export
     _check(diff, ex, [(np.random.rand(5),) for _ in range(3)])
+    W = tj.Parameter(np.ones(5))
+    with pytest.raises(tj.ExportError, match="n is no dynamic dimension: the function "
+                                             "fails at n=11"):
+        tj.export(lambda x: tj.Variable(x) * W, np.ones(5), dynamic={0: {0: "n"}})
     with pytest.raises(tj.ExportError, match="not an argument"):
         tj.export(diff, np.arange(5.0), dynamic={"y": {0: "n"}})
     with pytest.raises(tj.ExportError, match="axis 1 out of range"):

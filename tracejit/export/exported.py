@@ -196,7 +196,16 @@ def _export_one(jf, args, kwargs, dynamic, allow_guards):
         other = 2 * size + 1          # odd, > 2: no size-1 extents, rarely a coincidence
         a2, k2 = _resized(args, kwargs, where, other)
         sizes.append((sym, size, other))
-        others.append(_traced(jf, a2, k2, name))
+        try:
+            others.append(_traced(jf, a2, k2, name))
+        except (ValueError, TypeError, IndexError) as e:
+            if isinstance(e, ExportError):
+                raise
+            # The user's function itself fails at the other size: that dimension is
+            # not free (a Parameter of the same size, a reshape to a fixed shape).
+            raise ExportError(f"export({name}): {sym} is no dynamic dimension: the "
+                              f"function fails at {sym}={other} (the example has "
+                              f"{size}): {type(e).__name__}: {e}") from None
     try:
         shapes, params, lits, kinds = _compare(base, others, sizes)
     except GraphMismatch as e:
