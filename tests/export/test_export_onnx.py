@@ -8,13 +8,16 @@ ExportErrors.
 """
 import os
 import sys
+import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 import tracejit as tj
 import tracejit.functions as F
 from tracejit.models import MLP
+from tracejit.testing.strategies import source_programs
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -553,3 +556,32 @@ def test_dezero_style_backward_on_arguments():
         np.testing.assert_allclose(got["z"], z.data, rtol=1e-12)
         np.testing.assert_allclose(got["x.grad"], x.grad.data, rtol=1e-12)
         np.testing.assert_allclose(got["y.grad"], y.grad.data, rtol=1e-12)
+
+
+@settings(max_examples=8, deadline=None)
+@given(source_programs(avoid=("nonfinite",)))
+def test_random_programs_in_onnx_runtime_equal_eager(prog):
+    # The fuzzer's random DeZero programs: each exports (or is refused with an
+    # ExportError: guards, random draws, in-place updates, user Functions), and ONNX
+    # Runtime's results equal eager's on the program's later calls of the same shapes.
+    import tempfile
+    from tracejit.testing.fuzz import harness
+    with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
+        warnings.simplefilter("ignore", tj.JitWarning)    # a fallback is a refusal here
+        ns = harness.load(prog.source, os.path.join(d, "prog.py"))
+        f, args = ns["f"], ns["args"]
+        a0 = args(0)
+        try:
+            sess = ort.InferenceSession(tj.export(f, *a0).to_onnx().SerializeToString(),
+                                        providers=["CPUExecutionProvider"])
+        except tj.ExportError:
+            return
+        tol = 1e-4 if prog.has_float32 else 1e-9
+        for call in range(1, len(ns["PLAN"])):
+            a = args(call)
+            if any(np.shape(x) != np.shape(y) for x, y in zip(a, a0)):
+                continue
+            arrays = [np.asarray(x.data if isinstance(x, tj.Variable) else x) for x in a]
+            got = sess.run(None, dict(zip([i.name for i in sess.get_inputs()], arrays)))
+            for g, w in zip(got, _plain(f(*a))):
+                np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
