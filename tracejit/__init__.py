@@ -16,7 +16,7 @@ from tracejit.datasets import Dataset
 from tracejit.dataloaders import DataLoader, SeqDataLoader
 from tracejit.runtime.jitted import jit, disable_jit, JitWarning
 from tracejit.autodiff import grad, value_and_grad, eval_shape
-from tracejit.export import Exported, ExportError, export, load
+from tracejit.exporting import Exported, ExportError, export, load
 
 # DeZero's switch between its two cores, set by editing dezero/__init__.py. tracejit
 # always exports the full core; the simple one is tracejit.core_simple, which the

@@ -12,8 +12,8 @@ import zipfile
 
 import numpy as np
 
-from tracejit.export.exported import FORMAT_VERSION, Exported, ExportError
-from tracejit.export.symbolic import Sym, substitute
+from tracejit.exporting.exported import FORMAT_VERSION, Exported, ExportError
+from tracejit.exporting.symbolic import Sym, substitute
 from tracejit.ir import Graph, Lit, Node, Value
 
 _MAGIC = "tracejit-export"

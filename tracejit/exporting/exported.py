@@ -25,7 +25,7 @@ import inspect
 import numpy as np
 
 from tracejit.core import Variable
-from tracejit.export.symbolic import GraphMismatch, Sym, flatten, merge
+from tracejit.exporting.symbolic import GraphMismatch, Sym, flatten, merge
 from tracejit.ir import Lit, Value
 
 FORMAT_VERSION = 1
@@ -123,19 +123,19 @@ class Exported:
     def to_onnx(self, path=None, opset=None):
         """The ONNX model (an onnx.ModelProto, checked by onnx.checker), written to
         `path` when given. Needs `pip install 'tracejit[onnx]'`."""
-        from tracejit.export.onnx import to_onnx
+        from tracejit.exporting.onnx import to_onnx
         return to_onnx(self, path, opset)
 
     def save(self, path):
         """Write a self-contained file (graph as JSON, arrays, a format version) that
         tj.load reads in a process without the function's source."""
-        from tracejit.export.saved import save
+        from tracejit.exporting.saved import save
         save(self, path)
 
     def __call__(self, *arrays):
         """Run the graph on the model's inputs (in input_specs order) through the numba
         backend; dynamic dimensions take the sizes these arrays have."""
-        from tracejit.export.saved import PathMissed, run
+        from tracejit.exporting.saved import PathMissed, run
         for p in self.paths or [self]:
             try:
                 return run(p, arrays)

@@ -16,7 +16,7 @@ import pytest
 
 import tracejit as tj
 import tracejit.functions as F
-from tracejit.export.exported import FORMAT_VERSION
+from tracejit.exporting.exported import FORMAT_VERSION
 from tracejit.models import MLP
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")

@@ -9,8 +9,8 @@ Operands are cast to the dtype NumPy computes in (ONNX has no type promotion).
 """
 import numpy as np
 
-from tracejit.export.exported import ExportError
-from tracejit.export.symbolic import Sym
+from tracejit.exporting.exported import ExportError
+from tracejit.exporting.symbolic import Sym
 from tracejit.ir import Lit
 
 DEFAULT_OPSET = 17
