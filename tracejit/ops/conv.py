@@ -74,7 +74,25 @@ def _col_shape(name, col_shape, img_shape, k, s, p, to_matrix):
     return want
 
 
-# ---------------------------------------------------------------- NumPy kernels
+# ---------------------------------------------------------------- kernels
+
+# The dtypes the numba kernels (conv_kernels.py) take; others run the NumPy code.
+_FAST = frozenset(np.dtype(d) for d in ("f4", "f8"))
+_K = None
+
+
+def _fast(*arrays):
+    return all(a.dtype in _FAST for a in arrays)
+
+
+def _kernels():
+    # conv_kernels imports numba: on first use, so `import tracejit` does not.
+    global _K
+    if _K is None:
+        from tracejit.ops import conv_kernels
+        _K = conv_kernels
+    return _K
+
 
 def _patches(img, k, s, p):
     """A read-only (N, C, KH, KW, OH, OW) strided view of the zero-padded image."""
@@ -104,12 +122,9 @@ def im2col_array(img, kernel_size, stride, pad, to_matrix=True):
     return view.copy()
 
 
-def col2im_array(col, img_shape, kernel_size, stride, pad, to_matrix=True):
-    """The adjoint of im2col_array: every patch element added back to its pixel.
-
-    One strided add per kernel offset (KH*KW adds of whole (N, C, OH, OW) slabs), not
-    np.add.at's element-by-element scatter."""
-    k, s, p = _window("col2im", kernel_size, stride, pad)
+def _col2im_numpy(col, img_shape, k, s, p, to_matrix):
+    # The reference (dtypes the kernels do not take, and the tests): one strided add per
+    # kernel offset (KH*KW adds of whole (N, C, OH, OW) slabs) into a padded image.
     N, C, H, W = img_shape
     oh, ow = _out_hw("col2im", tuple(img_shape), k, s, p)
     if to_matrix:
@@ -126,12 +141,36 @@ def col2im_array(col, img_shape, kernel_size, stride, pad, to_matrix=True):
     return img[:, :, p[0]:H + p[0], p[1]:W + p[1]].copy()      # fresh, not a view
 
 
+def col2im_array(col, img_shape, kernel_size, stride, pad, to_matrix=True):
+    """The adjoint of im2col_array: every patch element added back to its pixel."""
+    k, s, p = _window("col2im", kernel_size, stride, pad)
+    N, C, H, W = img_shape
+    oh, ow = _out_hw("col2im", tuple(img_shape), k, s, p)
+    if not _fast(col):
+        return _col2im_numpy(col, img_shape, k, s, p, to_matrix)
+    # numba: a scatter-add straight into the unpadded image (no padded buffer, no crop
+    # copy), reading the columns in their own layout.
+    col = np.ascontiguousarray(col).reshape(-1)
+    if to_matrix:       # (N, OH, OW, C, KH, KW)
+        ckk = C * k[0] * k[1]
+        st = (oh * ow * ckk, k[0] * k[1], k[1], 1, ow * ckk, ckk)
+    else:               # (N, C, KH, KW, OH, OW)
+        st = (C * k[0] * k[1] * oh * ow, k[0] * k[1] * oh * ow, k[1] * oh * ow, oh * ow,
+              ow, 1)
+    img = np.zeros((N, C, H, W), dtype=col.dtype)
+    _kernels().col2im(col, img, k[0], k[1], s[0], s[1], p[0], p[1], st)
+    return img
+
+
 def _conv_forward(x, W, s, p):
     OC, C, KH, KW = W.shape
     N = x.shape[0]
     col = im2col_array(x, (KH, KW), s, p, to_matrix=False)
     oh, ow = col.shape[4:]
     # (OC, C*KH*KW) @ (N, C*KH*KW, OH*OW): NCHW comes out directly, no transpose copy.
+    # One GEMM per image, not one over (C*KH*KW, N*OH*OW): OpenBLAS runs these small
+    # ones on one thread, and its threaded large GEMM was 5-40x slower on a loaded
+    # machine (threads spinning for a descheduled partner).
     y = np.matmul(W.reshape(OC, -1), col.reshape(N, C * KH * KW, oh * ow))
     return y.reshape(N, OC, oh, ow)
 
@@ -140,7 +179,9 @@ def _deconv_forward(x, W, s, p, outsize):
     C, OC, KH, KW = W.shape
     N, _, H, Wd = x.shape
     # (OC*KH*KW, C) @ (N, C, H*W): the columns conv2d would have read, then summed back.
-    gcol = np.matmul(W.reshape(C, -1).T, x.reshape(N, C, H * Wd))
+    # W's transpose copied (small): a contiguous operand for each per-image GEMM.
+    Wt = np.ascontiguousarray(W.reshape(C, -1).T)
+    gcol = np.matmul(Wt, x.reshape(N, C, H * Wd))
     gcol = gcol.reshape(N, OC, KH, KW, H, Wd)
     return col2im_array(gcol, (N, OC) + outsize, (KH, KW), s, p, to_matrix=False)
 
@@ -148,14 +189,16 @@ def _deconv_forward(x, W, s, p, outsize):
 def _grad_w_forward(x, gy, k, s, p):
     N, C = x.shape[:2]
     OC = gy.shape[1]
-    # The patches copied once straight into (C*KH*KW, N*OH*OW) rows, then one GEMM with
-    # the long N*OH*OW axis contiguous in both operands. Measured on the W6 CNN's second
-    # conv (N=32, 16 -> 32 channels, 14x14): 17 ms, against 117 ms for tensordot over
-    # im2col's (N, C, KH, KW, OH, OW), whose transposed copy and GEMM shape are slower.
-    col = _patches(x, k, s, p).transpose(1, 2, 3, 0, 4, 5).reshape(C * k[0] * k[1], -1)
-    g = gy.transpose(1, 0, 2, 3).reshape(OC, -1)
-    gW = (col @ g.T).T.reshape(OC, C, k[0], k[1])
-    return gW if gW.flags.owndata else gW.copy()
+    col = im2col_array(x, k, s, p, to_matrix=False)
+    oh, ow = col.shape[4:]
+    # sum_n gy[n] (OC, OH*OW) @ col[n].T (OH*OW, C*KH*KW): per-image GEMMs on the
+    # patches in im2col's own layout (no transposed copy of them or of gy), then a sum
+    # over N. Measured on the W6 CNN's second conv (N=32, 16 -> 32 channels, 14x14),
+    # loaded machine: 1.2 ms, against 20 ms for one (C*KH*KW, N*OH*OW) GEMM (threaded
+    # OpenBLAS, see _conv_forward) and 117 ms for tensordot.
+    col = col.reshape(N, C * k[0] * k[1], oh * ow)
+    gW = np.matmul(gy.reshape(N, OC, oh * ow), col.transpose(0, 2, 1)).sum(axis=0)
+    return gW.reshape(OC, C, k[0], k[1])
 
 
 # ---------------------------------------------------------------- shape checks
@@ -393,6 +436,9 @@ class _Window(Function):
         self.kernel_size, self.stride, self.pad = _window(
             type(self).__name__.lower(), kernel_size, stride, pad)
 
+    def _kernel_args(self):
+        return self.kernel_size + self.stride + self.pad
+
     def _pooled(self, x):
         oh, ow = _out_hw(type(self).__name__.lower(), x.shape, self.kernel_size, self.stride,
                          self.pad)
@@ -404,7 +450,12 @@ class Pooling(_Window):
     border pools to 0). The gradient goes to the first maximum of each window."""
 
     def forward(self, x):
-        self._pooled(x)
+        shape = self._pooled(x)
+        if _fast(x):
+            # numba: the max of each window read in place (no 4x patch copy).
+            y = np.empty(shape, x.dtype)
+            _kernels().max_pool(np.ascontiguousarray(x), y, *self._kernel_args())
+            return y
         return _pool_cols(x, self.kernel_size, self.stride, self.pad).max(axis=2)
 
     def backward(self, gy):
@@ -445,6 +496,13 @@ class Pooling2DGrad(_WithPooledInput):
 
     def forward(self, x, gy):
         self.shape_rule(ShapeDtype(x.shape, x.dtype), ShapeDtype(gy.shape, gy.dtype))
+        if _fast(x, gy):
+            # numba: each window's argmax found in x and gy added there, in one pass
+            # (not a patch copy, argmax, put_along_axis and col2im).
+            gx = np.zeros(x.shape, gy.dtype)
+            _kernels().max_pool_grad(np.ascontiguousarray(x), np.ascontiguousarray(gy), gx,
+                                     *self._kernel_args())
+            return gx
         k = self.kernel_size
         col = _pool_cols(x, k, self.stride, self.pad)
         idx = col.argmax(axis=2)[:, :, None]
@@ -487,6 +545,11 @@ class Pooling2DWithIndexes(_WithPooledInput):
 
     def forward(self, x, z):
         self.shape_rule(ShapeDtype(x.shape, x.dtype), ShapeDtype(z.shape, z.dtype))
+        if _fast(x, z):
+            y = np.empty(self._pooled(x), z.dtype)
+            _kernels().max_pool_gather(np.ascontiguousarray(x), np.ascontiguousarray(z), y,
+                                       *self._kernel_args())
+            return y
         k, s, p = self.kernel_size, self.stride, self.pad
         idx = _pool_cols(x, k, s, p).argmax(axis=2)[:, :, None]
         return np.take_along_axis(_pool_cols(z, k, s, p), idx, axis=2)[:, :, 0]
