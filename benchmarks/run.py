@@ -9,6 +9,8 @@ of the machine hits all columns alike. Reported: median time per call and ratios
   W3  Goldstein-Price and Rosenbrock value + gradient on 0-d arrays (dispatch-bound)
   W4  MLP 784-256-10, batch 128, float32: forward + backward + SGD step
   W5  the data-dependent while loop (y += x until y > 100) with its gradient
+  W6  CNN training step (conv-relu-pool x2, Linear, softmax CE, SGD), batch 32 MNIST size
+  W7  LSTM(100) BPTT window of 30 steps on SinCurve, Adam (the book's step 60)
   +   cold compile, warm-process (disk cache) first result, new shape, peak memory
 """
 import argparse
@@ -413,6 +415,347 @@ def bench_while(rounds, min_time, backend):
     check_no_fallback(gj)
 
 
+# ------------------------------------------------------------------ W6 CNN step
+
+def _first_compile(jitted, call, n=3):
+    """Seconds of the first n calls (eager warm-up, trace + compile + the check against
+    eager, the first checked compiled call), and the jit's trace/compile stats."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call()
+    info = jitted.cache_info()
+    return (f"first compiled result after {time.perf_counter() - t0:.2f} s (trace "
+            f"{info['trace_seconds']:.2f} s, lowering {info['compile_seconds']:.2f} s, "
+            f"the rest numba and the checks against eager); fallbacks {info['fallbacks']}")
+
+
+def _np_im2col(img, k, s, p):
+    # DeZero's im2col_array (to_matrix=False), verbatim in NumPy.
+    N, C, H, W = img.shape
+    OH, OW = (H + 2 * p - k) // s + 1, (W + 2 * p - k) // s + 1
+    img = np.pad(img, ((0, 0), (0, 0), (p, p + s - 1), (p, p + s - 1)))
+    col = np.ndarray((N, C, k, k, OH, OW), dtype=img.dtype)
+    for j in range(k):
+        for i in range(k):
+            col[:, :, j, i, :, :] = img[:, :, j:j + s * OH:s, i:i + s * OW:s]
+    return col
+
+
+def _np_col2im(col, shape, k, s, p):
+    # DeZero's col2im_array (to_matrix=False).
+    N, C, H, W = shape
+    OH, OW = col.shape[4:]
+    img = np.zeros((N, C, H + 2 * p + s - 1, W + 2 * p + s - 1), dtype=col.dtype)
+    for j in range(k):
+        for i in range(k):
+            img[:, :, j:j + s * OH:s, i:i + s * OW:s] += col[:, :, j, i, :, :]
+    return img[:, :, p:H + p, p:W + p]
+
+
+def numpy_cnn_step(params, x, t, lr=0.01):
+    """The W6 step as DeZero computes it, written out in NumPy: im2col + tensordot
+    convolutions, im2col + argmax pooling, and their backward passes; SGD in place."""
+    W1, b1, W2, b2, Wl, bl = params
+    cache = []
+    h = x
+    for W, b in ((W1, b1), (W2, b2)):
+        col = _np_im2col(h, 3, 1, 1)
+        y = np.rollaxis(np.tensordot(col, W, ((1, 2, 3), (1, 2, 3))) + b, 3, 1)
+        a = np.maximum(y, 0)
+        N, C, H, Wd = a.shape
+        pc = _np_im2col(a, 2, 2, 0).reshape(N, C, 4, H // 2, Wd // 2)
+        idx = pc.argmax(axis=2)
+        cache.append((h, col, y, idx, a.shape))
+        h = pc.max(axis=2)
+    N = x.shape[0]
+    f = h.reshape(N, -1)
+    logits = f @ Wl + bl
+    m = logits.max(axis=1, keepdims=True)
+    e = np.exp(logits - m)
+    prob = e / e.sum(axis=1, keepdims=True)
+    loss = -np.log(prob[np.arange(N), t]).mean()
+    g = prob
+    g[np.arange(N), t] -= 1
+    g /= N
+    grads = [None] * 6
+    grads[4], grads[5] = f.T @ g, g.sum(axis=0)
+    gh = (g @ Wl.T).reshape(h.shape)
+    for li in (1, 0):
+        hin, col, y, idx, ashape = cache[li]
+        W = params[2 * li]
+        Nn, C, OH, OW = gh.shape
+        gcol = np.zeros((Nn * C * OH * OW * 4), dtype=gh.dtype)
+        gcol[idx.ravel() + np.arange(0, idx.size * 4, 4)] = gh.ravel()
+        gcol = gcol.reshape(Nn, C, OH, OW, 2, 2)
+        gcol = np.swapaxes(np.swapaxes(gcol, 2, 4), 3, 5)
+        ga = _np_col2im(gcol, ashape, 2, 2, 0)
+        gy = ga * (y > 0)
+        grads[2 * li] = np.tensordot(gy, col, ((0, 2, 3), (0, 4, 5)))
+        grads[2 * li + 1] = gy.sum(axis=(0, 2, 3))
+        if li:
+            gc = np.rollaxis(np.tensordot(W, gy, (0, 1)), 3)
+            gh = _np_col2im(gc, hin.shape, 3, 1, 1)
+    for q, gq in zip(params, grads):
+        q -= lr * gq
+    return loss
+
+
+def _cnn_forward(x, W1, b1, W2, b2, Wl, bl):
+    h = F.pooling(F.relu(F.conv2d(x, W1, b1, 1, 1)), 2, 2)
+    h = F.pooling(F.relu(F.conv2d(h, W2, b2, 1, 1)), 2, 2)
+    return F.linear(F.reshape(h, (x.shape[0], -1)), Wl, bl)
+
+
+def bench_cnn(rounds, min_time, backend, batch=32):
+    import tracejit.layers as L
+    from tracejit.models import Model
+
+    class CNN(Model):
+        def __init__(self):
+            super().__init__()
+            self.c1 = L.Conv2d(16, 3, pad=1)
+            self.c2 = L.Conv2d(32, 3, pad=1)
+            self.fc = L.Linear(10)
+
+        def forward(self, x):
+            # The layers' calls: what _cnn_forward computes from their parameters.
+            h = F.pooling(F.relu(self.c1(x)), 2, 2)
+            h = F.pooling(F.relu(self.c2(h)), 2, 2)
+            return self.fc(F.reshape(h, (x.shape[0], -1)))
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, 1, 28, 28)).astype(np.float32)
+    t = rng.integers(0, 10, batch)
+
+    def make():
+        np.random.seed(0)
+        model = CNN()
+        model(x)                    # creates the lazy weights
+        return model, optimizers.SGD(0.01).setup(model)
+
+    def step(model, opt):
+        loss = F.softmax_cross_entropy(model(x), t)
+        model.cleargrads()
+        loss.backward()
+        opt.update()
+        return loss
+
+    m_e, o_e = make()
+    m_j, o_j = make()
+    step_j = tj.jit(lambda: step(m_j, o_j), backend=backend)
+    init = [m_e.c1.W.data, m_e.c1.b.data, m_e.c2.W.data, m_e.c2.b.data, m_e.fc.W.data,
+            m_e.fc.b.data]
+    ps_np = [a.copy() for a in init]
+    ps_vg = [a.copy() for a in init]
+
+    def loss_fn(W1, b1, W2, b2, Wl, bl):
+        return F.softmax_cross_entropy(_cnn_forward(x, W1, b1, W2, b2, Wl, bl), t)
+
+    vg = tj.value_and_grad(loss_fn, argnums=tuple(range(6)))
+    vgj = tj.jit(vg, backend=backend)
+
+    def vg_step(f):
+        def call():
+            loss, gs = f(*ps_vg)
+            for q, gq in zip(ps_vg, gs):
+                q -= 0.01 * gq.data
+            return loss
+        return call
+
+    # The hand-written step computes what tracejit does (a check, not a benchmark).
+    ref = [a.copy() for a in init]
+    l_np = numpy_cnn_step(ref, x, t)
+    l_tj = step(*make())
+    if not np.allclose(l_np, l_tj.data, rtol=1e-4):
+        print(f"  !! the NumPy-by-hand CNN step's loss {l_np} differs from tracejit's "
+              f"{float(l_tj.data)}")
+    print("\nW6 compile cost: jit(step), " + _first_compile(step_j, step_j))
+    print("W6 compile cost: jit(value_and_grad), " + _first_compile(vgj, vg_step(vgj)))
+
+    impls = {
+        "tracejit eager": lambda: step(m_e, o_e),
+        "tracejit jit (step inside)": step_j,
+        "tracejit jit(value_and_grad) + SGD": vg_step(vgj),
+        "numpy im2col by hand (DeZero's)": lambda: numpy_cnn_step(ps_np, x, t),
+    }
+    if torch is not None:
+        tm = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Flatten(), torch.nn.Linear(32 * 7 * 7, 10))
+        topt = torch.optim.SGD(tm.parameters(), lr=0.01)
+        tx, tt = torch.from_numpy(x), torch.from_numpy(t)
+
+        def torch_step(model):
+            def call():
+                topt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(tx), tt)
+                loss.backward()
+                topt.step()
+                return loss
+            return call
+        impls["torch eager"] = torch_step(tm)
+        try:
+            tc = torch_step(torch.compile(tm))
+            t0 = time.perf_counter()
+            tc()
+            print(f"W6 compile cost: torch.compile, first step {time.perf_counter() - t0:.1f} s")
+            impls["torch.compile"] = tc
+        except Exception as e:  # noqa: BLE001 - a benchmark reports, it does not stop
+            print(f"  torch.compile unavailable: {e}")
+    if jax is not None:
+        def jax_loss(ps, xj, tj_):
+            def conv(h, W, b):
+                y = jax.lax.conv_general_dilated(h, W, (1, 1), ((1, 1), (1, 1)))
+                return y + b[None, :, None, None]
+
+            def pool(h):
+                return jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 1, 2, 2),
+                                             (1, 1, 2, 2), "VALID")
+            W1, b1, W2, b2, Wl, bl = ps
+            h = pool(jax.nn.relu(conv(xj, W1, b1)))
+            h = pool(jax.nn.relu(conv(h, W2, b2)))
+            logits = h.reshape(h.shape[0], -1) @ Wl + bl
+            lp = jax.nn.log_softmax(logits)
+            return -lp[jnp.arange(lp.shape[0]), tj_].mean()
+
+        @jax.jit
+        def jax_step(ps, xj, tj_):
+            loss, gs = jax.value_and_grad(jax_loss)(ps, xj, tj_)
+            return loss, [q - 0.01 * gq for q, gq in zip(ps, gs)]
+
+        jstate = {"ps": [jnp.asarray(a) for a in init]}
+        xj, tj_ = jnp.asarray(x), jnp.asarray(t)
+
+        def jax_call():
+            loss, jstate["ps"] = jax_step(jstate["ps"], xj, tj_)
+            return jax.block_until_ready(loss)
+        t0 = time.perf_counter()
+        jax_call()
+        print(f"W6 compile cost: jax.jit, first step {time.perf_counter() - t0:.1f} s")
+        impls["jax.jit(value_and_grad)"] = jax_call
+    res = interleaved(impls, rounds, min_time)
+    report(f"W6 CNN step, batch {batch}x1x28x28 float32: conv16-relu-pool-conv32-relu-pool-"
+           f"linear10, softmax CE, SGD", res, "tracejit eager", summary_line(step_j))
+    check_no_fallback(step_j, vgj)
+
+
+# ------------------------------------------------------------------ W7 LSTM window
+
+def bench_lstm(rounds, min_time, backend, hidden=100, bptt=30, batch=30):
+    """The book's step 60: SinCurve through SeqDataLoader, LSTM(100) + Linear(1), a
+    BPTT window of 30 steps, Adam; the state carries from one window to the next."""
+    import tracejit.layers as L
+    from tracejit.datasets import SinCurve
+    from tracejit.models import Model
+
+    class BetterRNN(Model):
+        def __init__(self):
+            super().__init__()
+            self.rnn = L.LSTM(hidden)
+            self.fc = L.Linear(1)
+
+        def reset_state(self):
+            self.rnn.reset_state()
+
+        def forward(self, x):
+            return self.fc(self.rnn(x))
+
+    np.random.seed(0)
+    loader = tj.SeqDataLoader(SinCurve(train=True), batch_size=batch)
+    data = list(loader)[:bptt]
+    xs = np.stack([b[0] for b in data])      # (bptt, batch, 1)
+    ts = np.stack([b[1] for b in data])
+
+    def make():
+        np.random.seed(0)
+        m = BetterRNN()
+        m(xs[0])
+        m(xs[0])                # the second call creates the h2* weights
+        m.reset_state()
+        return m, optimizers.Adam().setup(m)
+
+    def book_window(m, opt):
+        # The book's loop body over one window, state left in m.rnn (h, c).
+        def window():
+            loss = 0
+            for i in range(bptt):
+                loss = loss + F.mean_squared_error(m(xs[i]), ts[i])
+            m.cleargrads()
+            loss.backward()
+            loss.unchain_backward()
+            opt.update()
+            return loss
+        return window
+
+    def state_window(m, opt):
+        # The same window with the state as argument and result: m.rnn holds it only
+        # during the call, so no Python attribute is rebound across calls (a compiled
+        # call could not rebind m.rnn.h; see README's porting notes).
+        def window(h, c):
+            m.rnn.h, m.rnn.c = h, c
+            loss = 0
+            for i in range(bptt):
+                loss = loss + F.mean_squared_error(m(xs[i]), ts[i])
+            m.cleargrads()
+            loss.backward()
+            loss.unchain_backward()
+            opt.update()
+            h, c = m.rnn.h, m.rnn.c
+            m.rnn.reset_state()
+            return loss, h, c
+        return window
+
+    m_e, o_e = make()
+    m_b, o_b = make()
+    m_j, o_j = make()
+    eager = book_window(m_e, o_e)
+    book_j = tj.jit(book_window(m_b, o_b), backend=backend)
+    win_j = tj.jit(state_window(m_j, o_j), backend=backend)
+    state = {"h": None, "c": None}
+
+    def state_call():
+        loss, state["h"], state["c"] = win_j(state["h"], state["c"])
+        return loss
+    print("\nW7 compile cost: jit(window(h, c)), " + _first_compile(win_j, state_call, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tj.JitWarning)
+        print("W7 compile cost: jit(book's window, state in m.rnn), "
+              + _first_compile(book_j, book_j, 3))
+    impls = {
+        "tracejit eager (book's loop)": eager,
+        "tracejit jit(window(h, c))": state_call,
+        "tracejit jit(book's window)": book_j,
+    }
+    if torch is not None:
+        tl, tf = torch.nn.LSTMCell(1, hidden, dtype=torch.float64), \
+            torch.nn.Linear(hidden, 1, dtype=torch.float64)
+        topt = torch.optim.Adam(list(tl.parameters()) + list(tf.parameters()))
+        txs, tts = torch.from_numpy(xs), torch.from_numpy(ts)
+        tstate = {"hc": None}
+
+        def torch_window():
+            hc = tstate["hc"]
+            loss = 0
+            for i in range(bptt):
+                hc = tl(txs[i], hc)
+                loss = loss + torch.nn.functional.mse_loss(tf(hc[0]), tts[i])
+            topt.zero_grad()
+            loss.backward()
+            topt.step()
+            tstate["hc"] = (hc[0].detach(), hc[1].detach())
+            return loss
+        impls["torch eager"] = torch_window
+    res = interleaved(impls, rounds, min_time)
+    report(f"W7 LSTM({hidden}) + Linear(1) BPTT window of {bptt} steps, batch {batch}, "
+           f"Adam (the book's step 60)", res, "tracejit eager (book's loop)",
+           summary_line(win_j, state["h"], state["c"]))
+    check_no_fallback(win_j)
+    info = book_j.cache_info()
+    print(f"  jit(book's window) cache_info: fallbacks {info['fallbacks']} (the call "
+          f"rebinds m.rnn.h; it runs eagerly, as the book's loop)")
+
+
 # ------------------------------------------------------------------ latency and memory
 
 _LATENCY = textwrap.dedent("""
@@ -545,7 +888,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes, few rounds")
-    p.add_argument("--only", default="W1W2W3W4W5L", help="e.g. W3W5")
+    p.add_argument("--only", default="W1W2W3W4W5W6W7L", help="e.g. W3W5")
     p.add_argument("--backend", default="auto")
     args = p.parse_args()
     warnings.simplefilter("always", tj.JitWarning)
@@ -563,6 +906,10 @@ def main():
         bench_mlp(rounds, min_time, args.backend)
     if "W5" in args.only:
         bench_while(rounds, min_time, args.backend)
+    if "W6" in args.only:
+        bench_cnn(rounds, min_time, args.backend)
+    if "W7" in args.only:
+        bench_lstm(rounds, min_time, args.backend)
     if "L" in args.only:
         bench_latency(args.backend)
 
