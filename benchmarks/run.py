@@ -24,7 +24,16 @@ import textwrap
 import time
 import warnings
 
-import numpy as np
+# --blas-threads N sets OpenBLAS's thread count, which it reads when NumPy loads it: so
+# here, before the import. On a loaded machine a threaded GEMM waits for its partner
+# threads whenever one is descheduled: the W6 CNN's products then ran 2-40x slower.
+for _i, _a in enumerate(sys.argv):
+    if _a == "--blas-threads" and _i + 1 < len(sys.argv):
+        os.environ["OPENBLAS_NUM_THREADS"] = sys.argv[_i + 1]
+    elif _a.startswith("--blas-threads="):
+        os.environ["OPENBLAS_NUM_THREADS"] = _a.split("=", 1)[1]
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -890,12 +899,15 @@ def main():
     p.add_argument("--quick", action="store_true", help="small sizes, few rounds")
     p.add_argument("--only", default="W1W2W3W4W5W6W7L", help="e.g. W3W5")
     p.add_argument("--backend", default="auto")
+    p.add_argument("--blas-threads", default=None,
+                   help="OpenBLAS threads (OPENBLAS_NUM_THREADS), e.g. 1 on a loaded machine")
     args = p.parse_args()
     warnings.simplefilter("always", tj.JitWarning)
     rounds, min_time = (3, 0.02) if args.quick else (5, 0.2)
     sizes = (1000, 100_000) if args.quick else (1000, 100_000, 4_000_000)
     print(f"tracejit benchmarks: numpy {np.__version__}, numba {numba.__version__}, "
-          f"{os.cpu_count()} cores, backend={args.backend}"
+          f"{os.cpu_count()} cores, backend={args.backend}, OPENBLAS_NUM_THREADS="
+          f"{os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}"
           + (f", jax {jax.__version__}" if jax else "")
           + (f", torch {torch.__version__}" if torch else ""))
     if "W1" in args.only or "W2" in args.only:

@@ -97,7 +97,20 @@ def _argmax(x, n, c, oh, ow, KH, KW, SH, SW, PH, PW):
     # Returns (max, h, w), h = -1 when the maximum is a padding zero.
     H, W = x.shape[2], x.shape[3]
     h0, w0 = oh * SH - PH, ow * SW - PW
-    if h0 >= 0 and w0 >= 0 and h0 + KH <= H and w0 + KW <= W:
+    if KH == 2 and KW == 2 and h0 >= 0 and w0 >= 0 and h0 + 2 <= H and w0 + 2 <= W:
+        # The common 2x2 window, unrolled (the loops below run 2x slower on it).
+        a, b = x[n, c, h0, w0], x[n, c, h0, w0 + 1]
+        d, e = x[n, c, h0 + 1, w0], x[n, c, h0 + 1, w0 + 1]
+        best, bh, bw = a, h0, w0
+        if b > best:
+            best, bw = b, w0 + 1
+        if d > best:
+            best, bh, bw = d, h0 + 1, w0
+        if e > best:
+            best, bh, bw = e, h0 + 1, w0 + 1
+        if not (a != a or b != b or d != d or e != e):
+            return best, bh, bw
+    elif h0 >= 0 and w0 >= 0 and h0 + KH <= H and w0 + KW <= W:
         # Inside the image (most windows): no bounds checks, NaN handled after.
         best = x[n, c, h0, w0]
         bh, bw = h0, w0
