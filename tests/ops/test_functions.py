@@ -348,6 +348,154 @@ def gen_random_seed(data, dtype):
     return Case(f, [], ref, grad=False, check=check)
 
 
+# ---------------------------------------------------------------- convolution (ops/conv.py)
+
+def _conv_window(data, channels=True):
+    """x's shape and a (kernel, stride, pad) whose output is at least 1x1."""
+    N, C = data.draw(st.integers(1, 2), label="N"), data.draw(st.integers(1, 2), label="C")
+    H, W = data.draw(st.integers(1, 5), label="H"), data.draw(st.integers(1, 5), label="W")
+    k = (data.draw(st.integers(1, 3), label="KH"), data.draw(st.integers(1, 3), label="KW"))
+    s = (data.draw(st.integers(1, 2), label="SH"), data.draw(st.integers(1, 2), label="SW"))
+    p = (data.draw(st.integers(0, 1), label="PH"), data.draw(st.integers(0, 1), label="PW"))
+    oh, ow = (H + 2 * p[0] - k[0]) // s[0] + 1, (W + 2 * p[1] - k[1]) // s[1] + 1
+    assume(oh >= 1 and ow >= 1)
+    return (N, C, H, W), k, s, p, (oh, ow)
+
+
+def _ref_cols(x, k, s, p):
+    # Naive patches (N, C, KH, KW, OH, OW) of the zero-padded image.
+    N, C, H, W = x.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
+    oh, ow = (H + 2 * p[0] - k[0]) // s[0] + 1, (W + 2 * p[1] - k[1]) // s[1] + 1
+    col = np.zeros((N, C, k[0], k[1], oh, ow), x.dtype)
+    for i in range(oh):
+        for j in range(ow):
+            col[..., i, j] = xp[:, :, i * s[0]:i * s[0] + k[0], j * s[1]:j * s[1] + k[1]]
+    return col
+
+
+def _ref_uncols(col, shape, s, p):
+    N, C, KH, KW, oh, ow = col.shape
+    img = np.zeros((N, C, shape[2] + 2 * p[0], shape[3] + 2 * p[1]), col.dtype)
+    for i in range(oh):
+        for j in range(ow):
+            img[:, :, i * s[0]:i * s[0] + KH, j * s[1]:j * s[1] + KW] += col[..., i, j]
+    return img[:, :, p[0]:p[0] + shape[2], p[1]:p[1] + shape[3]]
+
+
+def _as_matrix(col):
+    N, C, KH, KW, oh, ow = col.shape
+    return col.transpose(0, 4, 5, 1, 2, 3).reshape(N * oh * ow, -1)
+
+
+def gen_im2col(data, dtype):
+    shape, k, s, p, _ = _conv_window(data)
+    tm = data.draw(st.booleans(), label="to_matrix")
+    x = _array(data, shape, dtype)
+    return Case(lambda a: F.Im2col(k, s, p, tm)(a), [x],
+                lambda a: _as_matrix(_ref_cols(a, k, s, p)) if tm else _ref_cols(a, k, s, p))
+
+
+def gen_col2im(data, dtype):
+    shape, k, s, p, (oh, ow) = _conv_window(data)
+    tm = data.draw(st.booleans(), label="to_matrix")
+    col6 = (shape[0], shape[1]) + k + (oh, ow)
+    col = _array(data, col6, dtype)
+    if tm:
+        # Contiguous: gradcheck perturbs a non-contiguous input through a reshape copy
+        # (its numeric gradient came out 0; reported).
+        col = np.ascontiguousarray(_as_matrix(col))
+
+    def ref(c):
+        if tm:
+            c = c.reshape(shape[0], oh, ow, shape[1], k[0], k[1]).transpose(0, 3, 4, 5, 1, 2)
+        return _ref_uncols(c, shape, s, p)
+    return Case(lambda c: F.Col2im(shape, k, s, p, tm)(c), [col], ref)
+
+
+def gen_conv2d(data, dtype):
+    shape, k, s, p, _ = _conv_window(data)
+    OC = data.draw(st.integers(1, 2), label="OC")
+    x = _array(data, shape, dtype)
+    W = _array(data, (OC, shape[1]) + k, dtype)
+    return Case(lambda a, b: F.Conv2d(s, p)(a, b), [x, W],
+                lambda a, b: np.einsum("nckluv,ockl->nouv", _ref_cols(a, k, s, p), b))
+
+
+def gen_deconv2d(data, dtype):
+    # x is the conv2d output's size; the deconv maps it back onto the input's size.
+    shape, k, s, p, (oh, ow) = _conv_window(data)
+    OC = data.draw(st.integers(1, 2), label="OC")
+    x = _array(data, (shape[0], OC, oh, ow), dtype)
+    W = _array(data, (OC, shape[1]) + k, dtype)
+
+    def ref(a, b):
+        col = np.einsum("nchw,cokl->noklhw", a, b)
+        return _ref_uncols(col, shape, s, p)
+    return Case(lambda a, b: F.Deconv2d(s, p, shape[2:])(a, b), [x, W], ref)
+
+
+def gen_conv2d_grad_w(data, dtype):
+    shape, k, s, p, (oh, ow) = _conv_window(data)
+    OC = data.draw(st.integers(1, 2), label="OC")
+    x = _array(data, shape, dtype)
+    gy = _array(data, (shape[0], OC, oh, ow), dtype)
+    return Case(lambda a, g: F.Conv2DGradW(k, s, p)(a, g), [x, gy],
+                lambda a, g: np.einsum("nckluv,nouv->ockl", _ref_cols(a, k, s, p), g))
+
+
+def _pool_inputs(data, dtype):
+    # Distinct values off the grid's zero: no ties within a window, nor with padding.
+    shape, k, s, p, out = _conv_window(data)
+    x = data.draw(S.distinct_arrays(shape, dtype, offset=0.125), label="x")
+    return x, k, s, p, out
+
+
+def _ref_argmax_pool(x, z, k, s, p):
+    # z at x's window argmax (padding counts as 0 in the max and gives 0).
+    cx = _ref_cols(x, k, s, p)
+    cz = _ref_cols(z, k, s, p)
+    N, C = x.shape[:2]
+    oh, ow = cx.shape[4:]
+    cx, cz = cx.reshape(N, C, -1, oh, ow), cz.reshape(N, C, -1, oh, ow)
+    idx = cx.argmax(axis=2)[:, :, None]
+    return np.take_along_axis(cz, idx, axis=2)[:, :, 0]
+
+
+def gen_pooling(data, dtype):
+    x, k, s, p, _ = _pool_inputs(data, dtype)
+    return Case(lambda a: F.Pooling(k, s, p)(a), [x],
+                lambda a: _ref_cols(a, k, s, p).max(axis=(2, 3)))
+
+
+def gen_pooling2d_grad(data, dtype):
+    # Linear in gy; x (closed over, constant) picks where each gy goes.
+    x, k, s, p, out = _pool_inputs(data, dtype)
+    gy = _array(data, x.shape[:2] + out, dtype)
+
+    def ref(g):
+        cx = _ref_cols(x, k, s, p)
+        N, C = x.shape[:2]
+        flat = cx.reshape(N, C, -1, *out)
+        hot = flat == flat.max(axis=2, keepdims=True)
+        return _ref_uncols((hot * g[:, :, None]).reshape(cx.shape), x.shape, s, p)
+    return Case(lambda g: F.Pooling2DGrad(k, s, p)(x, g), [gy], ref)
+
+
+def gen_pooling2d_with_indexes(data, dtype):
+    x, k, s, p, _ = _pool_inputs(data, dtype)
+    z = _array(data, x.shape, dtype)
+    return Case(lambda c: F.Pooling2DWithIndexes(k, s, p)(x, c), [z],
+                lambda c: _ref_argmax_pool(x, c, k, s, p))
+
+
+def gen_average_pooling(data, dtype):
+    shape, k, s, p, _ = _conv_window(data)
+    x = _array(data, shape, dtype)
+    return Case(lambda a: F.AveragePooling(k, s, p)(a), [x],
+                lambda a: _ref_cols(a, k, s, p).mean(axis=(2, 3)))
+
+
 CASES = {
     "Neg": unary("Neg", F.neg, np.negative),
     "Exp": unary("Exp", F.exp, np.exp),
@@ -390,6 +538,15 @@ CASES = {
     "MatMul": gen_matmul,
     "RandomUniform": gen_random_uniform,
     "RandomSeed": gen_random_seed,
+    "Im2col": gen_im2col,
+    "Col2im": gen_col2im,
+    "Conv2d": gen_conv2d,
+    "Deconv2d": gen_deconv2d,
+    "Conv2DGradW": gen_conv2d_grad_w,
+    "Pooling": gen_pooling,
+    "Pooling2DGrad": gen_pooling2d_grad,
+    "Pooling2DWithIndexes": gen_pooling2d_with_indexes,
+    "AveragePooling": gen_average_pooling,
 }
 
 

@@ -3,9 +3,11 @@ the weight gradient Conv2DGradW, max pooling with its two index-carrying compani
 and average pooling. Images are NCHW; conv weights are (OC, C, KH, KW), deconv
 weights (C, OC, KH, KW), as in DeZero.
 
-Every op here is a NumPy call on whole arrays (a BLAS product or a strided copy), so
-each has the MATMUL kind: under jit it runs as one call between fused kernels, and a
-graph holding one keeps its kernels serial (BLAS threads and numba's would contend).
+Every op here is a registered primitive (tests/ops/test_functions.py property-tests
+each) and one NumPy or numba call on whole arrays (a BLAS product, a strided copy, a
+conv_kernels loop), so each has the MATMUL kind: under jit it runs as one call between
+fused kernels, and a graph holding one keeps its kernels serial (BLAS threads and
+numba's would contend).
 Backward rules are written with these same ops (conv's is deconv's forward and back),
 so higher-order gradients trace.
 
@@ -17,7 +19,8 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from tracejit import functions as F
-from tracejit.core import MATMUL, Function, ShapeDtype
+from tracejit.core import MATMUL, ShapeDtype
+from tracejit.ops.primitive import Primitive, primitive
 
 # ---------------------------------------------------------------- sizes
 
@@ -224,7 +227,7 @@ def _with_bias(y, b):
     return y
 
 
-class _ConvBase(Function):
+class _ConvBase(Primitive):
     kind = MATMUL
 
     def __call__(self, x, W, b=None):
@@ -234,6 +237,7 @@ class _ConvBase(Function):
 
 # ---------------------------------------------------------------- primitives
 
+@primitive
 class Conv2d(_ConvBase):
     """y[n, o] = sum_c,kh,kw x_pad[n, c, oh*s + kh, ow*s + kw] W[o, c, kh, kw] (+ b[o])."""
 
@@ -272,6 +276,7 @@ class Conv2d(_ConvBase):
         return ShapeDtype((x.shape[0], W.shape[0], oh, ow), dtype)
 
 
+@primitive
 class Deconv2d(_ConvBase):
     """The transposed convolution: conv2d's gradient with respect to its input."""
 
@@ -334,7 +339,8 @@ class Deconv2d(_ConvBase):
         return ShapeDtype((x.shape[0], W.shape[1], oh, ow), dtype)
 
 
-class Conv2DGradW(Function):
+@primitive
+class Conv2DGradW(Primitive):
     """conv2d's weight gradient from its input x and output gradient gy.
 
     Conv2DGradW(conv) takes the window from a Conv2d or Deconv2d call as DeZero's
@@ -425,7 +431,7 @@ def _pool_cols(x, k, s, p):
     return col.reshape(N, C, k[0] * k[1], col.shape[4], col.shape[5])
 
 
-class _Window(Function):
+class _Window(Primitive):
     kind = MATMUL
     params = ("kernel_size", "stride", "pad")
 
@@ -445,6 +451,7 @@ class _Window(Function):
         return x.shape[:2] + (oh, ow)
 
 
+@primitive
 class Pooling(_Window):
     """Max pooling; padding is zeros, as in DeZero (a window of negatives over the
     border pools to 0). The gradient goes to the first maximum of each window."""
@@ -491,6 +498,7 @@ class _WithPooledInput(_Window):
         return super().__call__(*xs)
 
 
+@primitive
 class Pooling2DGrad(_WithPooledInput):
     """Max pooling's input gradient: gy scattered to each window's argmax in x."""
 
@@ -540,6 +548,7 @@ class Pooling2DGrad(_WithPooledInput):
         return ShapeDtype(x.shape, gy.dtype)
 
 
+@primitive
 class Pooling2DWithIndexes(_WithPooledInput):
     """z pooled at the positions where x has its window maxima (z has x's shape)."""
 
@@ -565,6 +574,7 @@ class Pooling2DWithIndexes(_WithPooledInput):
         return ShapeDtype(self._pooled(x), z.dtype)
 
 
+@primitive
 class AveragePooling(_Window):
     """The mean of each window (padding zeros count, as in DeZero)."""
 
@@ -594,7 +604,8 @@ class AveragePooling(_Window):
 
 # ---------------------------------------------------------------- im2col / col2im
 
-class Im2col(Function):
+@primitive
+class Im2col(Primitive):
     kind = MATMUL
     params = ("kernel_size", "stride", "pad", "to_matrix")
 
@@ -628,7 +639,8 @@ class Im2col(Function):
         return ShapeDtype(shape, x.dtype)
 
 
-class Col2im(Function):
+@primitive
+class Col2im(Primitive):
     kind = MATMUL
     params = ("input_shape", "kernel_size", "stride", "pad", "to_matrix")
 
