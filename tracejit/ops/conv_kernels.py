@@ -3,16 +3,16 @@ that `import tracejit` does not import numba.
 
 Each kernel is the direct loop of a NumPy reference in ops/conv.py (the strided-view
 code there, kept for other dtypes and as the tests' reference) and gives the same
-values: patches read with zero padding by bounds checks instead of an np.pad copy,
-col2im and the pooling gradients as scatter-adds into a zeroed image, the max pooling
+values: col2im and the pooling gradients as scatter-adds into a zeroed image with
+bounds checks for the padding (no padded buffer, no crop copy), the max pooling
 argmax as NumPy's (the first maximum in kh-major order, padding zeros included, a NaN
 wins). Serial loops: the conv ops are MATMUL-kind calls between fused kernels, and
 BLAS's threads run beside them.
 
-The 6 logical axes of a patch array are (n, c, kh, kw, oh, ow); the kernels take the
-element strides of each in the flat buffer, so one kernel writes (or reads) every
-layout the ops use: (N, C, KH, KW, OH, OW), DeZero's matrix (N*OH*OW, C*KH*KW) and
-the weight gradient's (C*KH*KW, N*OH*OW).
+The 6 logical axes of a patch array are (n, c, kh, kw, oh, ow); col2im takes the
+element strides of each in the flat buffer, so one kernel reads both layouts the ops
+use: (N, C, KH, KW, OH, OW) and DeZero's matrix (N*OH*OW, C*KH*KW). im2col stays
+NumPy's padded strided copy: a numba loop over rows of OW elements was 2x slower.
 """
 import numba
 import numpy as np
@@ -27,39 +27,6 @@ def _ow_range(kw, SW, PW, W, OW):
     lo = 0 if kw >= PW else (PW - kw + SW - 1) // SW
     hi = (W - 1 + PW - kw) // SW + 1 if W - 1 + PW - kw >= 0 else 0
     return min(lo, OW), max(min(hi, OW), min(lo, OW))
-
-
-@_jit
-def im2col(x, out, KH, KW, SH, SW, PH, PW, st):
-    # out[n, c, kh, kw, oh, ow] = x[n, c, oh*SH + kh - PH, ow*SW + kw - PW], 0 outside.
-    N, C, H, W = x.shape
-    OH = (H + 2 * PH - KH) // SH + 1
-    OW = (W + 2 * PW - KW) // SW + 1
-    s0, s1, s2, s3, s4, s5 = st
-    for n in range(N):
-        for c in range(C):
-            for kh in range(KH):
-                for kw in range(KW):
-                    base = n * s0 + c * s1 + kh * s2 + kw * s3
-                    lo, hi = _ow_range(kw, SW, PW, W, OW)
-                    w0 = kw - PW
-                    for oh in range(OH):
-                        h = oh * SH + kh - PH
-                        o = base + oh * s4
-                        if h < 0 or h >= H:
-                            for ow in range(OW):
-                                out[o + ow * s5] = 0
-                            continue
-                        for ow in range(lo):
-                            out[o + ow * s5] = 0
-                        if s5 == 1:             # the common layouts: a contiguous row
-                            for ow in range(lo, hi):
-                                out[o + ow] = x[n, c, h, ow * SW + w0]
-                        else:
-                            for ow in range(lo, hi):
-                                out[o + ow * s5] = x[n, c, h, ow * SW + w0]
-                        for ow in range(hi, OW):
-                            out[o + ow * s5] = 0
 
 
 @_jit
