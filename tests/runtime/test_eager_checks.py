@@ -18,8 +18,11 @@ from tracejit import Parameter, Variable
 from tracejit.runtime.checking import first_difference, gradient_difference, identity_difference
 from tracejit.testing import assert_jit_matches_eager
 from tracejit.testing.checks import assert_call_matches_eager
+from tracejit.trace.records import Form, Leaf
 
 jit_module = importlib.import_module("tracejit.runtime.jitted")
+# Where a jitted call is traced (the record the runtime builds variants from).
+call_module = importlib.import_module("tracejit.trace.call")
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
 
@@ -122,14 +125,15 @@ def test_gradient_difference_compares_values_and_none():
 def _reintroduce_fan_out_bug(monkeypatch, identity_check=True):
     """The variant of `return y, y` as before the fix: two Variables of one value, the
     second output's cotangent dropped (and, optionally, no identity check)."""
-    real = jit_module.result_leaves
+    real = call_module.result_leaves
 
     def buggy(tr, raw):
         leaves, objs = real(tr, raw)
-        return [("out", tr.value_of(x), "V") if leaf[0] == "same" and isinstance(x, Variable)
+        return [Leaf("out", tr.value_of(x), Form.VARIABLE)
+                if leaf[0] == "same" and isinstance(x, Variable)
                 else leaf for x, leaf in zip(raw, leaves)], objs
 
-    monkeypatch.setattr(jit_module, "result_leaves", buggy)
+    monkeypatch.setattr(call_module, "result_leaves", buggy)
     if not identity_check:
         monkeypatch.setattr(jit_module, "identity_difference", lambda *a, **k: None)
 
@@ -232,13 +236,13 @@ def test_identity_difference_sees_repeated_lists_and_dicts():
 def test_the_checks_compare_the_results_grad(monkeypatch):
     # A variant that leaves a result's .grad None where eager's backward inside the
     # call set it (as before results kept it: retain_grad=True) is demoted, warned.
-    real = jit_module.trace_backward
+    real = call_module.trace_backward
 
     def without_result_grads(tr, *a, **k):
         tr.made_grads = []
         return real(tr, *a, **k)
 
-    monkeypatch.setattr(jit_module, "trace_backward", without_result_grads)
+    monkeypatch.setattr(call_module, "trace_backward", without_result_grads)
     W = Parameter(np.random.randn(3))
 
     def step(x):

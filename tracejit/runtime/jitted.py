@@ -24,14 +24,12 @@ import numpy as np
 from tracejit import core
 from tracejit.trace import pystate
 from tracejit.trace import record as tracing
-from tracejit.trace.backward import trace_backward
+from tracejit.trace.call import trace_call
 from tracejit.runtime.checking import (LiveState, first_difference, gradient_difference,
                                identity_difference)
 from tracejit.core import Config, Parameter, Variable
-from tracejit.trace.pytree import (ARR, FLT, VAR, arg_at, arg_names, flatten_args, flatten_result,
-                             leaf_key, result_leaves, strip_tracers, unflatten)
+from tracejit.trace.pytree import ARR, FLT, STATIC, VAR, flatten_args, leaf_key, unflatten
 from tracejit.runtime.signature import PAR, alias_pattern, key_change, key_distance
-from tracejit.trace.record import TracedArray, TracedFloat, Trace, wrapped_function
 from tracejit.ops.trace_only import GuardFailure
 from tracejit.runtime.variant import (MISS, SLOW, InplaceAlias, JitWarning, Stale, Variant,
                               compile_graph)
@@ -176,7 +174,7 @@ class Jitted:
         v = self._variant_for(args, kwargs)
         if not v.bwd:
             return None
-        g = v.bwd["graph"]
+        g = v.bwd.graph
         if optimized:
             g = getattr(v.backward_executable(), "graph", None) or _optimize(g)
         return _labelled(g, "backward, optimized" if optimized else "backward, as traced")
@@ -258,13 +256,13 @@ class Jitted:
         parts = []
         for i, a in enumerate(args):
             if i in self.static_argnums:
-                parts.append(("S", a))
+                parts.append((STATIC, a))
             else:
                 parts.append(flatten_args(a, leaves))
         if kwargs:
             for k in sorted(kwargs):
                 if k in self.static_argnames:
-                    parts.append((k, ("S", kwargs[k])))
+                    parts.append((k, (STATIC, kwargs[k])))
                 else:
                     parts.append((k, flatten_args(kwargs[k], leaves)))
         # Which leaves are the same array: a variant traced for f(x, x) must not run
@@ -722,149 +720,27 @@ class Jitted:
     def _trace_and_compile(self, key, args, kwargs):
         t0 = time.perf_counter()
         self._count("traces")
-        tr = Trace(self.__name__)
-        tr.arg_inputs = []
-        tr.arg_leaf = {}
-        tr.leaf_kinds = []
-        tr.arg_views = {}     # id(tracer of an ndarray/float argument) -> (tracer, leaf, arg)
-        leaves = []
-        targs, tkwargs = self._tracer_args(tr, args, kwargs, leaves)
-        # The arguments' .grad as the call found them (part of the signature): the
-        # perturbation check's copies start from these, not from what the call set.
-        grads_before = {id(x): x._grad for x in leaves if isinstance(x, Variable)}
-        rng_before = np.random.get_state()
-        py_rng_before = random.getstate()
-        locs = pystate.locations(self.fn)
-        snap_before = pystate.snapshot(locs)
-        for loc in locs:
-            val = loc.read()
-            if isinstance(val, (Variable, np.ndarray)) and id(val) not in tr.names:
-                tr.names[id(val)] = (val, loc.label)   # breadth first: the shortest path
-        sizes_before = pystate.sizes(locs)
-        prev = tracing.start(tr)
-        swaps = pystate.swap_arrays(locs, tr.capture_view)
-        # float()/int() in the function's own code, and in the user functions it reads
-        # (helpers, a Model's forward), give traced Python numbers.
-        code_swaps = tracing.swap_scalar_code(locs, self.fn)
-        try:
-            try:
-                result = tracing.symbolic_scalars(self.fn)(*targs, **tkwargs)
-            finally:
-                tracing.unswap_scalar_code(code_swaps)
-                pystate.unswap(swaps)
-            out_leaves_raw = []
-            # An argument's list, dict or tuple returned as the call got it is that
-            # object (eager returns the caller's), not a new one of its contents.
-            keep = {id(c): path for c, items, path in tr.arg_containers.values()
-                    if _unchanged_container(c, items)}
-            changed_arg = [path for c, items, path in tr.arg_containers.values()
-                           if id(c) not in keep]
-            if changed_arg:
-                # The function changed a list or dict it was passed: it runs eagerly
-                # (below); this traced call changed copies, which go into the caller's.
-                _write_back(tr, (args, kwargs))
-                keep = {id(c): path for c, items, path in tr.arg_containers.values()}
-            out_tree = flatten_result(result, out_leaves_raw, keep=keep)
-            out_leaves, result_objects = result_leaves(tr, out_leaves_raw)
-            tr.grad_effects = [(var, None if var._grad is None else tr.value_of(var._grad))
-                               for var in tr.grad_writes.values()]
-            # The .grad backward left on a result made inside the call (retain_grad, or
-            # the loss's own): the variant sets it on the new result (variant.py).
-            tr.made_grads = [(x, x._grad, None if x._grad is None else tr.value_of(x._grad))
-                             for x, leaf in zip(out_leaves_raw, out_leaves)
-                             if leaf[0] == "out" and leaf[2] == VAR]
-            _unshare_grads(tr, list(tr.grad_writes.values()) +
-                           [x for x, g, _ in tr.made_grads if g is not None])
-            if _unreturned_grad_graph(tr, out_leaves_raw):
-                tr.escapes.append((
-                    "backward(create_graph=True) inside the function leaves a .grad with "
-                    "graph history that it does not return: compiled calls would give it "
-                    "none (a backward through it would reach nothing); return the .grad "
-                    "to compile", self._def_line()))
-            n_fwd_inputs = len(tr.graph.inputs)
-            n_fwd_nodes = len(tr.graph.nodes)
-            bwd_info = None
-            diff_vars = []
-            if Config.enable_backprop:
-                bwd_info, diff_vars = trace_backward(tr, out_leaves_raw, out_leaves)
-            made = [x for x, leaf in zip(out_leaves_raw, out_leaves)
-                    if leaf[0] == "out" and leaf[2] == VAR]
-            # Which result Variables eager gives a creator (computed by a recorded op, not
-            # under no_grad, not a new Variable of plain data): only those get the
-            # CompiledFunction as theirs. And a result that is the .grad the call sets
-            # is that .grad (`loss.backward(); return x.grad`).
-            grad_of = {id(var._grad): k for k, var in enumerate(tr.grad_writes.values())
-                       if var._grad is not None}
-            has_creator = [x.creator is not None and x.creator in tr.functions
-                           for x in made]
-            result_info = dict(
-                has_creator=has_creator,
-                grad_alias={grad_of[id(x)]: k for k, x in enumerate(made)
-                            if id(x) in grad_of},
-                # The traced call's Variables: used here, never kept (they would keep
-                # the first call's arguments alive).
-                grad_reach=_grad_reach(tr, made, has_creator, bwd_info.pop("diff_traced"))
-                if isinstance(bwd_info, dict) else None)
-        finally:
-            tracing.stop(tr, prev)
-            tracing.plain_numbers(locs)
-            tr.arg_views = None       # tracers hold the trace: no cycle left behind
-            tr.arg_containers = None
-            for x in leaves:
-                if isinstance(x, Variable):
-                    x._tv = None
-        # The traced call's own result: eager's objects (an argument, a captured array,
-        # one object twice), computed arrays as plain copies.
-        result = unflatten(out_tree, result_objects, argv=(args, kwargs))
-        self._check_rng(tr, rng_before)
-        if random.getstate() != py_rng_before:
-            # Seen after the call: no line inside the function to name but its def.
-            tr.escapes.append(("a draw from Python's random module: compiled calls would "
-                               "replay it; draw with tracejit functions (F.dropout) or "
-                               "NumPy's global stream", self._def_line()))
+        call = trace_call(self.fn, self.__name__, args, kwargs, self.static_argnums,
+                          self.static_argnames)
         self.stats["trace_seconds"] += time.perf_counter() - t0
-        if changed_arg:
-            # The traced call changed a copy; eager changes the caller's container.
-            p = changed_arg[0]
-            where = (f"argument {p[1]}" if p[0] == "a" else f"argument {p[1]!r}") + \
-                "".join(f"[{k!r}]" for k in p[2:])
-            tr.escapes.append((f"the function changes the list or dict {where} it is "
-                               f"passed (item assignment, append, pop); compiled calls "
-                               f"would not", self._def_line()))
-        reason = None
-        mutated = pystate.changed(snap_before)
-        tr.escapes += tr.late_escapes
-        if tr.escapes:
-            reason, line = tr.escapes[0]
-        elif mutated is not None:
-            loc, old, new = mutated
-            reason = (f"the function changes the Python value {loc.describe()} "
-                      f"({pystate.describe_value(old)} -> {pystate.describe_value(new)}); "
-                      f"compiled calls would not")
-            line = None
-        elif bwd_info == "escape":
-            reason, line = "the backward pass inspects values", None
-        if reason is not None:
+        if call.escapes:
+            reason, line = call.escapes[0]
             self._fallback(key, reason, line)
-            return result
-        grown = pystate.grown(sizes_before)
-        if grown is not None:
-            tr.side_effects.append((f"changing the size of {grown.label} (append, insert, "
-                                    f"pop)", None))
-        if tr.side_effects and self.__name__ not in self._warned:
+            return call.result
+        if call.side_effects and self.__name__ not in self._warned:
             self._warned.add(self.__name__)
-            what, line = tr.side_effects[0]
+            what, line = call.side_effects[0]
             line = line or self._def_line()
             warn_at(f"jit({self.__name__}): {what} runs only while tracing, not on compiled "
                     f"calls, at {line}", line)
         t1 = time.perf_counter()
-        variant = Variant(self, tr, n_fwd_inputs, n_fwd_nodes, out_tree, out_leaves,
-                          diff_vars, bwd_info, result_info)
+        variant = Variant(call, call.backward, self.backend_compile, self.lock,
+                          checks=3 if self.check else 1)
         self.stats["compile_seconds"] += time.perf_counter() - t1
-        variant.state = pystate.snapshot(locs)
+        variant.state = pystate.snapshot(call.locations)
         variant.state_changed = pystate.compile_check(variant.state)
-        if not tr.side_effects:
-            frozen = self._perturbation_check(variant, args, kwargs, grads_before)
+        if not call.side_effects:
+            frozen = self._perturbation_check(variant, args, kwargs, call.grads_before)
             if frozen is not None and frozen[0] != "value":
                 self._fallback(key, f"the compiled backward differs from eager's (with "
                                     f"slightly changed inputs, random cotangents: "
@@ -881,97 +757,7 @@ class Jitted:
                 # answering a library's isinstance otherwise): eager's result instead.
                 raise _TraceDiverged()
         self._variants.setdefault(key, []).append(variant)
-        return result
-
-    def _tracer_args(self, tr, args, kwargs, leaves):
-        seen = {}     # f(x, x): one tracer for both, so an update of one shows in the other
-
-        tr.arg_containers = {}     # id(traced container) -> (it, its items, path in args)
-
-        def convert(x, name, path):
-            if isinstance(x, (Variable, np.ndarray)) and id(x) in seen:
-                leaves.append(x)
-                tr.leaf_kinds.append(VAR if isinstance(x, Variable) else ARR)
-                return seen[id(x)]
-            t = convert_new(x, name, path)
-            if isinstance(x, (Variable, np.ndarray)):
-                seen[id(x)] = t
-            elif type(x) in (tuple, list, dict):
-                tr.arg_containers[id(t)] = (t, _items(t), path)
-            return t
-
-        def convert_new(x, name, path):
-            if isinstance(x, Variable):
-                leaves.append(x)
-                tr.own(x._data)
-                tr.leaf_kinds.append(VAR)
-                tr.arg_leaf[id(x)] = len(leaves) - 1
-                v = tr.add_input(x.shape, x.dtype, x.name or name)
-                tr.arg_inputs.append((v, len(leaves) - 1))
-                x._tv = v
-                tr.arg_vars[id(x)] = (x, v)
-                return x
-            if isinstance(x, np.ndarray):
-                leaves.append(x)
-                tr.own(x)
-                tr.leaf_kinds.append(ARR)
-                tr.arg_leaf[id(x)] = len(leaves) - 1
-                v = tr.add_input(x.shape, x.dtype, name)
-                tr.arg_inputs.append((v, len(leaves) - 1))
-                t = x.view(TracedArray)
-                t._tv = v
-                t._trace = tr
-                tr.arg_arrays[id(x)] = (x, v)
-                tr.arg_views[id(t)] = (t, len(leaves) - 1, x)
-                return t
-            if type(x) is float:
-                leaves.append(x)
-                tr.leaf_kinds.append(FLT)
-                v = tr.add_input((), np.float64, name)
-                tr.arg_inputs.append((v, len(leaves) - 1))
-                t = TracedFloat(x, v, tr)
-                tr.arg_views[id(t)] = (t, len(leaves) - 1, x)
-                return t
-            if isinstance(x, np.generic) and x.dtype.kind == "f":
-                t = convert(np.asarray(x), name, path)
-                # Its leaf is a new 0-d array each call, not the scalar eager returns.
-                tr.arg_views.pop(id(t), None)
-                return t
-            if type(x) in (tuple, list):
-                return type(x)(convert(y, f"{name}_{i}", path + (i,)) for i, y in enumerate(x))
-            if type(x) is dict:
-                return {k: convert(y, f"{name}_{k}", path + (k,)) for k, y in x.items()}
-            return x
-
-        named = self.fn
-        while getattr(named, "_tracejit_wrapper", False) and wrapped_function(named):
-            named = wrapped_function(named)    # grad(f)'s arguments are f's: f's names
-        names = arg_names(named, len(args))
-        targs = [a if i in self.static_argnums else convert(a, names[i], ("a", i))
-                 for i, a in enumerate(args)]
-        tkwargs = {k: (a if k in self.static_argnames else convert(a, k, ("k", k)))
-                   for k, a in sorted(kwargs.items())}
-        # arg_inputs maps input Value -> leaf index; Variant wants (leaf index, Value).
-        tr.arg_inputs = [(i, v) for v, i in tr.arg_inputs]
-        # convert and convert_new call each other: a cycle through their cells that would
-        # keep the Trace (and the traced call's whole graph) alive until gc runs.
-        convert = convert_new = None  # noqa: F841
-        return targs, tkwargs
-
-    def _check_rng(self, tr, before):
-        after = np.random.get_state()
-        if _same_rng(before, after) and not tr.random_nodes:
-            return
-        # Replay the recorded draws from the state before: they must explain the change.
-        np.random.set_state(before)
-        for n in tr.random_nodes:
-            n.fn.forward()
-        replayed = np.random.get_state()
-        np.random.set_state(after)
-        if not _same_rng(replayed, after):
-            tr.escapes.append(("a random draw the tracer does not see (np.random.* on "
-                               "something other than traced data); use tracejit functions "
-                               "for random draws", self._def_line()))
+        return call.result
 
     def backend_name(self):
         b = self.backend
@@ -991,39 +777,6 @@ def _known_objects(leaves, state):
             if x._grad is not None:
                 out.append(x._grad)
     return out
-
-
-def _grad_reach(tr, made, has_creator, diff_traced):
-    """Per input of a variant's creator (diff_sources order): the output Variables
-    whose eager graph reaches it. A backward from some outputs only leaves the others'
-    inputs' gradients None, as eager's does (not zeros). None when every input is
-    reached from every output (one output: always), the common case, which costs
-    nothing then."""
-    if sum(has_creator) < 2:
-        return None
-    pos = {}
-    for j, var in enumerate(diff_traced):
-        pos.setdefault(id(var), []).append(j)
-    reach = [set() for _ in diff_traced]
-    for k, (y, c) in enumerate(zip(made, has_creator)):
-        if not c:
-            continue
-        stack, seen = [y.creator], {id(y.creator)}
-        while stack:
-            f = stack.pop()
-            for x in f.inputs:
-                js = pos.get(id(x))
-                if js is not None:
-                    for j in js:
-                        reach[j].add(k)
-                elif x.creator is not None and x.creator in tr.functions \
-                        and id(x.creator) not in seen:
-                    seen.add(id(x.creator))
-                    stack.append(x.creator)
-    every = {k for k, c in enumerate(has_creator) if c}
-    if all(r == every for r in reach):
-        return None
-    return [frozenset(r) for r in reach]
 
 
 _PERTURB = 1e-3   # relative: far above the checks' tolerance, small for control flow
@@ -1080,10 +833,6 @@ def _raising_line(error):
     return best
 
 
-def _same_rng(a, b):
-    return a[2] == b[2] and np.array_equal(a[1], b[1])
-
-
 def warn_at(message, line):
     """A JitWarning shown at the user's line ("file.py:12  text", as tracing.user_line
     gives it), not at tracejit's frame that noticed."""
@@ -1094,46 +843,6 @@ def warn_at(message, line):
     fname = m.group(1)
     warnings.warn_explicit(message, JitWarning, fname, int(m.group(2)),
                            module=fname[:-3] if fname.endswith(".py") else fname)
-
-
-def _write_back(tr, argv):
-    """Make the caller's containers what the traced call made of their copies (as eager
-    would have changed them): tracers replaced by the objects they stand for."""
-    orig_of = {id(t): arg_at(argv, path) for t, _, path in tr.arg_containers.values()}
-
-    def plain(x):
-        if id(x) in orig_of:
-            return orig_of[id(x)]
-        view = tr.arg_views.get(id(x))
-        if view is not None and view[0] is x:
-            return view[2]          # an ndarray or float argument itself
-        return strip_tracers(x)
-    for t, items, path in tr.arg_containers.values():
-        if _unchanged_container(t, items):
-            continue
-        o = orig_of[id(t)]
-        if type(o) is list:
-            o[:] = [plain(x) for x in t]
-        elif type(o) is dict:
-            new = {k: plain(x) for k, x in t.items()}
-            o.clear()
-            o.update(new)
-
-
-def _items(c):
-    return list(c.items()) if type(c) is dict else list(c)
-
-
-def _unchanged_container(c, items):
-    """The traced copy of an argument container still holds what it was made with (the
-    same objects): returning the caller's container is returning it."""
-    now = _items(c)
-    if len(now) != len(items):
-        return False
-    if type(c) is dict:
-        return all((k1 is k2 or k1 == k2) and v1 is v2
-                   for (k1, v1), (k2, v2) in zip(now, items))
-    return all(a is b for a, b in zip(now, items))
 
 
 class BoundJitted(functools.partial):
@@ -1313,30 +1022,6 @@ def _labelled(g, stage):
     out = g.replace()
     out.stage = stage
     return out
-
-
-def _unshare_grads(tr, vars_):
-    """The traced call's .grad objects holding an array the graph reads as a capture
-    made in the call (backward's seed: `loss = x + 1.0` gives x.grad the seed itself)
-    get a copy: the caller may change them in place (ClipGrad), the graph's must not."""
-    for var in vars_:
-        g = var._grad
-        if g is not None and id(g._data) in tr.captured_arrays and \
-                id(g._data) not in tr.names:
-            g._data = g._data.copy()
-
-
-def _unreturned_grad_graph(tr, results):
-    """A .grad the call set (on a Variable from outside or a result) that has a creator
-    from the trace and is not itself a result: the variant's runner sets it as a plain
-    Variable, only a result gets the compiled call as its creator."""
-    returned = {id(x) for x in results}
-    for var in list(tr.grad_writes.values()) + [x for x, _, _ in tr.made_grads]:
-        g = var._grad
-        if g is not None and g.creator is not None and g.creator in tr.functions and \
-                id(g) not in returned:
-            return True
-    return False
 
 
 def jit(fn=None, **options):

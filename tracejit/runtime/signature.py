@@ -11,8 +11,9 @@ import numpy as np
 
 from tracejit.core import Config, Parameter, Variable
 from tracejit.trace.pytree import ARR, FLT, VAR
+from tracejit.trace.records import Form
 
-PAR = "P"        # a Parameter argument in a signature key (VAR: a Variable)
+PAR = Form.PARAMETER     # a Parameter argument in a signature key (VAR: a Variable)
 
 
 def alias_pattern(leaves):

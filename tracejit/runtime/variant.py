@@ -15,7 +15,7 @@ from tracejit import core
 from tracejit.ir import interpret
 from tracejit.core import Config, Constant, Function, Variable
 from tracejit.ir import Graph, Lit
-from tracejit.trace.pytree import FLT, VAR, structure_source
+from tracejit.trace.pytree import FLT, PYTHON_SCALAR, SCALAR, VAR, structure_source
 from tracejit.runtime.signature import matcher_lines
 from tracejit.ops.trace_only import (GUARD, GuardFailure, UserBackwardMismatch, UserCall,
                                 running_backward, take_calls)
@@ -80,7 +80,7 @@ class CompiledFunction(Function):
         v = self.variant
         g = v.forward_graph
         create = bool(Config.enable_backprop)
-        diff_pos = {i: k for k, i in enumerate(v.bwd["joint_diff_inputs"])}
+        diff_pos = {i: k for k, i in enumerate(v.bwd.joint_diff_inputs)}
         leaves = list(self.inputs) if create else [Variable(x._data) for x in self.inputs]
         env = [leaves[diff_pos[i]] if i in diff_pos else
                Constant(current_input(v, i, self.arrays[i])) for i in range(len(g.inputs))]
@@ -91,7 +91,7 @@ class CompiledFunction(Function):
             np.random.set_state(self.rng)
         try:
             with core.using_config("enable_backprop", True):
-                twins = interpret.run_with_variables(user, env, v.bwd["joint_meta"],
+                twins = interpret.run_with_variables(user, env, v.bwd.joint_meta,
                                                      v.saved_map(self), self.instances)
         finally:
             if rng is not None:
@@ -144,7 +144,7 @@ class CompiledFunction(Function):
         if Config.enable_backprop:
             # create_graph: replay forward and backward on Variables, so the grads
             # carry the history that higher-order derivatives need.
-            refusal = v.bwd.get("replay_refusal")
+            refusal = v.bwd.replay_refusal
             if refusal:
                 raise RuntimeError(
                     f"backward(create_graph=True) through jit({v.forward_graph.name}): "
@@ -196,12 +196,12 @@ class CompiledFunction(Function):
                 f"unchain_backward() on the output of jit({g.name}), which draws random "
                 f"numbers: the region cannot be replayed with the same draws. Unchain an "
                 f"eager Variable instead, or run the function eagerly (tj.disable_jit()).")
-        diff_pos = {i: k for k, i in enumerate(v.bwd["joint_diff_inputs"])}
+        diff_pos = {i: k for k, i in enumerate(v.bwd.joint_diff_inputs)}
         env = [self.inputs[diff_pos[i]] if i in diff_pos else Constant(self.arrays[i])
                for i in range(len(g.inputs))]
         user = Graph(g.name, g.inputs, g.nodes, g.outputs[:v.n_user_outs], g.input_names)
         with core.using_config("enable_backprop", True):
-            eager = interpret.run_with_variables(user, env, v.bwd["joint_meta"],
+            eager = interpret.run_with_variables(user, env, v.bwd.joint_meta,
                                                  v.saved_map(self), self.instances)
         var_slots = [slot for slot, (kind, _, b) in enumerate(
             [leaf for leaf in v.out_leaves if leaf[0] == "out"]) if b == VAR]
@@ -263,82 +263,61 @@ def _region(roots, leaves):
 
 
 class Variant:
-    """One traced graph for one signature and one sequence of guard outcomes."""
+    """One traced graph for one signature and one sequence of guard outcomes.
 
-    def __init__(self, jitted, trace, n_fwd_inputs, n_fwd_nodes, out_tree, out_leaves,
-                 diff_vars, bwd_info, result_info=None):
-        self.jitted = jitted
-        self.grad_mode = Config.enable_backprop     # traced in (the key's): creators made
-        g = trace.graph
+    Built from the records tracing hands over (trace.records): the TracedCall, its
+    BackwardPlan (None: no backward), and what compiling needs, passed in:
+    `backend_compile` (Graph -> executable, the backend chosen), the `lock` a lazy
+    backward compile takes and `checks` (how many first calls are checked against
+    eager). It keeps no reference to the record (whose result Variables would stay
+    alive)."""
+
+    def __init__(self, call, backward, backend_compile, lock, checks=1):
+        self.backend_compile = backend_compile
+        self.lock = lock
+        self.grad_mode = call.grad_mode     # traced in (the key's): creators made
+        g = call.graph
+        n_fwd_inputs, n_fwd_nodes = call.n_inputs, call.n_nodes
         self.guard_outcomes = [n.fn.expected for n in g.nodes[:n_fwd_nodes] if n.kind == GUARD]
-        self.has_random = bool(trace.random_nodes)
+        self.has_random = call.has_random
         self.calls = 0
         self.demoted = None
-        # Where each forward input comes from at call time.
-        self.sources = []
-        arg_pos = {id(v): i for i, v in trace.arg_inputs}
-        cap_src = {id(v): src for v, src in trace.captures}
+        # Where each forward input comes from at call time (records.Source).
+        self.sources = list(call.sources)
         fwd_inputs = g.inputs[:n_fwd_inputs]
-        for v in fwd_inputs:
-            if id(v) in arg_pos:
-                self.sources.append(("arg", arg_pos[id(v)], None))
-            else:
-                kind, obj = cap_src[id(v)]
-                if kind == "grad" and id(obj) in trace.arg_leaf:
-                    # An argument's .grad: this call's argument's (the signature says
-                    # it is set, and its shape and dtype), not the traced call's.
-                    kind, obj = "arggrad", trace.arg_leaf[id(obj)]
-                self.sources.append((kind, obj, (v.shape, v.dtype)))
+        out_tree, out_leaves = call.out_tree, call.out_leaves
         self.out_tree = out_tree
         # It returns an argument's list, dict or tuple itself: its runner reads the call's
         # args and kwargs (pytree.flatten_result's "argobj").
         self.needs_argv = "'argobj'" in repr(out_tree)
         self.out_leaves = out_leaves         # as pytree.result_leaves describes them
-        info = result_info or {}
         # Per output Variable: whether eager gives it a creator (it gets ours), and
         # the grad effects whose new .grad is one of them (the same object).
-        self.has_creator = info.get("has_creator")
-        self.grad_alias = info.get("grad_alias", {})
-        self.grad_reach = info.get("grad_reach")    # jit._grad_reach
+        self.has_creator = call.has_creator
+        self.grad_alias = call.grad_alias
+        self.grad_reach = call.grad_reach    # trace.call._grad_reach
         user_outs = [v for kind, v, _ in out_leaves if kind == "out"]
-        # Effects on live state, replayed after the graph ran and every guard held.
+        # Effects on live state, replayed after the graph ran and every guard held:
+        # (kind, target, output slot of the value written).
         effect_values = []
-        # The .grad Variable of an argument (read in the call, so captured): this call's
-        # argument's .grad, not the traced call's.
-        grad_var = {id(val): g for g, val in trace.captured_vars.values()}
-        arg_grad_leaf = {id(grad_var[id(val)]): trace.arg_leaf[id(var)]
-                         for val, (kind, var) in trace.captures
-                         if kind == "grad" and id(var) in trace.arg_leaf}
-
-        def target(obj):
-            # An argument is the current call's argument, not the traced call's.
-            leaf = trace.arg_leaf.get(id(obj))
-            if leaf is not None:
-                return ("leaf", leaf)
-            leaf = arg_grad_leaf.get(id(obj))
-            return ("leafgrad", leaf) if leaf is not None else ("obj", obj)
-
-        # Variables from outside whose .grad the trace found None (backward set it where
-        # it would add now, or the function read None): the variant holds while it is
-        # None. (An argument's is in the signature.)
-        self.grad_none = [target(var) for var, was_none in trace.grad_reads.values()
-                          if was_none]
-
+        # Variables from outside whose .grad the trace found None: the variant holds
+        # while it is None.
+        self.grad_none = list(call.grad_none)
         self.effects = []
-        for kind, obj, v in trace.effects:
-            self.effects.append((kind, target(obj), len(user_outs) + len(effect_values)))
+        for kind, target, v in call.effects:
+            self.effects.append((kind, target, len(user_outs) + len(effect_values)))
             effect_values.append(v)
         self.grad_effects = []
-        for var, gv in trace.grad_effects:
+        for target, gv in call.grad_effects:
             if gv is None:
-                self.grad_effects.append((target(var), None))
+                self.grad_effects.append((target, None))
             else:
-                self.grad_effects.append((target(var), len(user_outs) + len(effect_values)))
+                self.grad_effects.append((target, len(user_outs) + len(effect_values)))
                 effect_values.append(gv)
         # The .grad backward left on a result made in the call (`loss.backward(
         # retain_grad=True); return loss, y`): per made result, None, ("out", slot) or
         # ("same", m) when it is made result m itself (`return y, y.grad`).
-        triples = getattr(trace, "made_grads", None) or []
+        triples = call.made_grads or []
         made_ids = {id(x): m for m, (x, _, _) in enumerate(triples)}
         self.made_grads = []
         for x, xg, gv in triples:
@@ -353,10 +332,10 @@ class Variant:
                 effect_values.append(gv)
         if not any(self.made_grads):
             self.made_grads = None
-        trace.made_grads = None       # the trace keeps no result Variable alive
         # Backward: what the forward saves, and where each backward input comes from.
-        self.diff_sources = diff_vars       # sources (as in self.sources) of the creator's inputs
-        saved_values = bwd_info["saved"] if bwd_info else []
+        # diff_sources: sources (as in self.sources) of the creator's inputs.
+        self.diff_sources = backward.diff_sources if backward else []
+        saved_values = backward.saved if backward else []
         self.n_user_outs = len(user_outs)
         self.n_effect_outs = len(effect_values)
         fwd_nodes = g.nodes[:n_fwd_nodes]
@@ -368,33 +347,30 @@ class Variant:
                                            + ["saved"] * len(saved_values))
         # Specs of the output Variables, in the order of the creator's outputs.
         self.out_specs = [v.spec for kind, v, b in out_leaves if kind == "out" and b == VAR]
-        if bwd_info:
+        if backward:
             # What a call keeps for its backward, and what recomputation spared it.
-            self.forward_graph.notes["saved_for_backward_bytes"] = bwd_info["saved_bytes"]
-            self.forward_graph.notes["recomputed_instead_bytes"] = bwd_info["recomputed_bytes"]
-        self.bwd = bwd_info
+            self.forward_graph.notes["saved_for_backward_bytes"] = backward.saved_bytes
+            self.forward_graph.notes["recomputed_instead_bytes"] = backward.recomputed_bytes
+        self.bwd = backward
         # User Functions with per-call state: each call's instances go to its backward.
         self.user_calls = [n.fn for n in fwd_nodes if isinstance(n.fn, UserCall)]
-        self.grad_dtypes = bwd_info["grad_dtypes"] if bwd_info else None
-        if bwd_info:
-            self.bwd_sources = bwd_info["sources"]
-            self.bwd_grad_slots = bwd_info["grad_slots"]
-            self.joint_graph = bwd_info["joint"]
+        self.grad_dtypes = backward.grad_dtypes if backward else None
+        if backward:
+            self.bwd_sources = backward.sources
+            self.bwd_grad_slots = backward.grad_slots
+            self.joint_graph = backward.joint
         leaf_pos = {id(x): i for i, x in enumerate(fwd_inputs)}
-        mutated = set()
-        if bwd_info:
-            from tracejit.trace.backward import mutated_inputs
-            mutated = mutated_inputs(trace)
+        mutated = call.mutated if backward else ()
         # Inputs the call changes in place: a create_graph replay cannot start from them.
         self.mutated_positions = [leaf_pos[i] for i in mutated if i in leaf_pos]
         self.state = ()
         self.state_changed = _unchanged
-        self.checks_left = 3 if jitted.check else 1
-        self.exe = jitted.backend_compile(self.forward_graph)
+        self.checks_left = checks
+        self.exe = backend_compile(self.forward_graph)
         self.copy_outputs = fresh_copies(self.forward_graph, self.exe, self.n_user_outs)
         self.check_backward = False     # the trace-time check: backward interpreted
-        self.leaf_kinds = trace.leaf_kinds
-        self.runner = build_runner(self, trace.leaf_kinds)
+        self.leaf_kinds = call.leaf_forms
+        self.runner = build_runner(self, call.leaf_forms)
         self._hot_runner = None
         self._bexe = None
         self._interp_bwd = None
@@ -452,9 +428,9 @@ class Variant:
 
     def backward_executable(self):
         if self._bexe is None:
-            with self.jitted.lock:
+            with self.lock:
                 if self._bexe is None:
-                    self._bexe = self.jitted.backend_compile(self.bwd["graph"])
+                    self._bexe = self.backend_compile(self.bwd.graph)
         return self._bexe
 
     def guard_line(self, index):
@@ -464,8 +440,8 @@ class Variant:
     def saved_map(self, cf):
         """id(Value) -> array: the forward values call cf saved for its backward that
         a replay must not recompute (computed from inputs that may have changed)."""
-        saved = self.bwd["saved"]
-        return {id(saved[k]): cf.saved[k] for k in self.bwd["replay_saved"]}
+        saved = self.bwd.saved
+        return {id(saved[k]): cf.saved[k] for k in self.bwd.replay_saved}
 
     def backward_with_variables(self, cf, gys):
         """Replay the joint forward+backward graph through the primitives on Variables,
@@ -475,22 +451,22 @@ class Variant:
         inputs, arrays = cf.inputs, cf.arrays
         j = self.joint_graph
         env_vars = []
-        diff_pos = {i: k for k, i in enumerate(self.bwd["joint_diff_inputs"])}
+        diff_pos = {i: k for k, i in enumerate(self.bwd.joint_diff_inputs)}
         for idx, v in enumerate(j.inputs):
             if idx in diff_pos:
                 env_vars.append(inputs[diff_pos[idx]])
-            elif idx in self.bwd["joint_gy_inputs"]:
-                k = self.bwd["joint_gy_inputs"][idx]
+            elif idx in self.bwd.joint_gy_inputs:
+                k = self.bwd.joint_gy_inputs[idx]
                 g = gys[k]
                 env_vars.append(g if g is not None else Constant(
                     np.zeros(self.out_specs[k].shape, self.out_specs[k].dtype)))
-            elif idx in self.bwd["joint_captures"]:
-                env_vars.append(Constant(read_capture(*self.bwd["joint_captures"][idx])))
+            elif idx in self.bwd.joint_captures:
+                env_vars.append(Constant(read_capture(*self.bwd.joint_captures[idx])))
             else:
                 env_vars.append(Constant(current_input(self, idx, arrays[idx])))
-        outs = interpret.run_with_variables(j, env_vars, self.bwd["joint_meta"],
+        outs = interpret.run_with_variables(j, env_vars, self.bwd.joint_meta,
                                             self.saved_map(cf), cf.instances)
-        return tuple(outs[s] if s is not None else None for s in self.bwd["joint_grad_slots"])
+        return tuple(outs[s] if s is not None else None for s in self.bwd.joint_grad_slots)
 
 
 def _unchanged():
@@ -529,7 +505,7 @@ def _backward_other_gy(cf, gys):
     compiled one reads, so NumPy promotes as eager's backward does."""
     v = cf.variant
     if v._interp_bwd is None:
-        v._interp_bwd = interpret.compile(v.bwd["graph"])
+        v._interp_bwd = interpret.compile(v.bwd.graph)
     grads = v._interp_bwd(cf.backward_inputs(gys))
     return tuple(None if slot is None else core.wrap_array(np.asarray(grads[slot]))
                  for slot in v.bwd_grad_slots)
@@ -742,9 +718,9 @@ def build_runner(v, leaf_kinds, key=None):
                 exprs[i] = name
             elif b == FLT:
                 exprs[i] = f"float({out(k)})"
-            elif b == "I":                     # a Python scalar, as eager returns
+            elif b == PYTHON_SCALAR:                     # a Python scalar, as eager returns
                 exprs[i] = f"{out(k)}.item()"
-            elif b == "S":                     # NumPy's own scalar, as eager returns
+            elif b == SCALAR:                     # NumPy's own scalar, as eager returns
                 exprs[i] = f"{out(k)}[()]"
             else:
                 exprs[i] = out(k)

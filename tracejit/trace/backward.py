@@ -10,10 +10,14 @@ from tracejit.ir import Graph, Value
 from tracejit.ops.trace_only import GUARD
 from tracejit.passes import remat
 from tracejit.trace.pytree import VAR
+from tracejit.trace.records import BackwardEscape, BackwardPlan
 
 
 def trace_backward(tr, out_raw, out_leaves):
-    """Trace the eager backward over the traced forward: the backward graph."""
+    """Trace the eager backward over the traced forward: (the BackwardPlan, or a
+    BackwardEscape, or None when nothing is differentiable; the trace's own Variables at
+    the region's boundary, for the caller's use now, never to be kept: they would keep
+    the first call's arguments alive)."""
     # Variables at the region's boundary: arguments and captures, of every dtype (eager
     # gives an int Variable the float gradient of `x + w`; primitives return None for
     # most int inputs, and then so does the compiled backward).
@@ -67,7 +71,9 @@ def trace_backward(tr, out_raw, out_leaves):
     tr.bwd_line = None
     bwd_nodes = g.nodes[n_nodes:]
     if any(n.kind == GUARD for n in bwd_nodes) or tr.escapes:
-        return "escape", []
+        # A guard: the backward branches on values. (An escape: the call runs eagerly
+        # for its own reason, which comes first.)
+        return BackwardEscape("the backward pass inspects values"), []
     grad_values = []
     diff_sources = []
     for src, var in boundary:
@@ -151,12 +157,7 @@ def trace_backward(tr, out_raw, out_leaves):
         joint_diff.append(pos[id(val)])
     joint_gy = {pos[id(v)]: gy_values[id(v)] for v in g.inputs if id(v) in gy_values}
     recomputed_bytes = sum(v.nbytes for n in recomputed.values() for v in n.outputs)
-    info = dict(graph=bgraph, sources=sources, grad_slots=grad_slots, saved=saved,
-                saved_bytes=sum(v.nbytes for v in saved), recomputed_bytes=recomputed_bytes,
-                joint=joint, joint_diff_inputs=joint_diff, joint_gy_inputs=joint_gy,
-                joint_grad_slots=grad_slots)
-    info["joint_captures"] = {pos[id(v)]: cap_source[id(v)] for v in g.inputs
-                              if id(v) in new_caps}
+    joint_captures = {pos[id(v)]: cap_source[id(v)] for v in g.inputs if id(v) in new_caps}
     # A create_graph replay recomputes the forward with NumPy from the inputs as they
     # are at backward time: right for values computed from inputs nothing changes (as
     # eager computed them, bit for bit), wrong for those computed from an input the call
@@ -168,13 +169,17 @@ def trace_backward(tr, out_raw, out_leaves):
     for n in g.nodes[:n_nodes]:
         if any(isinstance(u, Value) and id(u) in tainted for u in n.inputs):
             tainted.update(id(o) for o in n.outputs)
-    info["replay_saved"] = [k for k, v in enumerate(saved) if id(v) in tainted]
-    info["grad_dtypes"] = _grad_dtypes(tr, roots, out_index, boundary)
-    info["joint_meta"] = tr.grad_meta
-    info["replay_refusal"] = tr.replay_refusal
+    plan = BackwardPlan(
+        graph=bgraph, sources=sources, grad_slots=grad_slots, saved=saved,
+        saved_bytes=sum(v.nbytes for v in saved), recomputed_bytes=recomputed_bytes,
+        diff_sources=diff_sources, joint=joint, joint_diff_inputs=joint_diff,
+        joint_gy_inputs=joint_gy, joint_grad_slots=grad_slots,
+        joint_captures=joint_captures, joint_meta=tr.grad_meta,
+        replay_saved=[k for k, v in enumerate(saved) if id(v) in tainted],
+        grad_dtypes=_grad_dtypes(tr, roots, out_index, boundary),
+        replay_refusal=tr.replay_refusal)
     # The trace's own Variables at the boundary (a .grad source names its owner).
-    info["diff_traced"] = [var for _, var in boundary]
-    return info, diff_sources
+    return plan, [var for _, var in boundary]
 
 
 def _grad_dtypes(tr, roots, out_index, boundary):

@@ -9,10 +9,14 @@ import numpy as np
 
 from tracejit.core import Parameter, Variable
 from tracejit.trace.record import TracedArray, TracedScalar
+from tracejit.trace.records import Form, Leaf
 
-VAR, ARR, FLT = "V", "A", "F"
-SCALAR = "S"           # a result leaf eager NumPy returns as a scalar (a 0-d reduction)
-PYTHON_SCALAR = "I"    # ... as a Python scalar (np.allclose)
+# Module-level names of the forms: the per-call key builders read globals, not Form's
+# attributes.
+VAR, ARR, FLT = Form.VARIABLE, Form.ARRAY, Form.FLOAT
+SCALAR = Form.NUMPY_SCALAR          # a result leaf eager NumPy returns as a scalar
+PYTHON_SCALAR = Form.PYTHON_SCALAR  # ... as a Python scalar (np.allclose)
+STATIC = "static"      # the tree node of a static value: (STATIC, value), in the key
 
 
 def flatten_args(obj, leaves):
@@ -40,7 +44,7 @@ def flatten_args(obj, leaves):
     except TypeError:
         raise TypeError(f"jit: argument of type {t.__name__} is neither an array, a Variable, "
                         f"a float nor hashable (it could not be a static argument)") from None
-    return ("S", obj)
+    return (STATIC, obj)
 
 
 def unflatten(tree, leaves, it=None, bound=None, argv=None):
@@ -55,7 +59,7 @@ def unflatten(tree, leaves, it=None, bound=None, argv=None):
         return obj
     if tag == "again":
         return bound[tree[1]]
-    if tag == "S":
+    if tag == STATIC:
         return tree[1]
     if tag == "argobj":
         return arg_at(argv, tree[1])
@@ -184,7 +188,7 @@ def result_leaves(tr, raw):
     """What each leaf of a traced result is, as eager would return it.
 
     Returns (leaves, objects). leaves[i] describes raw[i] for the variant's runner, as
-    (kind, what, leaf kind):
+    a Leaf (kind, what, form):
       ("out", Value, kind)      computed by the graph: a fresh object each call (kind
                                 VAR, ARR, FLT, SCALAR or PYTHON_SCALAR)
       ("arg", i, kind)          the call's argument leaf i itself (an ndarray argument
@@ -214,7 +218,7 @@ def result_leaves(tr, raw):
         obj, leaf = _eager_object(tr, x, var_pos, grad_owner, raw)
         j = first.setdefault(id(obj), i)
         if j != i:
-            leaves.append(("same", j, None))
+            leaves.append(Leaf("same", j, None))
             objects.append(objects[j])
             continue
         if leaf is None:
@@ -222,7 +226,7 @@ def result_leaves(tr, raw):
         elif leaf[0] == "wrap":
             # The traced call's own result holds that array object too, as eager's.
             x._data = _wrapped_array(tr, leaf[1], raw)
-        leaves.append(leaf)
+        leaves.append(Leaf(*leaf))
         objects.append(strip_tracers(x) if leaf[0] == "out" else obj)
     return leaves, objects
 
@@ -358,7 +362,7 @@ def structure_source(tree, exprs, const):
     if tree in (VAR, ARR, FLT):
         return next(exprs)
     tag = tree[0]
-    if tag == "S":
+    if tag == STATIC:
         return const(tree[1])
     if tag == "bind":       # one list or dict in several places: named where first built
         return f"(t{tree[1]} := {structure_source(tree[2], exprs, const)})"

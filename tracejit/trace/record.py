@@ -145,6 +145,18 @@ class Trace(core.TraceHooks):
         self.replay_refusal = None   # why the region cannot be replayed on Variables
         self.user_calls = {}         # a user Function with per-call state -> its UserCall
         self.region_backward = False  # tracing the backward of the region (trace_backward)
+        # A jitted call's arguments (trace.call fills these; an abstract or nested use of
+        # a Trace leaves them empty):
+        self.arg_inputs = []         # (leaf index, input Value) per argument leaf
+        self.arg_leaf = {}           # id(Variable or ndarray argument) -> its leaf index
+        self.leaf_kinds = []         # per argument leaf: its Form (VARIABLE, ARRAY, FLOAT)
+        self.arg_views = {}          # id(tracer of an ndarray/float argument) ->
+                                     # (tracer, leaf, argument); None after the call
+        self.arg_containers = {}     # id(traced container) -> (it, its items, path in args)
+        # Read off the finished call (trace.call): a .grad it set on a Variable from
+        # outside, (Variable, Value or None), and on a result it made, (x, x.grad, Value).
+        self.grad_effects = []
+        self.made_grads = []
 
     # ---- values
 

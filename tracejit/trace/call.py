@@ -1,0 +1,396 @@
+"""One traced call of a jitted function: tracers for its arguments, the function run
+under a Trace, its backward traced, and everything the runtime needs read off the Trace
+into a TracedCall (trace.records). The one writer of a Trace's call-level fields; the
+runtime (runtime.jitted) decides what to do with the record and never touches a Trace.
+"""
+import random
+
+import numpy as np
+
+from tracejit.core import Config, Variable
+from tracejit.trace import pystate
+from tracejit.trace import record as tracing
+from tracejit.trace.backward import mutated_inputs, trace_backward
+from tracejit.trace.pytree import (ARR, FLT, VAR, arg_at, arg_names, flatten_result,
+                                   result_leaves, strip_tracers, unflatten)
+from tracejit.trace.record import TracedArray, TracedFloat, Trace, wrapped_function
+from tracejit.trace.records import BackwardEscape, Effect, Source, Target, TracedCall
+
+
+def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
+               static_argnames=frozenset()):
+    """Run fn(*args, **kwargs) once under a new Trace: the TracedCall. Its result is the
+    call's own (eager's objects: an argument, a captured array; computed arrays as plain
+    copies); its escapes, first one first, say why compiled calls could not stand for it.
+    Raises what the traced function raises (the state it changed is the caller's to put
+    back)."""
+    def_line = tracing.def_line(fn)
+    tr = Trace(name)
+    leaves = []
+    targs, tkwargs = _tracer_args(tr, fn, args, kwargs, leaves, static_argnums,
+                                  static_argnames)
+    # The arguments' .grad as the call found them (part of the signature): the
+    # perturbation check's copies start from these, not from what the call set.
+    grads_before = {id(x): x._grad for x in leaves if isinstance(x, Variable)}
+    rng_before = np.random.get_state()
+    py_rng_before = random.getstate()
+    locs = pystate.locations(fn)
+    snap_before = pystate.snapshot(locs)
+    for loc in locs:
+        val = loc.read()
+        if isinstance(val, (Variable, np.ndarray)) and id(val) not in tr.names:
+            tr.names[id(val)] = (val, loc.label)   # breadth first: the shortest path
+    sizes_before = pystate.sizes(locs)
+    grad_mode = Config.enable_backprop
+    prev = tracing.start(tr)
+    swaps = pystate.swap_arrays(locs, tr.capture_view)
+    # float()/int() in the function's own code, and in the user functions it reads
+    # (helpers, a Model's forward), give traced Python numbers.
+    code_swaps = tracing.swap_scalar_code(locs, fn)
+    try:
+        try:
+            result = tracing.symbolic_scalars(fn)(*targs, **tkwargs)
+        finally:
+            tracing.unswap_scalar_code(code_swaps)
+            pystate.unswap(swaps)
+        out_leaves_raw = []
+        # An argument's list, dict or tuple returned as the call got it is that
+        # object (eager returns the caller's), not a new one of its contents.
+        keep = {id(c): path for c, items, path in tr.arg_containers.values()
+                if _unchanged_container(c, items)}
+        changed_arg = [path for c, items, path in tr.arg_containers.values()
+                       if id(c) not in keep]
+        if changed_arg:
+            # The function changed a list or dict it was passed: it runs eagerly
+            # (below); this traced call changed copies, which go into the caller's.
+            _write_back(tr, (args, kwargs))
+            keep = {id(c): path for c, items, path in tr.arg_containers.values()}
+        out_tree = flatten_result(result, out_leaves_raw, keep=keep)
+        out_leaves, result_objects = result_leaves(tr, out_leaves_raw)
+        tr.grad_effects = [(var, None if var._grad is None else tr.value_of(var._grad))
+                           for var in tr.grad_writes.values()]
+        # The .grad backward left on a result made inside the call (retain_grad, or
+        # the loss's own): the variant sets it on the new result (variant.py).
+        tr.made_grads = [(x, x._grad, None if x._grad is None else tr.value_of(x._grad))
+                         for x, leaf in zip(out_leaves_raw, out_leaves)
+                         if leaf[0] == "out" and leaf[2] == VAR]
+        _unshare_grads(tr, list(tr.grad_writes.values()) +
+                       [x for x, g, _ in tr.made_grads if g is not None])
+        if _unreturned_grad_graph(tr, out_leaves_raw):
+            tr.escapes.append((
+                "backward(create_graph=True) inside the function leaves a .grad with "
+                "graph history that it does not return: compiled calls would give it "
+                "none (a backward through it would reach nothing); return the .grad "
+                "to compile", def_line))
+        n_inputs = len(tr.graph.inputs)
+        n_nodes = len(tr.graph.nodes)
+        backward = None
+        boundary = []
+        if grad_mode:
+            backward, boundary = trace_backward(tr, out_leaves_raw, out_leaves)
+        made = [x for x, leaf in zip(out_leaves_raw, out_leaves)
+                if leaf[0] == "out" and leaf[2] == VAR]
+        # Which result Variables eager gives a creator (computed by a recorded op, not
+        # under no_grad, not a new Variable of plain data): only those get the
+        # CompiledFunction as theirs. And a result that is the .grad the call sets
+        # is that .grad (`loss.backward(); return x.grad`).
+        grad_of = {id(var._grad): k for k, var in enumerate(tr.grad_writes.values())
+                   if var._grad is not None}
+        has_creator = [x.creator is not None and x.creator in tr.functions
+                       for x in made]
+        grad_alias = {grad_of[id(x)]: k for k, x in enumerate(made) if id(x) in grad_of}
+        # The traced call's Variables (boundary): used here, never kept (they would
+        # keep the first call's arguments alive).
+        grad_reach = _grad_reach(tr, made, has_creator, boundary) \
+            if backward is not None and not isinstance(backward, BackwardEscape) else None
+        boundary = made = None
+    finally:
+        tracing.stop(tr, prev)
+        tracing.plain_numbers(locs)
+        tr.arg_views = None       # tracers hold the trace: no cycle left behind
+        tr.arg_containers = None
+        for x in leaves:
+            if isinstance(x, Variable):
+                x._tv = None
+    # The traced call's own result: eager's objects (an argument, a captured array,
+    # one object twice), computed arrays as plain copies.
+    result = unflatten(out_tree, result_objects, argv=(args, kwargs))
+    _check_rng(tr, rng_before, def_line)
+    if random.getstate() != py_rng_before:
+        # Seen after the call: no line inside the function to name but its def.
+        tr.escapes.append(("a draw from Python's random module: compiled calls would "
+                           "replay it; draw with tracejit functions (F.dropout) or "
+                           "NumPy's global stream", def_line))
+    if changed_arg:
+        # The traced call changed a copy; eager changes the caller's container.
+        p = changed_arg[0]
+        where = (f"argument {p[1]}" if p[0] == "a" else f"argument {p[1]!r}") + \
+            "".join(f"[{k!r}]" for k in p[2:])
+        tr.escapes.append((f"the function changes the list or dict {where} it is "
+                           f"passed (item assignment, append, pop); compiled calls "
+                           f"would not", def_line))
+    # Why it must run eagerly, in the order the reasons are reported: what the tracer
+    # saw, then a Python value the function changed, then a backward it cannot compile.
+    escapes = tr.escapes + tr.late_escapes
+    mutated = pystate.changed(snap_before)
+    if mutated is not None:
+        loc, old, new = mutated
+        escapes.append((f"the function changes the Python value {loc.describe()} "
+                        f"({pystate.describe_value(old)} -> {pystate.describe_value(new)}); "
+                        f"compiled calls would not", None))
+    if isinstance(backward, BackwardEscape):
+        escapes.append((backward.reason, None))
+    side_effects = list(tr.side_effects)
+    if not escapes:
+        grown = pystate.grown(sizes_before)
+        if grown is not None:
+            side_effects.append((f"changing the size of {grown.label} (append, insert, "
+                                 f"pop)", None))
+    parts = _forward_parts(tr, n_inputs) if not escapes else {}
+    made_grads = tr.made_grads
+    tr.made_grads = None          # the trace keeps no result Variable alive
+    return TracedCall(
+        graph=tr.graph, n_inputs=n_inputs, n_nodes=n_nodes, grad_mode=grad_mode,
+        leaf_forms=tr.leaf_kinds, out_tree=out_tree, out_leaves=out_leaves,
+        made_grads=made_grads, has_random=bool(tr.random_nodes), has_creator=has_creator,
+        grad_alias=grad_alias, grad_reach=grad_reach, escapes=escapes,
+        side_effects=side_effects, result=result, grads_before=grads_before,
+        locations=locs, backward=backward,
+        mutated=frozenset(mutated_inputs(tr)) if backward is not None else frozenset(),
+        sources=parts.get("sources", []), effects=parts.get("effects", []),
+        grad_effects=parts.get("grad_effects", []), grad_none=parts.get("grad_none", []))
+
+
+def _forward_parts(tr, n_inputs):
+    """Where each forward input comes from at call time, and what the call's effects
+    write into, as the next call finds it: an argument is the current call's argument,
+    not the traced call's."""
+    sources = []
+    arg_pos = {id(v): i for i, v in tr.arg_inputs}
+    cap_src = {id(v): src for v, src in tr.captures}
+    for v in tr.graph.inputs[:n_inputs]:
+        if id(v) in arg_pos:
+            sources.append(Source("arg", arg_pos[id(v)], None))
+        else:
+            kind, obj = cap_src[id(v)]
+            if kind == "grad" and id(obj) in tr.arg_leaf:
+                # An argument's .grad: this call's argument's (the signature says
+                # it is set, and its shape and dtype), not the traced call's.
+                kind, obj = "arggrad", tr.arg_leaf[id(obj)]
+            sources.append(Source(kind, obj, (v.shape, v.dtype)))
+    # The .grad Variable of an argument (read in the call, so captured): this call's
+    # argument's .grad, not the traced call's.
+    grad_var = {id(val): g for g, val in tr.captured_vars.values()}
+    arg_grad_leaf = {id(grad_var[id(val)]): tr.arg_leaf[id(var)]
+                     for val, (kind, var) in tr.captures
+                     if kind == "grad" and id(var) in tr.arg_leaf}
+
+    def target(obj):
+        leaf = tr.arg_leaf.get(id(obj))
+        if leaf is not None:
+            return Target("leaf", leaf)
+        leaf = arg_grad_leaf.get(id(obj))
+        return Target("leafgrad", leaf) if leaf is not None else Target("obj", obj)
+
+    return dict(
+        sources=sources,
+        # Variables from outside whose .grad the trace found None (backward set it
+        # where it would add now, or the function read None): the variant holds while
+        # it is None. (An argument's is in the signature.)
+        grad_none=[target(var) for var, was_none in tr.grad_reads.values() if was_none],
+        effects=[Effect(kind, target(obj), v) for kind, obj, v in tr.effects],
+        grad_effects=[(target(var), gv) for var, gv in tr.grad_effects])
+
+
+def _tracer_args(tr, fn, args, kwargs, leaves, static_argnums, static_argnames):
+    """The arguments as the traced function gets them: a Variable is itself (its _tv
+    set), an ndarray a TracedArray view, a float a TracedFloat, each a new graph input;
+    lists, dicts and tuples are copies of tracers. Fills the Trace's argument tables."""
+    seen = {}     # f(x, x): one tracer for both, so an update of one shows in the other
+    arg_inputs = []
+
+    def convert(x, name, path):
+        if isinstance(x, (Variable, np.ndarray)) and id(x) in seen:
+            leaves.append(x)
+            tr.leaf_kinds.append(VAR if isinstance(x, Variable) else ARR)
+            return seen[id(x)]
+        t = convert_new(x, name, path)
+        if isinstance(x, (Variable, np.ndarray)):
+            seen[id(x)] = t
+        elif type(x) in (tuple, list, dict):
+            tr.arg_containers[id(t)] = (t, _items(t), path)
+        return t
+
+    def convert_new(x, name, path):
+        if isinstance(x, Variable):
+            leaves.append(x)
+            tr.own(x._data)
+            tr.leaf_kinds.append(VAR)
+            tr.arg_leaf[id(x)] = len(leaves) - 1
+            v = tr.add_input(x.shape, x.dtype, x.name or name)
+            arg_inputs.append((len(leaves) - 1, v))
+            x._tv = v
+            tr.arg_vars[id(x)] = (x, v)
+            return x
+        if isinstance(x, np.ndarray):
+            leaves.append(x)
+            tr.own(x)
+            tr.leaf_kinds.append(ARR)
+            tr.arg_leaf[id(x)] = len(leaves) - 1
+            v = tr.add_input(x.shape, x.dtype, name)
+            arg_inputs.append((len(leaves) - 1, v))
+            t = x.view(TracedArray)
+            t._tv = v
+            t._trace = tr
+            tr.arg_arrays[id(x)] = (x, v)
+            tr.arg_views[id(t)] = (t, len(leaves) - 1, x)
+            return t
+        if type(x) is float:
+            leaves.append(x)
+            tr.leaf_kinds.append(FLT)
+            v = tr.add_input((), np.float64, name)
+            arg_inputs.append((len(leaves) - 1, v))
+            t = TracedFloat(x, v, tr)
+            tr.arg_views[id(t)] = (t, len(leaves) - 1, x)
+            return t
+        if isinstance(x, np.generic) and x.dtype.kind == "f":
+            t = convert(np.asarray(x), name, path)
+            # Its leaf is a new 0-d array each call, not the scalar eager returns.
+            tr.arg_views.pop(id(t), None)
+            return t
+        if type(x) in (tuple, list):
+            return type(x)(convert(y, f"{name}_{i}", path + (i,)) for i, y in enumerate(x))
+        if type(x) is dict:
+            return {k: convert(y, f"{name}_{k}", path + (k,)) for k, y in x.items()}
+        return x
+
+    named = fn
+    while getattr(named, "_tracejit_wrapper", False) and wrapped_function(named):
+        named = wrapped_function(named)    # grad(f)'s arguments are f's: f's names
+    names = arg_names(named, len(args))
+    targs = [a if i in static_argnums else convert(a, names[i], ("a", i))
+             for i, a in enumerate(args)]
+    tkwargs = {k: (a if k in static_argnames else convert(a, k, ("k", k)))
+               for k, a in sorted(kwargs.items())}
+    tr.arg_inputs = arg_inputs      # (leaf index, input Value)
+    # convert and convert_new call each other: a cycle through their cells that would
+    # keep the Trace (and the traced call's whole graph) alive until gc runs.
+    convert = convert_new = None  # noqa: F841
+    return targs, tkwargs
+
+
+def _check_rng(tr, before, def_line):
+    after = np.random.get_state()
+    if _same_rng(before, after) and not tr.random_nodes:
+        return
+    # Replay the recorded draws from the state before: they must explain the change.
+    np.random.set_state(before)
+    for n in tr.random_nodes:
+        n.fn.forward()
+    replayed = np.random.get_state()
+    np.random.set_state(after)
+    if not _same_rng(replayed, after):
+        tr.escapes.append(("a random draw the tracer does not see (np.random.* on "
+                           "something other than traced data); use tracejit functions "
+                           "for random draws", def_line))
+
+
+def _same_rng(a, b):
+    return a[2] == b[2] and np.array_equal(a[1], b[1])
+
+
+def _write_back(tr, argv):
+    """Make the caller's containers what the traced call made of their copies (as eager
+    would have changed them): tracers replaced by the objects they stand for."""
+    orig_of = {id(t): arg_at(argv, path) for t, _, path in tr.arg_containers.values()}
+
+    def plain(x):
+        if id(x) in orig_of:
+            return orig_of[id(x)]
+        view = tr.arg_views.get(id(x))
+        if view is not None and view[0] is x:
+            return view[2]          # an ndarray or float argument itself
+        return strip_tracers(x)
+    for t, items, path in tr.arg_containers.values():
+        if _unchanged_container(t, items):
+            continue
+        o = orig_of[id(t)]
+        if type(o) is list:
+            o[:] = [plain(x) for x in t]
+        elif type(o) is dict:
+            new = {k: plain(x) for k, x in t.items()}
+            o.clear()
+            o.update(new)
+
+
+def _items(c):
+    return list(c.items()) if type(c) is dict else list(c)
+
+
+def _unchanged_container(c, items):
+    """The traced copy of an argument container still holds what it was made with (the
+    same objects): returning the caller's container is returning it."""
+    now = _items(c)
+    if len(now) != len(items):
+        return False
+    if type(c) is dict:
+        return all((k1 is k2 or k1 == k2) and v1 is v2
+                   for (k1, v1), (k2, v2) in zip(now, items))
+    return all(a is b for a, b in zip(now, items))
+
+
+def _grad_reach(tr, made, has_creator, diff_traced):
+    """Per input of a variant's creator (diff_sources order): the output Variables
+    whose eager graph reaches it. A backward from some outputs only leaves the others'
+    inputs' gradients None, as eager's does (not zeros). None when every input is
+    reached from every output (one output: always), the common case, which costs
+    nothing then."""
+    if sum(has_creator) < 2:
+        return None
+    pos = {}
+    for j, var in enumerate(diff_traced):
+        pos.setdefault(id(var), []).append(j)
+    reach = [set() for _ in diff_traced]
+    for k, (y, c) in enumerate(zip(made, has_creator)):
+        if not c:
+            continue
+        stack, seen = [y.creator], {id(y.creator)}
+        while stack:
+            f = stack.pop()
+            for x in f.inputs:
+                js = pos.get(id(x))
+                if js is not None:
+                    for j in js:
+                        reach[j].add(k)
+                elif x.creator is not None and x.creator in tr.functions \
+                        and id(x.creator) not in seen:
+                    seen.add(id(x.creator))
+                    stack.append(x.creator)
+    every = {k for k, c in enumerate(has_creator) if c}
+    if all(r == every for r in reach):
+        return None
+    return [frozenset(r) for r in reach]
+
+
+def _unshare_grads(tr, vars_):
+    """The traced call's .grad objects holding an array the graph reads as a capture
+    made in the call (backward's seed: `loss = x + 1.0` gives x.grad the seed itself)
+    get a copy: the caller may change them in place (ClipGrad), the graph's must not."""
+    for var in vars_:
+        g = var._grad
+        if g is not None and id(g._data) in tr.captured_arrays and \
+                id(g._data) not in tr.names:
+            g._data = g._data.copy()
+
+
+def _unreturned_grad_graph(tr, results):
+    """A .grad the call set (on a Variable from outside or a result) that has a creator
+    from the trace and is not itself a result: the variant's runner sets it as a plain
+    Variable, only a result gets the compiled call as its creator."""
+    returned = {id(x) for x in results}
+    for var in list(tr.grad_writes.values()) + [x for x, _, _ in tr.made_grads]:
+        g = var._grad
+        if g is not None and g.creator is not None and g.creator in tr.functions and \
+                id(g) not in returned:
+            return True
+    return False

@@ -1,0 +1,132 @@
+"""The records one stage of a jitted call hands the next (README, "How a call runs").
+
+tracing (trace.call.trace_call)  ->  TracedCall, with its BackwardPlan or BackwardEscape
+                                  ->  runtime.variant.Variant (compiles and runs them)
+
+Each record is built once per trace, never per call: the hot path reads the plain
+attributes a Variant copies out of them. Tuples (NamedTuple) where the consumers unpack
+positionally, frozen dataclasses where they read fields by name.
+"""
+import enum
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+
+class Form(enum.StrEnum):
+    """What a leaf is, in a signature key (an argument) or in a result.
+
+    A str enum: signature keys hold these and are hashed on every call that misses the
+    hot path, which then stays str's C hash and compare."""
+
+    VARIABLE = "Variable"
+    PARAMETER = "Parameter"          # an argument only: a key tells it from a Variable
+    ARRAY = "ndarray"
+    FLOAT = "float"                  # a Python float
+    NUMPY_SCALAR = "NumPy scalar"    # a result eager NumPy returns as np.float64 (0-d sum)
+    PYTHON_SCALAR = "Python scalar"  # ... as a Python scalar (np.allclose, .item())
+
+
+class Source(NamedTuple):
+    """Where one forward-graph input comes from at call time.
+
+    kind: "arg" (obj: the leaf index of the call's argument), "arggrad" (obj: the leaf
+    index of the argument whose .grad it is), "var" (obj: a captured Variable's data),
+    "grad" (obj: the captured Variable whose .grad's data it is), "array" (obj: a
+    captured array itself). spec: (shape, dtype) the trace saw, None for an
+    argument (the signature key says it)."""
+
+    kind: str
+    obj: Any
+    spec: Any
+
+
+class Target(NamedTuple):
+    """What an effect writes into, as the current call finds it: ("leaf", i) the call's
+    argument leaf i, ("leafgrad", i) its .grad, ("obj", x) an object from outside."""
+
+    where: str
+    obj: Any
+
+
+class Effect(NamedTuple):
+    """An update of live state the trace saw, replayed after each compiled call.
+
+    kind: "inplace" (target a Variable, its array updated in place), "inplace_array"
+    (target an ndarray) or "rebind" (`var.data = ...`); value: the graph Value written."""
+
+    kind: str
+    target: Any
+    value: Any
+
+
+class Leaf(NamedTuple):
+    """One leaf of a traced result, as eager returns it (pytree.result_leaves lists the
+    kinds): kind, what (a Value, a leaf index, an object), form (a Form or None)."""
+
+    kind: str
+    what: Any
+    form: Any
+
+
+@dataclass(frozen=True, eq=False)
+class BackwardEscape:
+    """The region's backward cannot be compiled: the signature runs eagerly."""
+
+    reason: str
+
+
+@dataclass(frozen=True, eq=False)
+class BackwardPlan:
+    """The backward of a traced region (trace.backward.trace_backward), split from the
+    forward: what the forward saves and where every backward input comes from."""
+
+    graph: Any               # the backward Graph: inputs -> one gradient per non-None slot
+    sources: list            # per backward input: ("saved", k), ("input", i), ("gy", k),
+                             # or a capture's (kind, obj) (read_capture)
+    grad_slots: list         # per differentiable input: its output slot, None: no gradient
+    saved: list              # forward Values the forward graph outputs for the backward
+    saved_bytes: int
+    recomputed_bytes: int    # what recomputation spared saving
+    diff_sources: list       # per differentiable input (the creator's inputs): its source
+    # The joint forward+backward graph, for create_graph replays on Variables.
+    joint: Any
+    joint_diff_inputs: list  # joint input index of each differentiable input
+    joint_gy_inputs: dict    # joint input index -> output gradient k
+    joint_grad_slots: list
+    joint_captures: dict     # joint input index -> capture source, read at backward time
+    joint_meta: dict         # the trace's grad_meta (what eager autodiff links)
+    replay_saved: list       # indices into saved that a replay takes from the call
+    grad_dtypes: Any         # per output, per input: eager's gradient dtype; None: one
+    replay_refusal: Any      # why a create_graph replay cannot follow it, or None
+
+
+@dataclass(frozen=True, eq=False)
+class TracedCall:
+    """One traced call of a function, everything the runtime needs to build a variant.
+
+    Holds the traced call's result objects only for this call's own return (result) and
+    made_grads; a Variant copies what it needs and keeps no reference to this record."""
+
+    graph: Any               # the whole traced Graph (forward, then backward nodes)
+    n_inputs: int            # the forward's inputs: graph.inputs[:n_inputs]
+    n_nodes: int             # the forward's nodes: graph.nodes[:n_nodes]
+    grad_mode: bool          # Config.enable_backprop it was traced in (the key's)
+    sources: list            # per forward input: its Source
+    leaf_forms: list         # per argument leaf: Form.VARIABLE, ARRAY or FLOAT
+    out_tree: Any            # the result's structure (pytree.flatten_result)
+    out_leaves: list         # per result leaf: its Leaf
+    effects: list            # Effects, targets as Targets
+    grad_effects: list       # (Target, Value or None): a .grad the call set (None: cleared)
+    grad_none: list          # Targets whose .grad was None when traced and must stay so
+    made_grads: list         # per made result Variable: (x, x.grad, Value of it or None)
+    mutated: frozenset       # ids of the forward inputs the call updates in place
+    has_random: bool         # the forward draws random numbers
+    has_creator: list        # per made result Variable: eager gives it a creator
+    grad_alias: dict         # grad effect index -> made result that is that .grad
+    grad_reach: Any          # per differentiable input: outputs reaching it; None: all
+    escapes: list            # (reason, line): why it must run eagerly, first one first
+    side_effects: list       # (what, line): effects that only run while tracing
+    result: Any              # what the traced call itself returns (for this call)
+    grads_before: dict       # id(argument Variable) -> its .grad before the call
+    locations: list          # pystate locations of the Python state the function reads
+    backward: Any            # BackwardPlan, BackwardEscape, or None (no backward)
