@@ -1,7 +1,8 @@
 """Arguments and results of a jitted call as trees: leaves (arrays, Variables, floats)
 inside tuples, lists and dicts, and everything else static (part of the cache key).
 
-Used by jit.py to key calls and by variant.py to rebuild a call's results.
+Used by runtime.jitted to key calls, by trace.call to describe a traced call's result
+(its Leaf records) and by runtime.variant to rebuild a call's results.
 """
 import inspect
 
