@@ -21,7 +21,7 @@ class LiveState:
         objs = [(kind, obj) for kind, obj, _ in v.sources if kind not in ("arg", "arggrad")]
 
         def resolve(w, t):
-            # A target (variant.Variant.target): an argument's .grad is this call's.
+            # A target (trace.records.Target): an argument's .grad is this call's.
             if w != "leafgrad":
                 return t
             return leaves[t]._grad if t < len(leaves) and isinstance(leaves[t], Variable) \
