@@ -15,8 +15,8 @@ import tracejit.functions as F
 from tracejit import Function, Parameter, Variable
 from tracejit.runtime.variant import Variant, compile_graph
 from tracejit.trace.call import trace_call
-from tracejit.trace.records import (BackwardEscape, BackwardPlan, Effect, Form, Leaf,
-                                    Source, Target, TracedCall)
+from tracejit.trace.records import (BackwardEscape, BackwardPlan, Effect, Escape, Form,
+                                    Leaf, SideEffect, Source, Target, TracedCall)
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
@@ -99,7 +99,7 @@ def test_a_backward_that_inspects_values_is_an_escape_with_its_reason():
     call = trace_call(_picky, "picky", (Variable(np.ones(3)),), {})
     assert isinstance(call.backward, BackwardEscape)
     assert call.backward.reason == "the backward pass inspects values"
-    assert call.escapes == [(call.backward.reason, None)]
+    assert call.escapes == [Escape(call.backward.reason, None)]
     # The jitted function runs eagerly for it, warned with that reason, and is right.
     jf = tj.jit(_picky)
     with pytest.warns(tj.JitWarning, match="the backward pass inspects values"):
@@ -124,7 +124,8 @@ def test_escapes_come_in_the_order_they_are_reported():
         box.count += 1              # a Python value the function changes
         return F.sum(_Picky()(x))
     call = trace_call(f, "f", (Variable(np.ones(3)),), {})
-    reasons = [r for r, _ in call.escapes]
+    assert all(type(e) is Escape for e in call.escapes)
+    reasons = [e.reason for e in call.escapes]
     assert "changes the Python value" in reasons[0], reasons
     assert reasons[-1] == "the backward pass inspects values"
 
@@ -215,3 +216,16 @@ def test_no_one_letter_tags_are_left(stage):
     found = [hit for path in sorted((_PACKAGE / stage).glob("*.py"))
              for hit in _one_letter_strings(path)]
     assert found == []
+
+
+def test_a_side_effect_is_recorded_not_an_escape():
+    log = []
+
+    def f(x):
+        log.append("called")         # runs while tracing only: warned, still compiled
+        return F.tanh(x)
+    call = trace_call(f, "f", (Variable(np.ones(2)),), {})
+    assert call.escapes == []
+    (effect,) = call.side_effects
+    assert type(effect) is SideEffect and "changing the size of" in effect.what
+    assert log == ["called"]

@@ -14,7 +14,8 @@ from tracejit.trace.backward import mutated_inputs, trace_backward
 from tracejit.trace.pytree import (ARR, FLT, VAR, arg_at, arg_names, flatten_result,
                                    result_leaves, strip_tracers, unflatten)
 from tracejit.trace.record import TracedArray, TracedFloat, Trace, wrapped_function
-from tracejit.trace.records import BackwardEscape, Effect, Source, Target, TracedCall
+from tracejit.trace.records import (BackwardEscape, Effect, Escape, SideEffect, Source, Target,
+                                    TracedCall)
 
 
 def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
@@ -131,21 +132,22 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
                            f"would not", def_line))
     # Why it must run eagerly, in the order the reasons are reported: what the tracer
     # saw, then a Python value the function changed, then a backward it cannot compile.
-    escapes = tr.escapes + tr.late_escapes
+    escapes = [Escape(*e) for e in tr.escapes + tr.late_escapes]
     mutated = pystate.changed(snap_before)
     if mutated is not None:
         loc, old, new = mutated
-        escapes.append((f"the function changes the Python value {loc.describe()} "
-                        f"({pystate.describe_value(old)} -> {pystate.describe_value(new)}); "
-                        f"compiled calls would not", None))
+        escapes.append(Escape(
+            f"the function changes the Python value {loc.describe()} "
+            f"({pystate.describe_value(old)} -> {pystate.describe_value(new)}); "
+            f"compiled calls would not", None))
     if isinstance(backward, BackwardEscape):
-        escapes.append((backward.reason, None))
-    side_effects = list(tr.side_effects)
+        escapes.append(Escape(backward.reason, None))
+    side_effects = [SideEffect(*e) for e in tr.side_effects]
     if not escapes:
         grown = pystate.grown(sizes_before)
         if grown is not None:
-            side_effects.append((f"changing the size of {grown.label} (append, insert, "
-                                 f"pop)", None))
+            side_effects.append(SideEffect(f"changing the size of {grown.label} (append, "
+                                           f"insert, pop)", None))
     parts = _forward_parts(tr, n_inputs) if not escapes else {}
     made_grads = tr.made_grads
     tr.made_grads = None          # the trace keeps no result Variable alive

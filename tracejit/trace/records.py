@@ -68,6 +68,22 @@ class Leaf(NamedTuple):
     form: Any
 
 
+class Escape(NamedTuple):
+    """Why a traced call cannot stand for later calls (the signature runs eagerly), and
+    the user's line that caused it ("file.py:12  text"; None: the def line is shown)."""
+
+    reason: str
+    line: Any
+
+
+class SideEffect(NamedTuple):
+    """Something the function did that only happens while tracing (print, a list that
+    grows), warned once; the variant still compiles."""
+
+    what: str
+    line: Any
+
+
 @dataclass(frozen=True, eq=False)
 class BackwardEscape:
     """The region's backward cannot be compiled: the signature runs eagerly."""
@@ -124,8 +140,8 @@ class TracedCall:
     has_creator: list        # per made result Variable: eager gives it a creator
     grad_alias: dict         # grad effect index -> made result that is that .grad
     grad_reach: Any          # per differentiable input: outputs reaching it; None: all
-    escapes: list            # (reason, line): why it must run eagerly, first one first
-    side_effects: list       # (what, line): effects that only run while tracing
+    escapes: list            # Escapes: why it must run eagerly, the one reported first
+    side_effects: list       # SideEffects: what only runs while tracing
     result: Any              # what the traced call itself returns (for this call)
     grads_before: dict       # id(argument Variable) -> its .grad before the call
     locations: list          # pystate locations of the Python state the function reads
