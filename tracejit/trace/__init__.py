@@ -1,3 +1,4 @@
-"""Tracing: tracer values (values.py), recording a call into a Graph (record.py),
-Python state the call reads (pystate.py), argument/result trees (pytree.py), shape-only
-evaluation (abstract.py) and the traced backward (backward.py)."""
+"""Tracing: tracer values (values.py), recording a call into a Graph (record.py), one
+jitted call traced into a TracedCall (call.py; the records it hands the runtime:
+records.py), Python state the call reads (pystate.py), argument/result trees (pytree.py),
+shape-only evaluation (abstract.py) and the traced backward (backward.py)."""
