@@ -367,7 +367,7 @@ class Jitted:
         return self._call(hot[2], args, args, {})
 
     def _call(self, key, leaves, args, kwargs):
-        for attempt in (0, 1):
+        while True:
             version = self._version
             variants = self._variants.get(key)
             if variants:
@@ -375,9 +375,14 @@ class Jitted:
                 if out is not _RETRACE:
                     return out
             with self.lock:
-                if self._version != version and attempt == 0:
-                    continue    # another thread traced meanwhile: try its variant first
-                return self._cold_call(key, args, kwargs)
+                # Trace only if no thread traced (or dropped a variant) since this
+                # thread's dispatch missed: else try the new variants first. Checked under
+                # the lock the trace holds, so two threads never trace one outcome (once
+                # this retried only once, and a third thread's trace in between made a
+                # duplicate variant). Each retry follows a change of the variants, and
+                # their number is bounded (max_variants), so this ends.
+                if self._version == version:
+                    return self._cold_call(key, args, kwargs)
 
     def _dispatch(self, key, variants, args, kwargs, leaves, v=None, failure=None):
         """Run the variant whose guards hold; _RETRACE if none does. Starts at v (the
