@@ -356,3 +356,23 @@ def test_an_output_gradient_smaller_than_the_output_stands_for_every_element():
     y.backward()
     assert x.grad.shape == (2,)
     np.testing.assert_allclose(x.grad.data, 1.5 * 3.0 * np.cos(x.data), rtol=1e-14)
+
+
+def test_unchain_backward_does_not_call_a_user_functions_expand():
+    # core cuts inside a compiled call's creator (a RegionFunction) by its type: a user
+    # Function with a method of its own named expand is an ordinary creator.
+    class Twice(Function):
+        def forward(self, x):
+            return x * 2
+
+        def backward(self, gy):
+            return gy * 2
+
+        def expand(self):
+            raise AssertionError("a user's expand() must not be called")
+
+    x = Variable(np.ones(2))
+    h = Twice()(x)
+    y = Twice()(h)
+    y.unchain_backward()
+    assert h.creator is None and y.creator is not None

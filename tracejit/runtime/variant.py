@@ -13,7 +13,7 @@ import numpy as np
 
 from tracejit import core
 from tracejit.ir import interpret
-from tracejit.core import Config, Constant, Function, Variable
+from tracejit.core import Config, Constant, Function, RegionFunction, Variable
 from tracejit.ir import Graph, Lit
 from tracejit.trace.pytree import FLT, PYTHON_SCALAR, SCALAR, VAR, structure_source
 from tracejit.runtime.signature import matcher_lines
@@ -25,7 +25,7 @@ class JitWarning(UserWarning):
     """tracejit ran something eagerly, or saw a side effect that only runs while tracing."""
 
 
-class CompiledFunction(Function):
+class CompiledFunction(RegionFunction):
     """The one creator of a compiled call's outputs: its backward is a compiled graph."""
 
     rng = None    # NumPy's random state before the call, if the region draws numbers
