@@ -146,3 +146,19 @@ def test_ci_profile_finds_no_mismatch_crash_or_hang():
     bad = [(i, r["cls"], (r["detail"] or "")[:300]) for i, r in enumerate(results)
            if r["cls"] in fuzz.FAILING]
     assert not bad, "\n" + "\n".join(map(str, bad)) + "\n\n" + fuzz.format_summary(results)
+
+
+def test_workers_are_replaced_after_recycle_programs(tmp_path):
+    # A worker keeps every kernel its programs compiled; the deep run's workers grew to
+    # 11.6 GB each. Each program here writes its worker's pid.
+    log = tmp_path / "pids.txt"
+    prog = _program(f'''\
+        def f(x0, x1, s0):
+            import os
+            with open({str(log)!r}, "a") as fh:
+                fh.write(f"{{os.getpid()}}\\n")
+            return x0 * 2.0,
+        ''')
+    results = fuzz.run_many([(prog, False)] * 4, jobs=1, timeout=60, recycle=2)
+    assert [r["cls"] for r in results] == ["match"] * 4, results
+    assert len(set(log.read_text().split())) == 2
