@@ -3,7 +3,7 @@
     python benchmarks/ab.py --base HEAD~1 [--rounds 5] [--only W3L] [--quick]
 
 Both sides run this checkout's benchmarks/run.py (public API only) in fresh processes,
-alternating base, head, base, head, ... for --rounds rounds, so a slow phase of the
+alternating base, head, head, base, ... for --rounds rounds, so a slow phase of the
 machine hits both sides alike. Each process warms up as run.py does. Prints, per row,
 the median time of each side and head/base (1.00 = unchanged; > 1 = head slower),
 with the spread of the rounds so noise is visible.
@@ -64,7 +64,10 @@ def main():
         try:
             times = {"base": {}, "head": {}}
             for r in range(args.rounds):
-                for side, tree in (("base", base), ("head", ROOT)):
+                # ABBA order: a machine that slows down (or warms up) over the run
+                # does not favour the side that always runs first.
+                order = (("base", base), ("head", ROOT))
+                for side, tree in (order if r % 2 == 0 else order[::-1]):
                     for row, sec in run_once(tree, args.only, args.quick).items():
                         times[side].setdefault(row, []).append(sec)
                 print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
