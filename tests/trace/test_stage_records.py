@@ -181,6 +181,9 @@ def test_a_jitted_variant_gets_the_jitteds_lock_and_compile_not_the_jitted():
         np.testing.assert_allclose(after, buf)
     (v,) = [v for vs in jf._variants.values() for v in vs]
     assert v.lock is jf.lock and not hasattr(v, "jitted")
+    # Its compile callable is no bound method of the Jitted either: no way back to it.
+    assert getattr(v.backend_compile, "__self__", None) is not jf
+    assert jf not in getattr(v.backend_compile, "args", ())
 
 
 def test_signature_keys_hold_forms():

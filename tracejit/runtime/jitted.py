@@ -739,7 +739,12 @@ class Jitted:
             warn_at(f"jit({self.__name__}): {what} runs only while tracing, not on compiled "
                     f"calls, at {line}", line)
         t1 = time.perf_counter()
-        variant = Variant(call, call.backward, self.backend_compile, self.lock,
+        # The compile callable is a partial of a module function, not a bound method:
+        # a Variant never reaches its Jitted.
+        backend_compile = functools.partial(compile_graph, backend=self.backend,
+                                            parallel=self.parallel, cache=self.cache,
+                                            where=self._def_line())
+        variant = Variant(call, call.backward, backend_compile, self.lock,
                           checks=3 if self.check else 1)
         self.stats["compile_seconds"] += time.perf_counter() - t1
         variant.state = pystate.snapshot(call.locations)
@@ -767,9 +772,6 @@ class Jitted:
     def backend_name(self):
         b = self.backend
         return os.environ.get("TRACEJIT_BACKEND", "numba") if b == "auto" else b
-
-    def backend_compile(self, g):
-        return compile_graph(g, self.backend, self.parallel, self.cache, self._def_line())
 
 
 def _known_objects(leaves, state):
