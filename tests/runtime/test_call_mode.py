@@ -8,7 +8,6 @@ Every jit test calls the jitted function at least 3 times with new values and co
 with eager: values, dtype, shape, ndarray vs NumPy scalar, creator, gradients.
 """
 import warnings
-import contextlib
 import threading
 
 import numpy as np
@@ -21,6 +20,8 @@ from tracejit.core import Config, Function
 from tracejit.runtime.jitted import jit_disabled
 
 from tracejit.testing.checks import assert_call_matches_eager
+
+from call_modes import MODES as _MODES, run_both as _run_both
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
@@ -69,31 +70,6 @@ def _kinked(x, y):
     if z.data > 0.5:                  # a guard inside the one 0-d kernel
         return F.tanh(z) * x
     return F.exp(z) - y
-
-
-_MODES = {
-    "grad": contextlib.nullcontext,
-    "no_grad": tj.no_grad,
-    "test": tj.test_mode,
-    "off": tj.disable_jit,
-    "no_grad+test": lambda: _both(tj.no_grad(), tj.test_mode()),
-    "off+no_grad": lambda: _both(tj.disable_jit(), tj.no_grad()),
-}
-
-
-@contextlib.contextmanager
-def _both(a, b):
-    with a, b:
-        yield
-
-
-def _run_both(jf, f, make, mode):
-    """The jitted and the eager call on copies of make()'s arguments, in `mode`, compared
-    with their gradients; returns the jitted call's result. Without a float Variable
-    argument eager still records creators, compiled calls do not (nothing to
-    differentiate): older than this change, not compared."""
-    return assert_call_matches_eager(jf, f, *make(), context=_MODES[mode],
-                                     creators="with float arguments", atol=1e-12)
 
 
 @pytest.mark.parametrize("fn", [_rosen, _kinked], ids=["rosen", "guarded"])

@@ -6,7 +6,6 @@ guard misses in both grad modes, and a bad argument that must not demote the var
 Every jit test calls the jitted function at least 3 times with new values and compares
 with eager: values, dtype, shape, ndarray vs NumPy scalar, creator, gradients.
 """
-import contextlib
 
 import numpy as np
 import pytest
@@ -17,32 +16,9 @@ from tracejit import Parameter, Variable
 
 from tracejit.testing.checks import assert_call_matches_eager
 
+from call_modes import run_both as _run_both
+
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
-
-
-_MODES = {
-    "grad": contextlib.nullcontext,
-    "no_grad": tj.no_grad,
-    "test": tj.test_mode,
-    "off": tj.disable_jit,
-    "no_grad+test": lambda: _both(tj.no_grad(), tj.test_mode()),
-    "off+no_grad": lambda: _both(tj.disable_jit(), tj.no_grad()),
-}
-
-
-@contextlib.contextmanager
-def _both(a, b):
-    with a, b:
-        yield
-
-
-def _run_both(jf, f, make, mode):
-    """The jitted and the eager call on copies of make()'s arguments, in `mode`, compared
-    with their gradients; returns the jitted call's result. Without a float Variable
-    argument eager still records creators, compiled calls do not (nothing to
-    differentiate): older than this change, not compared."""
-    return assert_call_matches_eager(jf, f, *make(), context=_MODES[mode],
-                                     creators="with float arguments", atol=1e-12)
 
 
 def test_argument_forms_switch_between_calls():

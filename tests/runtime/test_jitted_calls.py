@@ -14,10 +14,11 @@ from hypothesis import given, settings, strategies as st, HealthCheck
 import tracejit as tj
 import tracejit.functions as F
 from tracejit import Variable
-from tracejit.models import MLP
 from tracejit.testing import strategies as tjst
 
 from tracejit.testing.checks import assert_call_matches_eager
+
+from twin_models import twins as _twins
 
 N_CALLS = 6          # >= 5: warm-up, trace, then at least 3 replays
 
@@ -130,21 +131,6 @@ def test_arguments_not_mutated_and_results_fresh():
         np.testing.assert_array_equal(xa, xa0)
         np.testing.assert_array_equal(b, a0)
     assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
-
-
-def _twins(seed, sizes, dtype=np.float64, in_size=3):
-    m1, m2 = MLP(sizes), MLP(sizes)
-    x0 = np.zeros((2, in_size), dtype)
-    np.random.seed(seed)
-    m1(x0)                      # one eager forward: the lazy Linear layers initialise
-    np.random.seed(seed)
-    m2(x0)
-    if dtype == np.float64:       # Linear defaults to float32 parameters
-        for p in list(m1.params()) + list(m2.params()):
-            p.data = p.data.astype(np.float64)
-    for p1, p2 in zip(m1.params(), m2.params()):
-        np.testing.assert_array_equal(p1.data, p2.data)
-    return m1, m2
 
 
 def test_jit_method_of_model():
