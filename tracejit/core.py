@@ -144,7 +144,7 @@ class TraceHooks:
     """
 
     # Plain methods, not abc: isinstance on an ABCMeta class costs more, and
-    # tests/test_traced_value_protocol.py checks that each trace implements its hooks.
+    # tests/trace/test_traced_value_protocol.py checks that each trace implements its hooks.
     abstract = False
 
     def new_variable(self, var, data):
