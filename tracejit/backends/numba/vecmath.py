@@ -16,8 +16,9 @@ sums. float32 is native float32 arithmetic (16 lanes per zmm; Cephes single-prec
 polynomials, same reductions; sin/cos reduce in float64). FLOAT32_VIA64 computes float32
 in float64 and rounds once (more accurate, about half the speed).
 
-Max error measured (tests/backends/numba/test_vecmath.py, benchmarks/bench_vecmath.py; float64 against
-long double, float32 against float64, and exhaustively over all 2**32 float32 inputs):
+Max error measured (tests/backends/numba/test_vecmath.py, benchmarks/bench_vecmath.py;
+float64 against long double, float32 against float64, and exhaustively over all 2**32
+float32 inputs):
 float64 exp 0.78, log 0.85, tanh 1.31, sigmoid 1.43, sin/cos 0.77 ulp (random, 1e6 per
 range); float32 native over all 2**32 inputs: exp 0.77, log 0.83, tanh 1.34, sigmoid 1.48,
 sin 0.93, cos 0.92 ulp; via-float64 0.50 ulp.
