@@ -4,13 +4,30 @@ Every variant's first call (check=True: its first three) runs the eager function
 the compiled variant from the same state; a difference demotes the variant to eager.
 Results are compared on values (floats within a tolerance, NumPy scalars as arrays),
 kinds, dtypes and identity; the trace-time check compares gradients too.
+
+float32 (and float16) values get a second opinion before a difference counts. A
+compiled graph may sum in another order than eager's NumPy calls (a conv's per-image
+GEMMs, a fused reduction), and where the terms of a sum cancel, two correct float32
+results differ by far more than RTOL of the element (a conv's input gradient: 7e-5
+of the element, 3 float32 ulps of the array's largest value). The comparison collects
+those differences (`soft`), the caller runs the function once more eagerly on float64
+copies of the arguments (the float64 twin, as the fuzzer's harness does) and compares
+again with it as the reference (`ref`): compiled passes where it is, element by element,
+no farther from the twin than twice eager's own rounding error plus TWIN_ULPS ulps of
+the value's magnitude. A wrong compiled value (a frozen constant, a 1% error) is
+farther from the twin than eager's rounding and still differs.
 """
 import numpy as np
 
-from tracejit.core import DictGrads, Variable, backprop
+from tracejit.core import Constant, DictGrads, Parameter, Variable, backprop
 from tracejit.trace.pytree import _is_namedtuple
 
 RTOL, ATOL = 1e-5, 1e-7
+# The dtypes whose value differences the float64 twin judges (float64 itself has no
+# more precise twin: RTOL/ATOL alone).
+LOW_PRECISION = frozenset(np.dtype(d) for d in ("f2", "f4", "c8"))
+TWIN_ULPS = 8
+NOREF = object()      # no twin run: low-precision differences are collected or count
 
 class LiveState:
     """Snapshot and restore of everything a variant reads or writes outside its args."""
@@ -64,30 +81,44 @@ class LiveState:
     def restore_initial(self):
         self.restore(self.initial)
 
-    def difference(self, snap):
+    def difference(self, snap, current=None, soft=None, ref=NOREF):
+        """The first difference of the state now (or of snapshot `current`) from
+        snapshot `snap` (eager's); soft and ref as in array_difference, ref a snapshot
+        of the float64 twin's run."""
         vs, arrs = snap
-        for var, (data, data_copy, grad, grad_copy) in zip(self.vars, vs):
+        cur_vs, cur_arrs = current if current is not None else self.capture()
+        ref_vs, ref_arrs = ref if ref is not NOREF else (None, None)
+        for k, (var, (_, data_copy, _, grad_copy)) in enumerate(zip(self.vars, vs)):
+            _, data_now, _, grad_now = cur_vs[k]
+            r = ref_vs[k] if ref_vs is not None else (None,) * 4
             name = var.name or "a captured Variable"
-            d = array_difference(data_copy, var._data, f"{name}.data")
+            d = array_difference(data_copy, data_now, f"{name}.data", soft=soft,
+                                 ref=NOREF if ref is NOREF else r[1])
             if d:
                 return d
-            if (grad_copy is None) != (var._grad is None):
-                return f"{name}.grad is {'None' if var._grad is None else 'set'} compiled"
+            if (grad_copy is None) != (grad_now is None):
+                return f"{name}.grad is {'None' if grad_now is None else 'set'} compiled"
             if grad_copy is not None:
-                d = array_difference(grad_copy, var._grad._data, f"{name}.grad")
+                d = array_difference(grad_copy, grad_now, f"{name}.grad", soft=soft,
+                                     ref=NOREF if ref is NOREF else r[3])
                 if d:
                     return d
-        for a, c in zip(self.arrays, arrs):
-            d = array_difference(c, a, "a captured array")
+        for k, (c, now) in enumerate(zip(arrs, cur_arrs)):
+            d = array_difference(c, now, "a captured array", soft=soft,
+                                 ref=NOREF if ref is NOREF else ref_arrs[k])
             if d:
                 return d
         return None
 
 
-def array_difference(expected, got, what, scaled=False):
+def array_difference(expected, got, what, scaled=False, soft=None, ref=NOREF):
     """Where two arrays (or scalars) differ: dtype and shape exactly, values within
     RTOL/ATOL (floats), exactly (the rest). scaled: atol relative to the largest
-    expected magnitude (gradients: sums whose order differs between backends)."""
+    expected magnitude (gradients: sums whose order differs between backends).
+    A low-precision float difference (LOW_PRECISION) is judged by the float64 twin's
+    value `ref` of the same leaf (see the module docstring; None: the twin has none,
+    the difference counts); with no twin run (ref is NOREF) and a list `soft`, it is
+    appended there instead (the caller runs the twin) and not reported."""
     if expected is None or got is None:
         return None if expected is got else f"{what} is None in one run"
     expected, got = np.asarray(expected), np.asarray(got)
@@ -105,12 +136,50 @@ def array_difference(expected, got, what, scaled=False):
         ok = got == expected
     if np.all(ok):
         return None
+    if expected.dtype in LOW_PRECISION and np.array_equal(np.isfinite(expected),
+                                                          np.isfinite(got)):
+        if ref is NOREF and soft is not None:
+            soft.append(what)
+            return None
+        if ref is not NOREF:
+            return _twin_difference(expected, got, ref, ok, what)
     i = np.unravel_index(np.argmin(ok), ok.shape) if ok.ndim else ()
     where = list(int(k) for k in i) if i else ""
     return f"{what}{where}: eager {expected[i]}, compiled {got[i]}"
 
 
-def first_difference(expected, got, path="output"):
+def _twin_difference(expected, got, ref, ok, what):
+    """None if compiled is, element by element, as close to the float64 twin `ref` as
+    eager's rounding allows; else where it is not, with the three values."""
+    if ref is None or np.shape(ref) != expected.shape:
+        i = np.unravel_index(np.argmin(ok), ok.shape) if ok.ndim else ()
+        return (f"{what}{list(int(k) for k in i) if i else ''}: eager {expected[i]}, "
+                f"compiled {got[i]} (the float64 twin has no value here to tell rounding "
+                f"from an error)")
+    eps = float(np.finfo(expected.dtype).eps)
+    with np.errstate(all="ignore"):
+        r = np.asarray(ref).astype(np.complex128 if expected.dtype.kind == "c"
+                                   else np.float64)
+        e, g = expected.astype(r.dtype), got.astype(r.dtype)
+        fin = np.isfinite(r) & np.isfinite(e) & np.isfinite(g)
+        scale = float(np.max(np.abs(r[fin]), initial=0.0))
+        err_jit, err_eager = np.abs(g - r), np.abs(e - r)
+        allowed = 2 * err_eager + TWIN_ULPS * eps * (scale + np.abs(r))
+        good = ok | (fin & (err_jit <= allowed))
+    if np.all(good):
+        return None
+    i = np.unravel_index(np.argmin(good), good.shape) if good.ndim else ()
+    where = list(int(k) for k in i) if i else ""
+    return (f"{what}{where}: eager {expected[i]}, compiled {got[i]}, the float64 twin "
+            f"{r[i]}: compiled is {float(err_jit[i]):.3g} from the twin where "
+            f"{expected.dtype.name} rounding allows {float(allowed[i]):.3g} (twice "
+            f"eager's {float(err_eager[i]):.3g} + {TWIN_ULPS} ulps of {scale:.3g})")
+
+
+def first_difference(expected, got, path="output", soft=None, ref=NOREF):
+    """The first difference of compiled's result `got` from eager's `expected` (a
+    message naming where), None if they agree. soft and ref: see array_difference; ref
+    is the float64 twin's result, walked beside the two."""
     # The kind of object first: a Parameter returned as itself, a NumPy scalar or a
     # Python bool where eager gives one, a tuple's length.
     if type(expected) is not type(got):
@@ -118,17 +187,34 @@ def first_difference(expected, got, path="output"):
                 f"{type(got).__name__}")
     if isinstance(expected, (tuple, list, dict)) and len(expected) != len(got):
         return f"{path}: eager gives {len(expected)} items, compiled {len(got)}"
+
+    def sub(r, k):
+        # The twin's part k of r; None (no value to judge by) where its shape differs.
+        if r is NOREF:
+            return NOREF
+        if type(r) is type(expected) and len(r) == len(expected) and \
+                (not isinstance(r, dict) or k in r):
+            return r[k]
+        return None
+
     if isinstance(expected, Variable):
         # A result's .grad too: a backward inside the call (retain_grad) leaves one.
         eg, gg = expected._grad, got._grad
-        return array_difference(expected._data, got._data, path) or array_difference(
-            None if eg is None else eg._data, None if gg is None else gg._data,
-            f"{path}.grad", scaled=True)
+        rv = ref if ref is NOREF else ref if isinstance(ref, Variable) else None
+        rd = rv if rv is NOREF else None if rv is None else rv._data
+        rg = rv if rv is NOREF else None if rv is None or rv._grad is None else \
+            rv._grad._data
+        return array_difference(expected._data, got._data, path, soft=soft, ref=rd) or \
+            array_difference(None if eg is None else eg._data,
+                             None if gg is None else gg._data, f"{path}.grad", scaled=True,
+                             soft=soft, ref=rg)
     if isinstance(expected, np.ndarray):
-        return array_difference(expected, got, path)
+        return array_difference(expected, got, path, soft=soft,
+                                ref=ref if ref is NOREF or isinstance(ref, np.ndarray)
+                                else None)
     if isinstance(expected, (tuple, list)):
         for i, (e, g) in enumerate(zip(expected, got)):
-            d = first_difference(e, g, f"{path}[{i}]")
+            d = first_difference(e, g, f"{path}[{i}]", soft, sub(ref, i))
             if d:
                 return d
         return None
@@ -136,7 +222,7 @@ def first_difference(expected, got, path="output"):
         if list(expected) != list(got):
             return f"{path}: eager gives the keys {list(expected)}, compiled {list(got)}"
         for k in expected:
-            d = first_difference(expected[k], got[k], f"{path}[{k!r}]")
+            d = first_difference(expected[k], got[k], f"{path}[{k!r}]", soft, sub(ref, k))
             if d:
                 return d
         return None
@@ -144,7 +230,9 @@ def first_difference(expected, got, path="output"):
         # A NumPy scalar (a reduction's `.sum()`) or a Python float: the arrays'
         # tolerance, not equality (one ulp apart in float32 is a match); the same
         # dtype exactly (the type is the same already).
-        return array_difference(expected, got, path)
+        return array_difference(expected, got, path, soft=soft,
+                                ref=ref if ref is NOREF or isinstance(
+                                    ref, (np.generic, float, complex)) else None)
     if got is not expected and not isinstance(expected, (str, bytes, int, bool)) and \
             type(expected).__eq__ is object.__eq__ or isinstance(expected, _ITERATORS):
         # An object of the user's (a dataclass, a generator) is a leaf: compiled calls
@@ -221,24 +309,32 @@ def identity_difference(expected, got, known=()):
     return None
 
 
-def gradient_difference(expected, got, wrt, seed=0):
+def gradient_difference(expected, got, wrt, seed=0, soft=None, ref=NOREF):
     """Backward from both results with the same random cotangents (each result leaf
     that is a float Variable, a leaf used twice getting both), gradients kept aside
     (no .grad is touched); the first gradient of `wrt` [(name, Variable)] that
-    differs, None-ness included. None also when there is nothing to differentiate."""
+    differs, None-ness included. None also when there is nothing to differentiate.
+    soft as in array_difference; ref: (the float64 twin's result, its Variables in
+    wrt's order), differentiated with the same cotangents."""
     rng = np.random.default_rng(seed)
-    seeds_e, seeds_g = DictGrads(), DictGrads()
-    roots_e, roots_g = [], []
-    for (_, e), (_, g) in zip(leaves_with_paths(expected), leaves_with_paths(got)):
+    seeds_e, seeds_g, seeds_r = DictGrads(), DictGrads(), DictGrads()
+    roots_e, roots_g, roots_r = [], [], []
+    ref_leaves = leaves_with_paths(ref[0]) if ref is not NOREF else None
+    pairs = zip(leaves_with_paths(expected), leaves_with_paths(got))
+    for k, ((_, e), (_, g)) in enumerate(pairs):
         if not isinstance(e, Variable) or not isinstance(g, Variable) or e._data is None \
                 or e._data.dtype.kind not in "fc":
             continue
         c = np.asarray(rng.standard_normal(e._data.shape), dtype=e._data.dtype)
-        for store, roots, y in ((seeds_e, roots_e, e), (seeds_g, roots_g, g)):
+        sides = [(seeds_e, roots_e, e, c), (seeds_g, roots_g, g, c)]
+        r = ref_leaves[k][1] if ref_leaves is not None and k < len(ref_leaves) else None
+        if isinstance(r, Variable) and r._data is not None and r._data.shape == c.shape:
+            sides.append((seeds_r, roots_r, r, c.astype(r._data.dtype)))
+        for store, roots, y, cy in sides:
             old = store.get(y)
             if old is None:
                 roots.append(y)
-            store.set(y, Variable(c if old is None else old._data + c))
+            store.set(y, Variable(cy if old is None else old._data + cy))
     if not any(y.creator is not None for y in roots_e + roots_g):
         return None
     # Only the call's own graph: the walk stops at the arguments and captures (a
@@ -246,13 +342,23 @@ def gradient_difference(expected, got, wrt, seed=0):
     stop = {id(var) for _, var in wrt}
     backprop(roots_e, grads=seeds_e, within=_region(roots_e, stop))
     backprop(roots_g, grads=seeds_g, within=_region(roots_g, stop))
-    for name, var in wrt:
+    if ref is not NOREF:
+        ref_wrt = list(ref[1])
+        stop_r = {id(var) for var in ref_wrt if var is not None}
+        backprop(roots_r, grads=seeds_r, within=_region(roots_r, stop_r))
+    for k, (name, var) in enumerate(wrt):
         a, b = seeds_e.get(var), seeds_g.get(var)
         if (a is None) != (b is None):
             return (f"the gradient of {name} is {'None' if b is None else 'set'} compiled, "
                     f"{'None' if a is None else 'set'} in eager")
         if a is not None:
-            d = array_difference(a._data, b._data, f"the gradient of {name}", scaled=True)
+            rr = NOREF
+            if ref is not NOREF:
+                rv = ref_wrt[k] if k < len(ref_wrt) else None
+                rg = seeds_r.get(rv) if rv is not None else None
+                rr = None if rg is None else rg._data
+            d = array_difference(a._data, b._data, f"the gradient of {name}", scaled=True,
+                                 soft=soft, ref=rr)
             if d:
                 return d
     return None
@@ -271,3 +377,35 @@ def _region(roots, stop):
             if x.creator is not None and id(x) not in stop:
                 stack.append(x.creator)
     return seen
+
+
+def _float64(a):
+    if a is None:
+        return None
+    a = np.asarray(a)
+    if a.dtype in LOW_PRECISION:
+        return a.astype(np.complex128 if a.dtype.kind == "c" else np.float64)
+    return a.copy()
+
+
+def twin_copy(x, memo):
+    """The float64 twin's copy of an argument leaf: a float32 (float16, complex64)
+    array or Variable's data and .grad made float64; other arrays copied (the twin's
+    run must not change the call's objects); anything else as is. memo: one copy per
+    object (f(x, x) stays aliased)."""
+    if id(x) in memo:
+        return memo[id(x)]
+    if isinstance(x, Variable):
+        # A Constant (backward's seed) and a Parameter stay what they are (the key and
+        # the gradient rules tell them apart).
+        cls = type(x) if type(x) in (Variable, Parameter, Constant) else \
+            Parameter if isinstance(x, Parameter) else Variable
+        y = cls(_float64(x._data), x.name)
+        if x._grad is not None and cls is not Constant:
+            y._grad = Variable(_float64(x._grad._data))
+    elif isinstance(x, np.ndarray):
+        y = _float64(x)
+    else:
+        y = x
+    memo[id(x)] = y
+    return y

@@ -25,8 +25,8 @@ from tracejit import core
 from tracejit.trace import pystate
 from tracejit.trace import record as tracing
 from tracejit.trace.call import trace_call
-from tracejit.runtime.checking import (LiveState, first_difference, gradient_difference,
-                               identity_difference)
+from tracejit.runtime.checking import (NOREF, LiveState, first_difference,
+                                       gradient_difference, identity_difference, twin_copy)
 from tracejit.core import Config, Parameter, Variable
 from tracejit.trace.pytree import ARR, FLT, STATIC, VAR, flatten_args, leaf_key, unflatten
 from tracejit.runtime.signature import PAR, alias_pattern, key_change, key_distance
@@ -574,9 +574,22 @@ class Jitted:
         the same random cotangents (gradients kept aside, the compiled backward graph
         interpreted: nothing is compiled for it), and the gradients of the arguments
         and captured Variables are compared.
-        Returns (what, first difference): what is "value", "identity" or "gradient";
-        None when they agree (also when the perturbation changes the control flow).
+        Returns (what, first difference): what is "frozen" (values differ on the
+        perturbed copies, agree on unperturbed ones: a traced-time value was baked
+        in), "value" (they differ on unperturbed copies too), "identity" or
+        "gradient"; None when they agree (also when the perturbation changes the
+        control flow). float32 value differences are judged by the float64 twin
+        (runtime/checking.py): rounding is no difference.
         """
+        found = self._compare_on_copies(v, args, kwargs, grads_before, perturb=True)
+        if found is None or found[0] != "value":
+            return found
+        again = self._compare_on_copies(v, args, kwargs, grads_before, perturb=False)
+        if again is None or again[0] != "value":
+            return "frozen", found[1]
+        return "value", again[1]
+
+    def _compare_on_copies(self, v, args, kwargs, grads_before, perturb):
         rng = np.random.default_rng(0)
         leaves = []       # in the order _key flattens them (the runner's leaf indices)
         arg_trees = [None if i in self.static_argnums else flatten_args(a, leaves)
@@ -585,14 +598,18 @@ class Jitted:
                     for k in sorted(kwargs)}
         memo = {}         # one copy per object: f(x, x) stays aliased
         grads_before = grads_before or {}
+        copy = _perturbed if perturb else _copied
         p_leaves = [memo[id(x)] if id(x) in memo else
-                    memo.setdefault(id(x), _perturbed(x, rng, grads_before.get(id(x), _NOW)))
+                    memo.setdefault(id(x), copy(x, rng, grads_before.get(id(x), _NOW)))
                     for x in leaves]
-        it = iter(p_leaves)
-        p_args = tuple(a if t is None else unflatten(t, None, it)
-                       for a, t in zip(args, arg_trees))
-        p_kwargs = {k: kwargs[k] if t is None else unflatten(t, None, it)
-                    for k, t in kw_trees.items()}
+
+        def rebuild(new_leaves):
+            it = iter(new_leaves)
+            return (tuple(a if t is None else unflatten(t, None, it)
+                          for a, t in zip(args, arg_trees)),
+                    {k: kwargs[k] if t is None else unflatten(t, None, it)
+                     for k, t in kw_trees.items()})
+        p_args, p_kwargs = rebuild(p_leaves)
         # Only the arguments are perturbed (fresh copies): perturbing captured Parameters
         # in place would show other threads using the same model wrong weights.
         state = LiveState(v, p_leaves)
@@ -603,6 +620,12 @@ class Jitted:
         # What existed before the call: eager returning one of these, compiled must too.
         known = _known_objects(p_leaves, state)
         np_state, py_state = np.random.get_state(), random.getstate()
+        twin = []                     # the float64 twin's run, once it is needed
+
+        def get_twin():
+            if not twin:
+                twin.append(self._twin(v, p_leaves, rebuild, state, np_state))
+            return twin[0]
         try:
             with disable_jit(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -613,15 +636,24 @@ class Jitted:
             np.random.set_state(np_state)
             with np.errstate(all="ignore"):
                 got = self._run(v, p_leaves, *((p_args, p_kwargs) if v.needs_argv else ()))
-            diff = first_difference(expected, got) or state.difference(eager_state)
+            diff = _values_difference(expected, got, state, eager_state, get_twin)
             if diff is not None:
                 return "value", diff
             diff = identity_difference(expected, got, known)
             if diff is not None:
                 return "identity", diff
             v.check_backward = True
+            wrt = self._gradient_names(v, p_leaves)
+            soft = []
             with np.errstate(all="ignore"):
-                diff = gradient_difference(expected, got, self._gradient_names(v, p_leaves))
+                diff = gradient_difference(expected, got, wrt, soft=soft)
+                if diff is None and soft:
+                    t = get_twin()
+                    diff = gradient_difference(
+                        expected, got, wrt, ref=NOREF if t is None else
+                        (t[0], [var for _, var in self._gradient_names(v, t[2])]))
+                    if diff is not None and t is None:
+                        diff += " (the float64 twin raised: rounding cannot be told apart)"
             return None if diff is None else ("gradient", diff)
         except Exception:  # noqa: BLE001 - inconclusive: the perturbed call itself failed
             return None
@@ -631,6 +663,36 @@ class Jitted:
             originals.restore_initial()
             np.random.set_state(np_state)
             random.setstate(py_state)
+
+    def _twin(self, v, leaves, rebuild, state, np_state):
+        """The float64 twin of a check's eager run: eager on copies of `leaves` with
+        float32 made float64 (captured state stays as it is: other threads may read
+        it), from the state `state` holds now, which is put back. (result, a
+        snapshot of `state`'s objects after it or None where they do not line up,
+        the twin's leaves); None if it raises (a function that insists on float32).
+        It starts from `state`'s initial snapshot; the state now is put back after."""
+        now = state.capture()
+        state.restore_initial()
+        memo = {}
+        t_leaves = [twin_copy(x, memo) for x in leaves]
+        t_args, t_kwargs = rebuild(t_leaves)
+        t_state = LiveState(v, t_leaves)
+        py_state = random.getstate()
+        np.random.set_state(np_state)
+        try:
+            with disable_jit(), warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                result = self.fn(*t_args, **t_kwargs)
+            snap = t_state.capture()
+        except Exception:  # noqa: BLE001 - no twin: the difference stands
+            return None
+        finally:
+            t_state.restore_initial()
+            state.restore(now)
+            random.setstate(py_state)
+        aligned = len(t_state.vars) == len(state.vars) and \
+            len(t_state.arrays) == len(state.arrays)
+        return result, snap if aligned else None, t_leaves
 
     @staticmethod
     def _gradient_names(v, leaves):
@@ -687,7 +749,9 @@ class Jitted:
             self._fallback(key, f"the compiled variant raised {type(e).__name__}: {e}")
             self._count("fallbacks")
             return expected
-        diff = first_difference(expected, got) or state.difference(eager_state)
+        diff = _values_difference(expected, got, state, eager_state, lambda: self._twin(
+            v, leaves, functools.partial(_rebuild, args, kwargs, self.static_argnums,
+                                         self.static_argnames), state, rng))
         same_objects = identity_difference(expected, got, known) if diff is None else None
         if diff is None and same_objects is None:
             self._count("hits")
@@ -702,9 +766,10 @@ class Jitted:
             self._fallback(key, f"the compiled call's results are not the objects eager "
                                 f"returns ({same_objects})")
         else:
-            self._fallback(key, f"the compiled variant differs from eager ({diff}); the "
-                                f"function likely computes with NumPy on arrays the "
-                                f"tracer cannot see")
+            self._fallback(key, f"the compiled variant differs from eager ({diff}; "
+                                f"compared: both runs' results and the state they "
+                                f"leave, on this call's arguments); the function likely "
+                                f"computes with NumPy on arrays the tracer cannot see")
         self._count("fallbacks")
         return expected
 
@@ -751,18 +816,24 @@ class Jitted:
         variant.state_changed = pystate.compile_check(variant.state)
         if not call.side_effects:
             frozen = self._perturbation_check(variant, args, kwargs, call.grads_before)
-            if frozen is not None and frozen[0] != "value":
-                self._fallback(key, f"the compiled backward differs from eager's (with "
-                                    f"slightly changed inputs, random cotangents: "
-                                    f"{frozen[1]})" if frozen[0] == "gradient" else
-                               f"the compiled call's results are not the objects eager "
-                               f"returns ({frozen[1]})")
-                raise _TraceDiverged()
             if frozen is not None:
-                frozen = frozen[1]
-                self._fallback(key, f"the traced graph froze a value: with slightly changed "
-                                    f"inputs it differs from eager ({frozen}); something "
-                                    f"the function reads escaped the tracer")
+                what, diff = frozen
+                if what == "frozen":
+                    reason = (f"the traced graph froze a value: on copies of the arguments "
+                              f"changed by up to {_PERTURB:.1%} its results differ from "
+                              f"eager's ({diff}), on unchanged copies they agree; something "
+                              f"the function reads escaped the tracer")
+                elif what == "value":
+                    reason = (f"the compiled variant differs from eager ({diff}; compared: "
+                              f"both runs' results and the state they leave, on copies of "
+                              f"the traced call's arguments, changed or not)")
+                elif what == "gradient":
+                    reason = (f"the compiled backward differs from eager's (with slightly "
+                              f"changed inputs, random cotangents: {diff})")
+                else:
+                    reason = (f"the compiled call's results are not the objects eager "
+                              f"returns ({diff})")
+                self._fallback(key, reason)
                 # The traced call may itself have run differently from eager (a tracer
                 # answering a library's isinstance otherwise): eager's result instead.
                 raise _TraceDiverged()
@@ -816,6 +887,53 @@ def _perturbed(x, rng, grad=_NOW):
     if type(x) is float:
         return x * (1 + _PERTURB * 0.75)
     return x
+
+
+def _copied(x, rng, grad=_NOW):
+    """An unperturbed copy of x (as _perturbed makes, scale 1): the check that tells a
+    frozen value (agrees here) from a graph that computes otherwise (differs here)."""
+    if isinstance(x, Variable):
+        d = x._data
+        cls = Parameter if isinstance(x, Parameter) else \
+            core.Constant if type(x) is core.Constant else Variable
+        y = cls(None if d is None else d.copy(), x.name)
+        g = x._grad if grad is _NOW else grad
+        if g is not None and cls is not core.Constant:
+            y._grad = Variable(g._data.copy()) if isinstance(g, Variable) else \
+                _copied(g, rng)
+        return y
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    return x
+
+
+def _rebuild(args, kwargs, static_argnums, static_argnames, new_leaves):
+    """args and kwargs with their array leaves (flatten_args's order) replaced."""
+    it = iter(new_leaves)
+    scratch = []
+    a = tuple(x if i in static_argnums else unflatten(flatten_args(x, scratch), None, it)
+              for i, x in enumerate(args))
+    k = {n: kwargs[n] if n in static_argnames else
+         unflatten(flatten_args(kwargs[n], scratch), None, it) for n in sorted(kwargs)}
+    return a, {n: k[n] for n in kwargs}
+
+
+def _values_difference(expected, got, state, eager_state, twin):
+    """The first difference of compiled's results and state from eager's; float32
+    differences judged by the float64 twin, run (`twin()`) only when one is found."""
+    soft = []
+    diff = first_difference(expected, got, soft=soft) or \
+        state.difference(eager_state, soft=soft)
+    if diff is not None or not soft:
+        return diff
+    t = twin()
+    if t is None:
+        diff = first_difference(expected, got) or state.difference(eager_state)
+        return f"{diff} (the float64 twin raised: rounding cannot be told apart)"
+    result, snap, _ = t
+    return first_difference(expected, got, ref=result) or (
+        state.difference(eager_state, ref=snap) if snap is not None
+        else state.difference(eager_state))
 
 
 _NOT_USER = tuple({os.path.abspath(p) + os.sep for p in (
