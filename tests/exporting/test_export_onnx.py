@@ -242,14 +242,68 @@ def test_random_draws_and_inplace_updates_are_refused():
 
 
 def test_an_op_without_onnx_form_is_named():
-    def acc(x, t):
-        return F.accuracy(tj.Variable(x), t)
+    def ranks(x, t):
+        return tj.Variable(np.cumsum(tj.Variable(x).data, axis=1)) + t
 
-    ex = tj.export(acc, np.random.rand(4, 3), np.array([0, 1, 2, 0]))
-    with pytest.raises(tj.ExportError, match="no ONNX lowering"):
+    ex = tj.export(ranks, np.random.rand(4, 3), np.random.rand(4, 3))
+    with pytest.raises(tj.ExportError, match="no ONNX lowering: np.cumsum is a NumPy call"):
         ex.to_onnx()
     with pytest.raises(tj.ExportError, match="no primitive"):
         ex.save(os.devnull)
+
+
+def test_accuracy_and_argmax_in_onnx_runtime():
+    # accuracy(): argmax over the classes, == the labels, the mean (an int sum over a
+    # symbolic batch, divided as float64); ArgMax / ArgMin keep NumPy's first extreme.
+    def acc(x, t):
+        return F.accuracy(tj.Variable(x), t)
+
+    def args(n):
+        x = np.random.rand(n, 4)
+        x[0, 1] = x[0, 3] = 2.0                  # a tie: the first maximum
+        return x, np.random.randint(0, 4, n)
+
+    ex = tj.export(acc, *args(6), dynamic={"x": {0: "batch"}, "t": {0: "batch"}})
+    assert "np.argmax" in str(ex)
+    _check(acc, ex, [args(n) for n in (6, 3, 11)])
+
+    def extremes(x):
+        d = tj.Variable(x).data
+        return (np.argmax(d), d.argmin(axis=0, keepdims=True), np.argmax(d, axis=-1),
+                d.argmax(keepdims=True), np.argmin(d, axis=1))
+
+    ex = tj.export(extremes, np.random.rand(5, 3).astype(np.float32),
+                   dynamic={"x": {0: "n"}})
+    _check(extremes, ex, [(np.random.rand(n, 3).astype(np.float32),) for n in (5, 2, 8)])
+
+
+def test_a_float32_cnn_training_step_in_onnx_runtime():
+    # value_and_grad of a CNN step (conv, ReLU, max pooling, Linear, softmax cross-
+    # entropy), float32 as trained: the loss and every gradient, at new batch sizes.
+    rng = np.random.default_rng(15)
+    f32 = np.float32
+
+    def loss(x, t, W, b, W2, b2):
+        h = F.relu(F.conv2d(x, W, b, stride=1, pad=1))
+        p = F.pooling(h, 2, stride=2)
+        y = F.linear(F.reshape(p, (p.shape[0], -1)), W2, b2)
+        return F.softmax_cross_entropy(y, t)
+
+    vg = tj.value_and_grad(loss, argnums=(2, 3, 4, 5))
+
+    def args(n):
+        return (rng.standard_normal((n, 2, 6, 6)).astype(f32), rng.integers(0, 5, n),
+                (rng.standard_normal((4, 2, 3, 3)) * 0.3).astype(f32),
+                (rng.standard_normal(4) * 0.1).astype(f32),
+                (rng.standard_normal((36, 5)) * 0.1).astype(f32),
+                (rng.standard_normal(5) * 0.1).astype(f32))
+
+    ex = tj.export(vg, *args(3), dynamic={"x": {0: "batch"}, "t": {0: "batch"}})
+    assert [s["dtype"] for s in ex.output_specs] == [np.float32] * 5
+    assert str(ex.input_specs[0]["shape"][0]) == "batch"
+    assert {"conv2d", "pooling", "pooling2_dgrad", "conv2_dgrad_w"} <= \
+        {n.name for n in ex.nodes}
+    _check(vg, ex, [args(n) for n in (3, 5, 2, 7)], rtol=1e-4, atol=1e-5)
 
 
 def test_missing_onnx_says_how_to_install(monkeypatch):
@@ -585,3 +639,29 @@ def test_random_programs_in_onnx_runtime_equal_eager(prog):
             got = sess.run(None, dict(zip([i.name for i in sess.get_inputs()], arrays)))
             for g, w in zip(got, _plain(f(*a))):
                 np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+
+
+def test_second_order_gradients_through_max_pooling():
+    # The gradient with respect to x of the squared norm of dL/dW: max pooling's
+    # gradient differentiated again (Pooling2DWithIndexes: the windows' argmax in x
+    # picking the cotangent's elements), conv2d's and its weight gradient's too. float32
+    # in ONNX Runtime.
+    rng = np.random.default_rng(16)
+
+    def loss(x, W):
+        h = F.pooling(F.tanh(F.conv2d(x, W, None, pad=1)), 2, stride=2, pad=1)
+        return F.sum(h * h)
+
+    def grad_norm(x, W):
+        g = tj.grad(loss, argnums=1)(x, W)
+        return F.sum(g * g)
+
+    vg = tj.value_and_grad(grad_norm, argnums=0)
+
+    def args(n):
+        return (rng.standard_normal((n, 2, 5, 5)).astype(np.float32),
+                rng.standard_normal((3, 2, 3, 3)).astype(np.float32))
+
+    ex = tj.export(vg, *args(2), dynamic={"x": {0: "batch"}})
+    assert "pooling2_dwith_indexes" in {n.name for n in ex.nodes}
+    _check(vg, ex, [args(n) for n in (2, 3, 5)], rtol=1e-4, atol=1e-4)

@@ -563,6 +563,21 @@ class Pooling2DWithIndexes(_WithPooledInput):
         idx = _pool_cols(x, k, s, p).argmax(axis=2)[:, :, None]
         return np.take_along_axis(_pool_cols(z, k, s, p), idx, axis=2)[:, :, 0]
 
+    def to_onnx(self, b, node):
+        # The windows of x and of z read through the same position table; each window's
+        # first maximum in x (ArgMax, as NumPy's argmax) picks z's element there.
+        dt = node.out.dtype
+        table, (K, L), _ = _onnx_windows(b, node.inputs[0].shape[2:], self.kernel_size,
+                                         self.stride, self.pad)
+
+        def windows(i, dtype=None):
+            rows = _onnx_padded_rows(b, b.x(node, i, dtype), self.pad)
+            return b.op("Reshape", [b.op("Gather", [rows, table], axis=2),
+                                    b.ints([0, 0, K, L])])
+        first = b.op("ArgMax", [windows(0)], axis=2, keepdims=1)      # (N, C, 1, L)
+        y = b.op("GatherElements", [windows(1, dt), first], axis=2)
+        b.bind(node, b.op("Reshape", [y, b.ints([0, 0] + list(node.out.shape[2:]))]))
+
     def backward(self, gy):
         x, _ = self.inputs
         return None, Pooling2DGrad(self.kernel_size, self.stride, self.pad)(x, gy)

@@ -87,6 +87,41 @@ class NumpyCall(Function):
         y = self.forward(*[np.ones(s.shape, s.dtype) for s in specs])
         return ShapeDtype(y.shape, y.dtype)
 
+    def to_onnx(self, b, node):
+        """Export: the NumPy functions with a standard ONNX form (_ONNX_CALLS); any
+        other call names itself as having none."""
+        lower = _ONNX_CALLS.get(self.func) if self.method in (None, "__call__") else None
+        if lower is None:
+            raise b.unsupported(node, f"{self.op_name} is a NumPy call the tracer kept as "
+                                      f"is, with no ONNX form")
+        lower(self, b, node)
+
+
+def _onnx_arg_reduce(op_type):
+    def lower(call, b, node):
+        # np.argmax / np.argmin(x, axis=None, keepdims=False): ONNX's ArgMax / ArgMin
+        # with select_last_index=0 give the first extreme, as NumPy's do (a NaN, which
+        # NumPy's argmax picks first, has no defined place in ONNX's).
+        kw = dict(call.kwargs)
+        if set(kw) - {"axis", "keepdims"} or len(node.inputs) != 1:
+            raise b.unsupported(node, f"{call.op_name} with {sorted(kw)}")
+        x, rank = b.x(node, 0), len(node.inputs[0].shape)
+        axis, keep = kw.get("axis"), int(bool(kw.get("keepdims", False)))
+        if axis is None:
+            # The flat index; keepdims: a (1, ..., 1) result.
+            flat = b.op("Reshape", [x, b.ints([-1])])
+            y = b.op(op_type, [flat], axis=0, keepdims=0)
+            if keep:
+                y = b.op("Reshape", [y, b.ints([1] * rank)])
+        else:
+            y = b.op(op_type, [x], axis=int(axis) % rank, keepdims=keep,
+                     select_last_index=0)
+        b.bind(node, y, dtype=np.int64)
+    return lower
+
+
+_ONNX_CALLS = {np.argmax: _onnx_arg_reduce("ArgMax"), np.argmin: _onnx_arg_reduce("ArgMin")}
+
 
 # ------------------------------------------------------------ user Functions with state
 
