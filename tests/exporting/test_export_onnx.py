@@ -398,6 +398,77 @@ def test_an_if_tree_of_traced_paths_picks_the_branch_of_each_input():
         np.testing.assert_allclose(ex(x), halve_if_big(x).data, rtol=1e-12)
 
 
+def two_guards(x):
+    x = tj.Variable(x)
+    s = F.sum(x)
+    if float(s.data) > 0:
+        y = x * 2
+        if float(F.max(y).data) > 3:
+            return F.exp(-y), s
+        return y + 1, s
+    return F.sin(x), s * 2
+
+
+def _if_branches(graph):
+    return [a.g for n in graph.node if n.op_type == "If" for a in n.attribute
+            if a.name in ("then_branch", "else_branch")]
+
+
+def test_each_path_runs_only_its_own_ops_inside_its_if_branch():
+    # Three paths (both sides of the first guard, and of the second on its True side).
+    # The main graph computes only what precedes the first guard (sum, the comparison,
+    # the guard's test) and one If; the ops the two sides share after it (y = x * 2 and
+    # its max) are computed once, inside the first If's then-branch, before the second.
+    ex = tj.export(two_guards, np.array([1.0, 2.0]),
+                   paths=[(np.array([0.1, 0.2]),), (np.array([-1.0, 0.2]),)],
+                   dynamic={"x": {0: "n"}})
+    model = ex.to_onnx()
+    # Besides the outputs' Identity nodes and the batch size the branches read (the
+    # Shape of x, a Gather of it).
+    shapes = {n.output[0] for n in model.graph.node if n.op_type == "Shape"
+              and n.input[0] == "x"}
+    outside = [n.op_type for n in model.graph.node if n.op_type != "Identity" and not (
+        n.op_type == "Shape" and n.input[0] == "x") and not (
+        n.op_type == "Gather" and n.input[0] in shapes)]
+    assert outside == ["ReduceSum", "Greater", "Reshape", "If"], outside
+    then_b, else_b = sorted(_if_branches(model.graph), key=lambda g: len(g.node))[::-1]
+    assert [n.op_type for n in else_b.node if n.op_type != "Identity"] == ["Sin", "Mul"]
+    inner = [n.op_type for n in then_b.node if n.op_type != "Identity"]
+    assert inner == ["Mul", "ReduceMax", "Greater", "Reshape", "If"], inner
+    leaves = sorted([n.op_type for n in g.node if n.op_type != "Identity"]
+                    for g in _if_branches(then_b))
+    assert leaves == [["Add"], ["Neg", "Exp"]], leaves
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for x in (np.array([3.0, 1.0, 2.0]), np.array([0.2, 0.1]), np.array([-5.0, 1.0]),
+              np.array([0.5, 0.25, 0.5]), np.array([2.0]), np.array([-0.1, -0.2, 0.0])):
+        y, s, flag = sess.run(None, {"x": x})
+        want_y, want_s = two_guards(x)
+        assert flag
+        np.testing.assert_allclose(y, want_y.data, rtol=1e-12)
+        np.testing.assert_allclose(s, want_s.data, rtol=1e-12)
+        got = ex(x)
+        np.testing.assert_allclose(got[0], want_y.data, rtol=1e-12)
+
+
+def test_a_later_paths_sizes_follow_the_symbolic_dimension():
+    # The second path's mean (a literal n) and reshape (a target (1, n)) are that
+    # path's own symbolic facts, not its example's sizes.
+    def g(x):
+        x = tj.Variable(x)
+        if float(F.sum(x).data) > 0:
+            return x * 2
+        return F.sin(x) + F.mean(x) + F.reshape(x, (1, -1))[0]
+
+    ex = tj.export(g, np.array([1.0, 2.0]), paths=[(np.array([-1.0, 0.2]),)],
+                   dynamic={"x": {0: "n"}})
+    sess = ort.InferenceSession(ex.to_onnx().SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    for x in (np.array([-3.0, 1.0, 0.5, 0.2]), np.array([-1.0]), np.array([4.0, 1, 2])):
+        y, flag = sess.run(None, {"x": x})
+        assert flag
+        np.testing.assert_allclose(y, g(x).data, rtol=1e-12)
+
+
 def test_a_while_loop_exports_per_traced_trip_count():
     # Trip counts 0, 1 and 2 are traced; an input needing 3 takes none of the paths:
     # traced_path is False (and the values zeros), never a silently wrong answer.

@@ -44,7 +44,9 @@ class Builder:
         self._cache = {}
         self.reserved = set(ex.input_names) | set(ex.output_names) | {"traced_path"}
         self.conds = []           # the current path's guard conditions (guard_holds)
-        self.declared = set()     # initializer names declared
+        # Initializer name -> its array: a later path's same constant shares it.
+        self.declared = {}
+        self.paths_first = ex     # b.ex while no path's node is lowered (_if_tree)
 
     # ---- names and ops
 
@@ -292,9 +294,12 @@ def _declare_inputs(b, ex, prefix=""):
                     b.sym_source.setdefault(d.names[0], (nm, axis))
         elif kind == "init" and prefix and nm in b.declared:
             pass                          # the same Parameter as the first path's
+        elif kind == "const" and prefix and nm in b.declared and \
+                _same_param(np.asarray(b.declared[nm]), np.asarray(ex.arrays[nm])):
+            pass                          # the same constant as the first path's
         elif kind != "range":
             b.names[id(v)] = prefix + nm
-            b.declared.add(prefix + nm)
+            b.declared[prefix + nm] = ex.arrays[nm]
             b.initializers.append(numpy_helper.from_array(
                 np.array(ex.arrays[nm], order="C"), prefix + nm))
     for v, kind, nm in zip(ex.inputs, ex.input_kinds, ex.input_names):
@@ -316,56 +321,189 @@ def _lower(b, nodes):
 
 
 def _if_tree(b, paths):
-    """Nested If nodes, one per path: path k's ops up to its last guard run in the
-    enclosing graph (its guards decide), the rest in its then-branch; the innermost
-    else gives zeros and traced_path False."""
-    helper = b.helper
+    """The paths as a tree of If nodes. Paths agree op for op up to a guard whose
+    outcome tells them apart: the ops before it are lowered once, in the enclosing
+    graph (the first guard's: the main graph), and each outcome gets an If whose
+    then-branch holds only the ops of the paths with that outcome, so only the taken
+    path's ops run (a branch reads the enclosing graph's values by name). The last
+    else gives zeros and traced_path False: the inputs took no traced path."""
     for name in b.sym_source:
         b.sym_dim(name)                   # in the main graph: every branch sees them
-    conds, branches = [], []
-    for p in paths:
-        last = max([i for i, n in enumerate(p.nodes) if n.kind == "guard"], default=-1)
-        b.conds = []
-        _lower(b, p.nodes[:last + 1])
-        c = b.conds[0] if b.conds else b.const(np.array(True))
-        for more in b.conds[1:]:
-            c = b.op("And", [c, more])
-        conds.append(c)
-        saved, b.nodes = b.nodes, []
-        _lower(b, p.nodes[last + 1:])
-        outs = [_output_name(b, o) for o in p.outputs] + [b.const(np.array(True))]
-        branches.append(_subgraph(b, outs, p))
-        b.nodes = saved
     first = paths[0]
-    saved, b.nodes = b.nodes, []
-    zeros = []
-    for o in first.outputs:
-        dims = _dims_of(first, o)
-        zeros.append(b.op("Expand", [b.const(np.zeros((), o.dtype)), b.shape(dims)]))
-    else_graph = _subgraph(b, zeros + [b.const(np.array(False))], first)
-    b.nodes = saved
-    n_out = len(first.outputs) + 1
-    for k in range(len(paths) - 1, -1, -1):
-        outs = [b.fresh("if") for _ in range(n_out)]
-        node = helper.make_node("If", [conds[k]], outs, then_branch=branches[k],
-                                else_branch=else_graph)
-        if k == 0:
+    dims = [_common_dims([_dims_of(p, p.outputs[j]) for p in paths])
+            for j in range(len(first.outputs))] + [()]
+    dtypes = [o.dtype for o in first.outputs] + [np.bool_]
+    orders = [_guards_first(p.nodes) for p in paths]
+    return _branch(b, paths, orders, list(range(len(paths))), 0, (dims, dtypes))
+
+
+def _guards_first(nodes):
+    """nodes with each guard moved up to just after the ops it depends on (the
+    optimized graph may schedule a branch's ops before the guard that selects it),
+    the rest in their order: only a guard's own inputs run before it decides."""
+    producer = {id(o): n for n in nodes for o in n.outputs}
+    out, done = [], set()
+
+    def emit_with_inputs(n):
+        stack, need = [n], []
+        while stack:
+            m = stack.pop()
+            if id(m) in done or m in need:
+                continue
+            need.append(m)
+            stack.extend(producer[id(v)] for v in m.inputs if id(v) in producer)
+        pos = {id(m): i for i, m in enumerate(nodes)}
+        for m in sorted(need, key=lambda m: pos[id(m)]):
+            done.add(id(m))
+            out.append(m)
+
+    for n in nodes:
+        if n.kind == "guard":
+            emit_with_inputs(n)
+    for n in nodes:
+        if id(n) not in done:
+            done.add(id(n))
+            out.append(n)
+    return out
+
+
+def _lower_as(b, p, node):
+    # A node of path p: its symbolic shapes, params and literals are p's.
+    b.ex = p
+    try:
+        _lower(b, [node])
+    finally:
+        b.ex = b.paths_first
+
+
+def _branch(b, paths, orders, group, i, specs):
+    """Lower the nodes from position i on of the paths in `group` (which agree on every
+    node before i) into b.nodes; the names of their outputs and of the flag."""
+    while True:
+        ended = [i >= len(orders[k]) for k in group]
+        if all(ended):
+            p = paths[group[0]]
+            return [_output_name(b, o) for o in p.outputs] + [b.const(np.array(True))]
+        nodes = [orders[k][i] if i < len(orders[k]) else None for k in group]
+        if any(ended) or any(n.kind != nodes[0].kind for n in nodes[1:]):
+            raise _diverged(paths, group, i)
+        if nodes[0].kind == "guard":
+            break
+        p0, n0 = paths[group[0]], nodes[0]
+        for k, n in zip(group[1:], nodes[1:]):
+            if not _same_node(b, p0, n0, paths[k], n):
+                raise _diverged(paths, group, i)
+        _lower_as(b, p0, n0)
+        for n in nodes[1:]:               # the same op in the other paths: its names
+            for o0, o in zip(n0.outputs, n.outputs):
+                b.names[id(o)] = b.names[id(o0)]
+        i += 1
+    # A guard: the group's paths by its outcome, each outcome an If on whether it holds.
+    outcomes = {}
+    for k, n in zip(group, nodes):
+        if n.params[0] != nodes[0].params[0] or _operand(b, paths[k], n, 0) != \
+                _operand(b, paths[group[0]], nodes[0], 0):
+            raise _diverged(paths, group, i)
+        outcomes.setdefault(_outcome_key(n.params), []).append(k)
+    parts = [(ks, None) for ks in outcomes.values()]
+    # A bool guard whose two outcomes were both traced: one If, the second outcome its
+    # else (no test for it, no zeros branch).
+    both = nodes[0].params[0] == "bool" and {k[1] for k in outcomes} == {True, False}
+    for j, (ks, _) in enumerate(parts[:-1] if both else parts):
+        b.conds = []
+        _lower_as(b, paths[ks[0]], orders[ks[0]][i])
+        parts[j] = (ks, b.conds[0])
+    if both:
+        saved, b.nodes = b.nodes, []
+        else_graph = _subgraph(b, _branch(b, paths, orders, parts[-1][0], i + 1, specs),
+                               specs)
+        b.nodes = saved
+        parts = parts[:-1]
+    else:
+        else_graph = _none_graph(b, paths[group[0]], specs)
+    for j in range(len(parts) - 1, -1, -1):
+        ks, cond = parts[j]
+        saved, b.nodes = b.nodes, []
+        then_graph = _subgraph(b, _branch(b, paths, orders, ks, i + 1, specs), specs)
+        b.nodes = saved
+        outs = [b.fresh("if") for _ in specs[0]]
+        node = b.helper.make_node("If", [cond], outs, then_branch=then_graph,
+                                  else_branch=else_graph)
+        if j == 0:
             b.nodes.append(node)
             return outs
-        else_graph = _wrap_graph(b, [node], outs, first)
+        else_graph = _wrap_graph(b, [node], outs, specs)
 
 
-def _subgraph(b, srcs, p):
+def _none_graph(b, p, specs):
+    """The last else: zeros of the outputs' shapes (p's), and traced_path False."""
+    saved, b.nodes = b.nodes, []
+    b.ex = p
+    zeros = [b.op("Expand", [b.const(np.zeros((), o.dtype)), b.shape(_dims_of(p, o))])
+             for o in p.outputs]
+    b.ex = b.paths_first
+    graph = _subgraph(b, zeros + [b.const(np.array(False))], specs)
+    b.nodes = saved
+    return graph
+
+
+def _outcome_key(params):
+    conv, expected = params
+    # NaN == NaN as a guard's outcome (Guard.holds).
+    return conv, "nan" if isinstance(expected, float) and expected != expected else expected
+
+
+def _operand(b, p, n, i):
+    """What input i of node n of path p is: an ONNX name, or a literal's value."""
+    v = n.inputs[i]
+    if isinstance(v, Lit):
+        return ("lit", str(v.dtype), repr(p.lit(n, i)))
+    return b.names.get(id(v))
+
+
+def _same_node(b, p0, n0, p, n):
+    """Is node n of path p the op node n0 of path p0 computes (same op, parameters,
+    operands, result types)?"""
+    if n.op is not n0.op or len(n.inputs) != len(n0.inputs) or \
+            len(n.outputs) != len(n0.outputs):
+        return False
+    if not _same_param(p0.node_params(n0), p.node_params(n)):
+        return False
+    if any(_operand(b, p0, n0, i) != _operand(b, p, n, i) or _operand(b, p, n, i) is None
+           for i in range(len(n.inputs))):
+        return False
+    return all(o.dtype == o0.dtype and str(_dims_of(p, o)) == str(_dims_of(p0, o0))
+               for o, o0 in zip(n.outputs, n0.outputs))
+
+
+def _same_param(a, c):
+    if isinstance(a, np.ndarray) or isinstance(c, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(c, np.ndarray) and \
+            a.dtype == c.dtype and np.array_equal(a, c)
+    if isinstance(a, (tuple, list)) and not isinstance(a, Sym):
+        return type(a) is type(c) and len(a) == len(c) and \
+            all(_same_param(x, y) for x, y in zip(a, c))
+    try:
+        return type(a) is type(c) and bool(a == c)
+    except Exception:  # noqa: BLE001 - an object without a plain ==: not the same
+        return a is c
+
+
+def _diverged(paths, group, i):
+    return ExportError(f"to_onnx: the traced paths {', '.join(str(k) for k in group)} "
+                       f"differ at op {i} without a guard between them (internal error)")
+
+
+def _subgraph(b, srcs, specs):
     # A branch's outputs: fresh names (a branch may return an outer value or a
     # constant, which a graph output cannot be directly).
     outs = [b.fresh("out") for _ in srcs]
     nodes = b.nodes + [b.helper.make_node("Identity", [s], [o]) for s, o in zip(srcs, outs)]
-    return _wrap_graph(b, nodes, outs, p)
+    return _wrap_graph(b, nodes, outs, specs)
 
 
-def _wrap_graph(b, nodes, outs, p):
-    dtypes = [o.dtype for o in p.outputs] + [np.bool_]
-    dims = [_dims_of(p, o) for o in p.outputs] + [()]
+def _wrap_graph(b, nodes, outs, specs):
+    dims, dtypes = specs
     infos = [b.helper.make_tensor_value_info(o, b.elem_type(dt), [_dim(x) for x in d])
              for o, dt, d in zip(outs, dtypes, dims)]
     return b.helper.make_graph(nodes, b.fresh("branch"), [], infos)
