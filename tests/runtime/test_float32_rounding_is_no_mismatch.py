@@ -200,3 +200,24 @@ def test_a_frozen_value_in_float32_is_still_called_one(monkeypatch):
     msg = _fallback_message(f, [(tj.Variable(x), tj.Variable(W))
                                 for x, W in _images(np.random.default_rng(7))])
     assert "froze a value" in msg and "on unchanged copies they agree" in msg, msg
+
+
+def test_the_twin_rule_element_by_element():
+    from tracejit.runtime.checking import array_difference
+    # Terms that cancel: eager's and compiled's float32 sums both a few ulps of the
+    # magnitude 10 from the float64 value, 3e-5 apart relative to the element.
+    ref = np.array([10.0, 0.0123456789])
+    eager = ref.astype(np.float32) + np.float32([0, 3e-7 * 10])
+    compiled = eager + np.float32([0, -7e-7])
+    assert array_difference(eager, compiled, "g") is not None          # RTOL alone
+    soft = []
+    assert array_difference(eager, compiled, "g", soft=soft) is None and soft == ["g"]
+    assert array_difference(eager, compiled, "g", ref=ref) is None
+    wrong = eager * np.float32(1.01)
+    msg = array_difference(eager, wrong, "g", ref=ref)
+    assert msg.startswith("g[0]: eager 10.0, compiled 10.1") and "float64 twin" in msg
+    msg = array_difference(eager, compiled, "g", ref=None)
+    assert "no value here" in msg
+    # float64 has no twin: RTOL and ATOL decide, nothing is collected.
+    soft = []
+    assert array_difference(ref, ref * (1 + 1e-4), "g", soft=soft) is not None and not soft

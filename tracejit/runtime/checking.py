@@ -81,15 +81,14 @@ class LiveState:
     def restore_initial(self):
         self.restore(self.initial)
 
-    def difference(self, snap, current=None, soft=None, ref=NOREF):
-        """The first difference of the state now (or of snapshot `current`) from
-        snapshot `snap` (eager's); soft and ref as in array_difference, ref a snapshot
-        of the float64 twin's run."""
+    def difference(self, snap, soft=None, ref=NOREF):
+        """The first difference of the state now from snapshot `snap` (eager's); soft
+        and ref as in array_difference, ref a snapshot of the float64 twin's run."""
         vs, arrs = snap
-        cur_vs, cur_arrs = current if current is not None else self.capture()
         ref_vs, ref_arrs = ref if ref is not NOREF else (None, None)
         for k, (var, (_, data_copy, _, grad_copy)) in enumerate(zip(self.vars, vs)):
-            _, data_now, _, grad_now = cur_vs[k]
+            data_now = var._data
+            grad_now = None if var._grad is None else var._grad._data
             r = ref_vs[k] if ref_vs is not None else (None,) * 4
             name = var.name or "a captured Variable"
             d = array_difference(data_copy, data_now, f"{name}.data", soft=soft,
@@ -103,7 +102,7 @@ class LiveState:
                                      ref=NOREF if ref is NOREF else r[3])
                 if d:
                     return d
-        for k, (c, now) in enumerate(zip(arrs, cur_arrs)):
+        for k, (c, now) in enumerate(zip(arrs, self.arrays)):
             d = array_difference(c, now, "a captured array", soft=soft,
                                  ref=NOREF if ref is NOREF else ref_arrs[k])
             if d:
@@ -345,7 +344,8 @@ def gradient_difference(expected, got, wrt, seed=0, soft=None, ref=NOREF):
     if ref is not NOREF:
         ref_wrt = list(ref[1])
         stop_r = {id(var) for var in ref_wrt if var is not None}
-        backprop(roots_r, grads=seeds_r, within=_region(roots_r, stop_r))
+        if any(y.creator is not None for y in roots_r):
+            backprop(roots_r, grads=seeds_r, within=_region(roots_r, stop_r))
     for k, (name, var) in enumerate(wrt):
         a, b = seeds_e.get(var), seeds_g.get(var)
         if (a is None) != (b is None):
