@@ -712,6 +712,43 @@ def test_random_programs_in_onnx_runtime_equal_eager(prog):
                 np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
 
 
+def test_a_float32_cnn_model_step_with_backward_in_onnx_runtime():
+    # The layers' own step: loss.backward() leaves the gradients on the captured
+    # Parameters, which are the model's outputs by name (conv.W.grad, ...).
+    np.random.seed(17)
+    conv, fc = tj.layers.Conv2d(4, kernel_size=3, pad=1), tj.layers.Linear(5)
+
+    def step(x, t):
+        h = F.pooling(F.relu(conv(x)), 2, stride=2)
+        loss = F.softmax_cross_entropy(fc(F.reshape(h, (h.shape[0], -1))), t)
+        conv.cleargrads()
+        fc.cleargrads()
+        loss.backward()
+        return loss
+
+    def args(n):
+        return (np.random.standard_normal((n, 2, 6, 6)).astype(np.float32),
+                np.random.randint(0, 5, n))
+
+    step(*args(2))                         # the layers' lazy W
+    ex = tj.export(step, *args(3), dynamic={"x": {0: "batch"}, "t": {0: "batch"}})
+    names = [s["name"] for s in ex.output_specs]
+    params = {"conv.W": conv.W, "conv.b": conv.b, "fc.W": fc.W, "fc.b": fc.b}
+    assert set(names) == {"output_0"} | {k + ".grad" for k in params}, names
+    sess = ort.InferenceSession(ex.to_onnx().SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    jf = tj.jit(step)
+    for n in (3, 6, 2):
+        x, t = args(n)
+        got = dict(zip(names, sess.run(None, {"x": x, "t": t})))
+        for run in (jf, step):
+            loss = run(x, t)
+            np.testing.assert_allclose(got["output_0"], loss.data, rtol=1e-5)
+            for k, p in params.items():
+                np.testing.assert_allclose(got[k + ".grad"], p.grad.data, rtol=1e-4,
+                                           atol=1e-6)
+
+
 def test_second_order_gradients_through_max_pooling():
     # The gradient with respect to x of the squared norm of dL/dW: max pooling's
     # gradient differentiated again (Pooling2DWithIndexes: the windows' argmax in x
