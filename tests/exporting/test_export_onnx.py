@@ -598,10 +598,9 @@ def test_a_cnn_forward():
 
 def test_conv_gradients():
     # conv2d's input gradient is a deconv2d, its weight gradient Conv2DGradW; a stride
-    # that does not divide the padded size leaves rows the gradient cuts off. float64:
-    # the jit's first-call check refuses this graph in float32 (a rounding difference it
-    # takes for a frozen value), and ONNX Runtime's CPU Conv has no float64 kernel, so
-    # onnx's reference evaluator runs the model.
+    # that does not divide the padded size leaves rows the gradient cuts off. float64
+    # (exact to 1e-10), which ONNX Runtime's CPU Conv has no kernel for: onnx's
+    # reference evaluator runs the model. (float32 in ONNX Runtime: the CNN step below.)
     from onnx.reference import ReferenceEvaluator
     rng = np.random.default_rng(12)
 

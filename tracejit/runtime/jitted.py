@@ -667,19 +667,21 @@ class Jitted:
     def _twin(self, v, leaves, rebuild, state, np_state):
         """The float64 twin of a check's eager run: eager on copies of `leaves` with
         float32 made float64 (captured state stays as it is: other threads may read
-        it), from the state `state` holds now, which is put back. (result, a
-        snapshot of `state`'s objects after it or None where they do not line up,
-        the twin's leaves); None if it raises (a function that insists on float32).
-        It starts from `state`'s initial snapshot; the state now is put back after."""
+        it), from `state`'s initial snapshot and the NumPy random state `np_state`, as
+        eager's run started; the state as it is now is put back after. Returns
+        (result, a snapshot of `state`'s objects after the run, or None where the
+        twin's do not line up with them, the twin's leaves); None if the twin cannot
+        run (a function that insists on float32): the difference then stands."""
         now = state.capture()
         state.restore_initial()
-        memo = {}
-        t_leaves = [twin_copy(x, memo) for x in leaves]
-        t_args, t_kwargs = rebuild(t_leaves)
-        t_state = LiveState(v, t_leaves)
         py_state = random.getstate()
         np.random.set_state(np_state)
+        t_state = None
         try:
+            memo = {}
+            t_leaves = [twin_copy(x, memo) for x in leaves]
+            t_args, t_kwargs = rebuild(t_leaves)
+            t_state = LiveState(v, t_leaves)
             with disable_jit(), warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")
                 result = self.fn(*t_args, **t_kwargs)
@@ -687,7 +689,8 @@ class Jitted:
         except Exception:  # noqa: BLE001 - no twin: the difference stands
             return None
         finally:
-            t_state.restore_initial()
+            if t_state is not None:
+                t_state.restore_initial()
             state.restore(now)
             random.setstate(py_state)
         aligned = len(t_state.vars) == len(state.vars) and \
