@@ -248,6 +248,17 @@ def test_an_op_without_onnx_form_is_named():
     ex = tj.export(ranks, np.random.rand(4, 3), np.random.rand(4, 3))
     with pytest.raises(tj.ExportError, match="no ONNX lowering: np.cumsum is a NumPy call"):
         ex.to_onnx()
+
+    class Twice(tj.Function):            # a user Function: opaque to export
+        def forward(self, x):
+            return x * 2
+
+        def backward(self, gy):
+            return gy * 2
+
+    ex = tj.export(lambda x: Twice()(tj.Variable(x)), np.random.rand(3))
+    with pytest.raises(tj.ExportError, match="no ONNX lowering"):
+        ex.to_onnx()
     with pytest.raises(tj.ExportError, match="no primitive"):
         ex.save(os.devnull)
 

@@ -250,3 +250,41 @@ def test_a_saved_file_of_several_paths_runs_each_and_converts_to_an_if_tree(tmp_
         np.testing.assert_allclose(out, want, rtol=1e-12)
     with pytest.raises(ValueError, match="another path"):
         m(np.array([9.0, 0.0]))
+
+
+def test_numpy_calls_the_tracer_kept_save_by_name(tmp_path):
+    # accuracy()'s argmax and a cumsum are NumPy calls in the graph: saved as the names
+    # of numpy functions with their keyword arguments, run and converted when loaded.
+    def acc(x, t):
+        return F.accuracy(tj.Variable(x), t)
+
+    def ranks(x):
+        return tj.Variable(np.cumsum(tj.Variable(x).data, axis=1)) * 2
+
+    path = str(tmp_path / "acc.tj")
+    tj.export(acc, np.random.rand(4, 3), np.array([0, 1, 2, 0]),
+              dynamic={"x": {0: "n"}, "t": {0: "n"}}).save(path)
+    m = tj.load(path)
+    for n in (4, 7, 2):
+        x, t = np.random.rand(n, 3), np.random.randint(0, 3, n)
+        np.testing.assert_allclose(m(x, t), acc(x, t).data, rtol=1e-12)
+    m.to_onnx()
+    path = str(tmp_path / "ranks.tj")
+    tj.export(ranks, np.random.rand(4, 3)).save(path)
+    m = tj.load(path)
+    for _ in range(3):
+        x = np.random.rand(4, 3)
+        np.testing.assert_allclose(m(x), ranks(x).data, rtol=1e-12)
+    # A file naming anything but a pure NumPy function is refused, not called.
+    with np.load(path) as z:
+        arrays = dict(z)
+    doc = json.loads(str(arrays["__graph__"][()]))
+    bad = str(tmp_path / "bad.tj")
+    for params in ([{"numpy": "__import__"}, None], [{"numpy": "savetxt"}, None],
+                   [{"numpy": "add"}, "at"]):
+        doc["nodes"][0]["params"][:2] = params
+        arrays["__graph__"] = np.array(json.dumps(doc))
+        with open(bad, "wb") as fh:
+            np.savez(fh, **arrays)
+        with pytest.raises(ValueError, match="no NumPy function a tracejit file may call"):
+            tj.load(bad)

@@ -3,8 +3,9 @@
 The file is one .npz: "__graph__" holds the graph as JSON (format, version, symbols,
 values with their symbolic shapes, ops by primitive name with their declared params,
 inputs, outputs), the other entries the initializers and constants by name. Loading
-rebuilds each op from tracejit.ops.primitive.PRIMITIVES (and the guard op) with its
-params, so nothing of the user's code is needed; running instantiates the graph at
+rebuilds each op from tracejit.ops.primitive.PRIMITIVES (and the guard op, and NumPy
+calls by their function's name in the numpy namespace) with its params, so nothing of
+the user's code is needed; running instantiates the graph at
 the sizes the inputs have and compiles it with the numba backend.
 """
 import json
@@ -45,9 +46,33 @@ def _enc(x, what):
     raise ExportError(f"save: {what} has a parameter {x!r} that has no saved form")
 
 
+# The NumPy functions a file may name besides ufuncs: pure array functions (no file,
+# no memory mapping, no printing), so a loaded file can make its loader call nothing
+# else. A ufunc's "at" (in place) is no saved method either.
+_PURE_NUMPY = frozenset("""argmax argmin argsort sort cumsum cumprod diff around round
+    clip where sum prod mean std var max min amax amin any all count_nonzero flip roll
+    tile repeat concatenate stack searchsorted isclose allclose nan_to_num""".split())
+_UFUNC_METHODS = (None, "__call__", "reduce", "accumulate", "outer", "reduceat")
+
+
+def _numpy_function(name, method=None):
+    # A NumPy call's function, saved by its name in the numpy namespace: a loading
+    # process looks it up there, among pure functions only (no code of the file runs).
+    f = getattr(np, name, None) if isinstance(name, str) and not name.startswith("_") \
+        else None
+    ok = isinstance(f, np.ufunc) and method in _UFUNC_METHODS or \
+        name in _PURE_NUMPY and method in (None, "__call__") and callable(f)
+    if not ok or getattr(f, "__name__", None) != name:
+        raise ValueError(f"np.{name}{'.' + method if method else ''} is no NumPy function "
+                         f"a tracejit file may call")
+    return f
+
+
 def _dec(x):
     from tracejit.ops.arrayops import _ArrayIndex, _Slice
     if isinstance(x, dict):
+        if "numpy" in x:
+            return _numpy_function(x["numpy"])
         if "sym" in x:
             return Sym(x["sym"][0], x["sym"][1])
         if "aidx" in x:
@@ -70,6 +95,8 @@ def _op_class(name):
     from tracejit.core import OPAQUE, Function
     from tracejit.ops import conv, trace_only
     from tracejit.ops.primitive import PRIMITIVES
+    if name == "NumpyCall":
+        return trace_only.NumpyCall       # its function by name (_numpy_params)
     cls = PRIMITIVES.get(name)
     if cls is None:
         for module in (trace_only, conv):
@@ -81,6 +108,22 @@ def _op_class(name):
     if cls is None:
         raise ValueError(f"op {name!r} is not a primitive of this tracejit")
     return cls
+
+
+def _numpy_params(n, what):
+    """A NumPy call the tracer kept (an argmax in accuracy()): saved as the name of a
+    function of the numpy namespace, its ufunc method and its keyword arguments."""
+    fn = n.fn
+    name = getattr(fn.func, "__name__", None)
+    try:
+        if _numpy_function(name, fn.method) is not fn.func:
+            raise ValueError(name)
+    except ValueError:
+        raise ExportError(f"save: {what} calls {name or fn.func!r}, which is no pure "
+                          f"function of the numpy namespace (a ufunc, or one of "
+                          f"saved._PURE_NUMPY): a file cannot hold it") from None
+    return [{"numpy": name}, fn.method,
+            {"tuple": [{"tuple": [k, _enc(v, what)]} for k, v in fn.kwargs]}]
 
 
 def save(ex, path):
@@ -122,13 +165,13 @@ def _document(ex, prefix):
         try:
             _op_class(n.op.__name__)      # only ops a loading process can rebuild
         except ValueError:
-            raise ExportError(f"save: {what} is no primitive (a NumPy call or user "
-                              f"Function the tracer kept as is): a file cannot hold "
-                              f"it") from None
+            raise ExportError(f"save: {what} is no primitive (a user Function the "
+                              f"tracer kept as is): a file cannot hold it") from None
         if n.op.__name__ != "Guard" and getattr(n.op, "params", None) is None:
             raise ExportError(f"save: {what} declares no params")
         nodes.append({"op": n.op.__name__,
-                      "params": [_enc(p, what) for p in ex.node_params(n)],
+                      "params": _numpy_params(n, what) if n.op.__name__ == "NumpyCall"
+                      else [_enc(p, what) for p in ex.node_params(n)],
                       "inputs": [operand(n, i, x) for i, x in enumerate(n.inputs)],
                       "outputs": [val(v) for v in n.outputs], "line": n.line})
     outputs = [({"lit": _enc(o.value, "an output"), "dtype": o.dtype.str}
@@ -189,6 +232,8 @@ def _rebuild(doc, arrays):
     for d in doc["nodes"]:
         cls = _op_class(d["op"])
         p = tuple(_dec(x) for x in d["params"])
+        if d["op"] == "NumpyCall":
+            _numpy_function(p[0].__name__, p[1])     # its method too
         ins, node_lits = [], {}
         for i, x in enumerate(d["inputs"]):
             if "v" in x:
