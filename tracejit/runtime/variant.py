@@ -295,6 +295,8 @@ class Variant:
         # the grad effects whose new .grad is one of them (the same object).
         self.has_creator = call.has_creator
         self.grad_alias = call.grad_alias
+        self.grad_same = call.grad_same
+        self.grad_constant = call.grad_constant
         self.grad_reach = call.grad_reach    # trace.call._grad_reach
         user_outs = [v for kind, v, _ in out_leaves if kind == "out"]
         # Effects on live state, replayed after the graph ran and every guard held:
@@ -320,9 +322,13 @@ class Variant:
         triples = call.made_grads or []
         made_ids = {id(x): m for m, (x, _, _) in enumerate(triples)}
         self.made_grads = []
-        for x, xg, gv in triples:
+        for m, (x, xg, gv) in enumerate(triples):
             if xg is None:
                 self.made_grads.append(None)
+            elif m in call.made_grad_effect:
+                # The .grad a grad effect sets (`y.backward(retain_grad=True)` with
+                # `y = x + 1.0`: y.grad is x.grad, the seed): that object.
+                self.made_grads.append(("effect", call.made_grad_effect[m]))
             elif id(xg) in made_ids:
                 self.made_grads.append(("same", made_ids[id(xg)]))
             else:
@@ -629,7 +635,7 @@ def build_runner(v, leaf_kinds, key=None):
         """The k-th output of the graph: a local of its own when the plan is inline."""
         return f"o{k}" if call is None else f"outs[{k}]"
 
-    if plan is None or v.bwd is not None or v.effects or v.made_grads:
+    if plan is None or v.bwd is not None or v.effects or v.made_grads or v.grad_effects:
         body.append(f"arrays = [{', '.join(names)}]")
         body.append("bwd_arrays = arrays")
 
@@ -689,8 +695,20 @@ def build_runner(v, leaf_kinds, key=None):
         t = target(where, var)
         if gi in v.grad_alias:
             aliased.setdefault(v.grad_alias[gi], []).append(t)
+        elif gi in v.grad_same:
+            body.append(f"{t}._grad = {target(*v.grad_effects[v.grad_same[gi]][0])}._grad")
+        elif slot is None:
+            body.append(f"{t}._grad = None")
         else:
-            body.append(f"{t}._grad = None" if slot is None else f"{t}._grad = wrap({out(slot)})")
+            # A new array, as eager's: the graph may give an input here (a seed passed
+            # through, `y = x + 1.0`, is a constant array of the trace), which the
+            # caller may change in place (ClipGrad) and the next call reads.
+            body.append(f"val = {out(slot)}")
+            body.append("val = val.copy() if any(val is x for x in arrays) or not "
+                        "val.flags.owndata else val")
+            body.append(f"{t}._grad = " + ("Constant(val)" if gi in v.grad_constant
+                                            else "wrap(val)"))
+            env["Constant"] = core.Constant
     # Outputs: each leaf's expression, then the user's structure around them.
     leaves_ = v.out_leaves
     exprs, made = [None] * len(leaves_), []
@@ -804,6 +822,8 @@ def build_runner(v, leaf_kinds, key=None):
     for m, mg in enumerate(v.made_grads or ()):
         if mg is not None and mg[0] == "same":
             body.append(f"{made[m][0]}._grad = {made[mg[1]][0]}")
+        elif mg is not None and mg[0] == "effect":
+            body.append(f"{made[m][0]}._grad = {target(*v.grad_effects[mg[1]][0])}._grad")
         elif mg is not None:
             # A new array: the graph may give an input or constant (the seed's ones) here.
             body.append(f"val = {out(mg[1])}")

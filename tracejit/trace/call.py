@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 
-from tracejit.core import Config, Variable
+from tracejit.core import Config, Constant, Variable
 from tracejit.trace import pystate
 from tracejit.trace import record as tracing
 from tracejit.trace.backward import mutated_inputs, trace_backward
@@ -95,11 +95,33 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         # under no_grad, not a new Variable of plain data): only those get the
         # CompiledFunction as theirs. And a result that is the .grad the call sets
         # is that .grad (`loss.backward(); return x.grad`).
-        grad_of = {id(var._grad): k for k, var in enumerate(tr.grad_writes.values())
-                   if var._grad is not None}
+        made_pos = {}
+        for k, x in enumerate(made):
+            made_pos.setdefault(id(x), k)
         has_creator = [x.creator is not None and x.creator in tr.functions
                        for x in made]
-        grad_alias = {grad_of[id(x)]: k for k, x in enumerate(made) if id(x) in grad_of}
+        # One .grad object on several Variables (`y = x + w; y.backward()`: x.grad is
+        # w.grad, the seed) is one object in compiled calls too: every grad effect
+        # whose .grad is a result is that result, one whose .grad an earlier effect
+        # set is that effect's (grad_same), and a result's .grad that is one of them
+        # is that one (made_grad_effect).
+        grad_alias, grad_same, first_set = {}, {}, {}
+        for gi, (var, _) in enumerate(tr.grad_effects):
+            g = var._grad
+            if g is None:
+                continue
+            if id(g) in made_pos:
+                grad_alias[gi] = made_pos[id(g)]
+            elif id(g) in first_set:
+                grad_same[gi] = first_set[id(g)]
+            first_set.setdefault(id(g), gi)
+        made_grad_effect = {m: first_set[id(xg)] for m, (x, xg, _) in enumerate(tr.made_grads)
+                            if xg is not None and id(xg) in first_set
+                            and id(xg) not in made_pos}
+        # A create_graph seed is a Constant (it stores no gradient): a .grad that is
+        # one stays one.
+        grad_constant = frozenset(gi for gi, (var, _) in enumerate(tr.grad_effects)
+                                  if type(var._grad) is Constant)
         # The traced call's Variables (boundary): used here, never kept (they would
         # keep the first call's arguments alive).
         grad_reach = _grad_reach(tr, made, has_creator, boundary) \
@@ -155,7 +177,8 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         graph=tr.graph, n_inputs=n_inputs, n_nodes=n_nodes, grad_mode=grad_mode,
         leaf_forms=tr.leaf_kinds, out_tree=out_tree, out_leaves=out_leaves,
         made_grads=made_grads, has_random=bool(tr.random_nodes), has_creator=has_creator,
-        grad_alias=grad_alias, grad_reach=grad_reach, escapes=escapes,
+        grad_alias=grad_alias, grad_same=grad_same, made_grad_effect=made_grad_effect,
+        grad_constant=grad_constant, grad_reach=grad_reach, escapes=escapes,
         side_effects=side_effects, result=result, grads_before=grads_before,
         locations=locs, backward=backward,
         mutated=frozenset(mutated_inputs(tr)) if backward is not None else frozenset(),

@@ -213,10 +213,22 @@ def result_leaves(tr, raw):
         if isinstance(x, Variable):
             var_pos.setdefault(id(x), i)
     grad_owner = {id(v): o for v, (k, o) in tr.captures if k == "grad"}
+    # The .grad objects the call set on Variables from outside, as it left them.
+    set_grads = {}
+    for var in tr.grad_writes.values():
+        if var._grad is not None:
+            set_grads.setdefault(id(var._grad), var)
     first = {}
     leaves, objects = [], []
     for i, x in enumerate(raw):
         obj, leaf = _eager_object(tr, x, var_pos, grad_owner, raw)
+        if leaf is not None and leaf[0] in ("wrap", "const") and id(x) in set_grads:
+            # A backward that passes its seed through (`y = x + 1.0; y.backward();
+            # return x.grad`) leaves a .grad no op computed: eager returns that .grad,
+            # the one the variant's grad effect sets, not a new Variable of its array.
+            owner = set_grads[id(x)]
+            leaf = ("arggrad", tr.arg_leaf[id(owner)], VAR) if id(owner) in tr.arg_leaf \
+                else ("capgrad", owner, VAR)
         j = first.setdefault(id(obj), i)
         if j != i:
             leaves.append(Leaf("same", j, None))

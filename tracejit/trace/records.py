@@ -139,6 +139,9 @@ class TracedCall:
     has_random: bool         # the forward draws random numbers
     has_creator: list        # per made result Variable: eager gives it a creator
     grad_alias: dict         # grad effect index -> made result that is that .grad
+    grad_same: dict          # grad effect index -> earlier grad effect: the same .grad
+    made_grad_effect: dict   # made result -> grad effect whose .grad its .grad is
+    grad_constant: frozenset  # grad effect indices whose .grad is a Constant
     grad_reach: Any          # per differentiable input: outputs reaching it; None: all
     escapes: list            # Escapes: why it must run eagerly, the one reported first
     side_effects: list       # SideEffects: what only runs while tracing
