@@ -187,11 +187,6 @@ def test_the_perturbation_check_restores_a_parameter_passed_as_the_argument():
             _same_call(jf, fe, wj, eager_args=(we,), states=(wj, we))
 
 
-@pytest.mark.xfail(strict=True, reason="older than this change: Trace._write_into records an "
-                   "in-place update of an argument array as an effect only when the argument "
-                   "owns its buffer (`whole`); a batch slice X[i:j] updated in place (x *= 2) "
-                   "takes the 'NumPy temporary' branch, so the variant never writes it and the "
-                   "signature falls back ('froze a value')")
 def test_an_in_place_update_of_a_sliced_argument_stays_compiled():
     def f(x):
         x *= 2.0
@@ -250,3 +245,95 @@ def test_a_captured_parameter_passed_as_the_argument():
             _same_call(jf, fe, xj, eager_args=(xe,), states=(pj, pe))
     assert any("passed twice" in str(w.message) for w in seen)
     assert jf.cache_info()["fallbacks"] == 3      # only the three calls with p itself
+
+
+# An in-place update of an argument or captured array that is a view (a batch slice, a
+# column block, a global that is a slice of a bigger buffer) writes through to the
+# caller's buffer, compiled as eagerly; a view that overlaps another input runs eagerly.
+
+@pytest.mark.parametrize("take", [lambda X, k: X[2 * k:2 * k + 2],
+                                  lambda X, k: X[:, k % 3:k % 3 + 2],
+                                  lambda X, k: X[::2][k % 4]],
+                         ids=["rows", "columns", "strided-row"])
+def test_in_place_updates_of_argument_views_write_through(take):
+    def f(x, s):
+        x -= s * x.mean()
+        x *= 2.0
+        return F.sum(F.tanh(Variable(x)))
+
+    jf = tj.jit(f)
+    Xj = np.random.RandomState(0).randn(10, 4)
+    Xe = Xj.copy()
+    for k in range(5):
+        s = 0.1 * (k + 1)
+        _same_call(jf, f, take(Xj, k), s, eager_args=(take(Xe, k), s), states=(Xj, Xe))
+    assert jf.cache_info()["fallbacks"] == 0 and jf.cache_info()["hits"] >= 3
+
+
+def test_disjoint_views_of_one_buffer_as_two_arguments_stay_compiled():
+    def f(a, b):
+        a += b
+        return b * 2.0
+
+    jf = tj.jit(f)
+    Xj = np.arange(12.0).reshape(6, 2)
+    Xe = Xj.copy()
+    for k in range(5):
+        j = k % 3
+        _same_call(jf, f, Xj[2 * j:2 * j + 1], Xj[2 * j + 1:2 * j + 2],
+                   eager_args=(Xe[2 * j:2 * j + 1], Xe[2 * j + 1:2 * j + 2]), states=(Xj, Xe))
+    assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_overlapping_views_as_two_arguments_run_eagerly(record_jit_warnings):
+    def f(a, b):
+        a += 1.0
+        return b * 2.0
+
+    jf = tj.jit(f)
+    Xj = np.arange(12.0)
+    Xe = Xj.copy()
+    for k in range(3):       # disjoint: compiled
+        _same_call(jf, f, Xj[0:3], Xj[6:9], eager_args=(Xe[0:3], Xe[6:9]), states=(Xj, Xe))
+    for k in range(3):       # b overlaps a: eager reads b after the update
+        _same_call(jf, f, Xj[k:k + 3], Xj[k + 2:k + 5],
+                   eager_args=(Xe[k:k + 3], Xe[k + 2:k + 5]), states=(Xj, Xe))
+    assert any("shares memory" in str(w.message) for w in record_jit_warnings)
+
+
+def test_a_view_argument_over_a_captured_array_it_reads_runs_eagerly(record_jit_warnings):
+    def make():
+        X = np.arange(8.0)
+
+        def f(x):
+            x *= 2.0
+            return F.sum(Variable(X) * 1.0)
+        return X, f
+
+    Xj, fj = make()
+    Xe, fe = make()
+    jf = tj.jit(fj)
+    for k in range(3):       # an array of its own: compiled
+        _same_call(jf, fe, np.ones(2) + k, states=(Xj, Xe))
+    for k in range(3):       # a view of X, which it reads after the update
+        _same_call(jf, fe, Xj[k:k + 2], eager_args=(Xe[k:k + 2],), states=(Xj, Xe))
+    assert any("shares memory" in str(w.message) for w in record_jit_warnings)
+
+
+def test_a_captured_array_that_is_a_view_updated_in_place_stays_compiled():
+    def make():
+        buf = np.arange(10.0)
+        K = buf[2:6]                 # a global that is part of a bigger buffer
+
+        def f(x):
+            nonlocal K
+            K *= 0.9                 # in place: K stays the same object
+            return F.sum(x * Variable(K))
+        return buf, K, f
+
+    bj, Kj, fj = make()
+    be, Ke, fe = make()
+    jf = tj.jit(fj)
+    for k in range(5):
+        _same_call(jf, fe, Variable(np.random.randn(4)), states=(bj, be))
+    assert jf.cache_info()["fallbacks"] == 0 and jf.cache_info()["hits"] >= 3

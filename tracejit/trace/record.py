@@ -781,9 +781,26 @@ class Trace(core.TraceHooks):
             cast = self.new_value(base.shape, base.dtype)
             self.graph.nodes.append(Node(F.Cast(base.dtype), [v], [cast], user_line(4)))
             v = cast
+        # The argument or captured array the target is itself (not a view of part of
+        # it): a batch slice X[i:j] passed as the argument is a view, and eager writes
+        # through it into the caller's buffer; so do compiled calls (the runner's
+        # aliasing check sends a call whose updated view overlaps another input to
+        # eager).
+        itself, table = None, None
+        if owner is None and isinstance(target, TracedArray):
+            arg = self.arg_views.get(id(target)) if self.arg_views is not None else None
+            if arg is not None and arg[0] is target and id(arg[2]) in self.arg_arrays:
+                itself, table = arg[2], self.arg_arrays
+            elif target._capture is not None and id(target._capture) in self.captured_arrays:
+                itself, table = target._capture, self.captured_arrays
+            if itself is not None and not _same_layout(base, itself):
+                itself = None
         if owner is not None and self.is_live(owner):
             self.effects.append(("inplace", owner, v))
             owner._tv = v
+        elif itself is not None:
+            self.effects.append(("inplace_array", itself, v))
+            table[id(itself)] = (itself, v)
         elif owner is None and whole and id(root) in self.captured_arrays:
             self.effects.append(("inplace_array", root, v))
             self.captured_arrays[id(root)] = (root, v)
@@ -1084,6 +1101,12 @@ _VIEW_OPS = {
     F.reshape: lambda a, shape: a.reshape(shape),
     F.transpose: lambda a, axes=None: a.transpose(axes),
 }
+
+
+def _same_layout(a, b):
+    # One buffer, one layout: a is b in all but the Python object.
+    return (a.shape == b.shape and a.dtype == b.dtype and a.strides == b.strides
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
 def _root(a):
