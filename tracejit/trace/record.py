@@ -137,6 +137,9 @@ class Trace(core.TraceHooks):
         self.stale_vars = {}         # id(Variable) -> (weakref, (view line, update line)):
                                      # a Function's output that is a view (reshape) of a
                                      # buffer updated in place since (_stale_views)
+        self.buffer_vars = {}        # id(buffer) -> [weakref to Variable]: Variables
+                                     # made of a traced array, holding its buffer as
+                                     # eager's do (_follow_write)
         self.names = {}              # id(obj) -> (obj, "model.l1.W"): how the user names
                                      # a captured Variable or array (pystate's labels)
         # What eager autodiff sees, for replays on Variables (create_graph, unchain):
@@ -249,6 +252,12 @@ class Trace(core.TraceHooks):
         if isinstance(data, TracedArray):
             var._tv = self.array_value(data)
             data = data.view(np.ndarray)
+            # Eager's Variable holds this very buffer (as_variable(K) in `W * K`,
+            # Variable(a)): an in-place update of it later is what the Variable's
+            # later uses read, a backward's among them.
+            # (A view's line, for the warning if part of the buffer is updated.)
+            self.buffer_vars.setdefault(id(_root(data)), []).append(
+                (weakref.ref(var), user_line(3) if data.base is not None else None))
         else:
             var._tv = PENDING
         var._data = data
@@ -620,6 +629,8 @@ class Trace(core.TraceHooks):
         t._tv = tv
         t._owner = var
         t._trace = self
+        # `d = W.data; W.data -= lr * g`: d is W's buffer, updated (_follow_write).
+        self.buffer_vars.setdefault(id(_root(var._data)), []).append((weakref.ref(t), None))
         return t
 
     def write_data(self, var, value):
@@ -815,10 +826,40 @@ class Trace(core.TraceHooks):
             self.effects.append(("inplace_array", base, v))
         else:
             self.escape("an in-place write into a value computed inside the function")
+        if self.buffer_vars:
+            self._follow_write(base, v, owner)
         if isinstance(target, TracedArray):
             target._tv = v
             return target
         return target
+
+    def _follow_write(self, base, v, owner):
+        """An in-place write of value v into base: the Variables made earlier of that
+        very buffer (same layout) now hold v, as eager's read the updated buffer; one
+        holding part of it, or a view of another layout, is stale: used later, the
+        call runs eagerly (the graph cannot split an update of a buffer)."""
+        refs = self.buffer_vars.get(id(_root(base)))
+        if not refs:
+            return
+        for entry in list(refs):
+            ref, line = entry
+            var = ref()
+            if var is None:
+                refs.remove(entry)
+                continue
+            d = var if isinstance(var, TracedArray) else var._data
+            if var is owner or not isinstance(d, np.ndarray):
+                continue
+            if _same_layout(d, base):
+                var._tv = v
+            elif not np.may_share_memory(d, base):
+                continue
+            else:
+                stale = (line or "an earlier line", user_line(4))
+                if isinstance(var, TracedArray):
+                    var._stale = stale
+                else:
+                    self.stale_vars[id(var)] = (ref, stale)
 
     def numpy_call(self, func, args, kwargs, method=None, out=None):
         name = getattr(func, "__name__", func)
