@@ -1,18 +1,44 @@
 """Abstract evaluation: run a function on shapes and dtypes alone (eval_shape).
 
 Each primitive applies its shape rule instead of its forward; `.data` has a shape and
-a dtype and no value to look at.
+a dtype and no value to look at. Nothing the function writes leaks out (_Sandbox): not
+an in-place update of a Variable's data or of an array it reaches (BatchNorm's running
+averages, `W.data -= lr * g`), not a `.data =` or `.grad =`, not an attribute, global
+or dict entry it rebinds where pystate finds it, not a draw from NumPy's or Python's
+global random stream. What the function does in plain Python (print, a list it
+appends to) happens, once, as it runs.
 """
+import random
+
 import numpy as np
 
 from tracejit import core
 from tracejit.core import ShapeDtype, Variable
+from tracejit.trace import pystate
+
+# A captured array up to this size is replaced by a copy while the function runs (its
+# in-place updates go there); a bigger one (a dataset) is made read-only instead, so
+# eval_shape stays cheap: an in-place write into it raises.
+_COPY_BYTES = 1 << 24
 
 
 class _AbstractTrace(core.TraceHooks):
     """Runs a function on shapes alone: each primitive applies its shape rule."""
 
     abstract = True
+
+    def __init__(self):
+        self.kept = {}     # id(Variable) -> (Variable, _data, _grad) before the first write
+
+    def _keep(self, var):
+        if id(var) not in self.kept:
+            self.kept[id(var)] = (var, var._data, var._grad)
+
+    def put_back(self):
+        """Every Variable's data and .grad as the function found them."""
+        for var, data, grad in self.kept.values():
+            var._data, var._grad = data, grad
+        self.kept.clear()
 
     def backward_of(self, fn):
         pass
@@ -35,17 +61,21 @@ class _AbstractTrace(core.TraceHooks):
         var._data = data.view(np.ndarray) if isinstance(data, _ShapeOnly) else data
 
     def read_data(self, var):
-        # Shapes pass through (Variable(x.data), x.data.shape); a value does not.
-        return var._data.view(_ShapeOnly)
+        # Shapes pass through (Variable(x.data), x.data.shape); a value does not. A copy,
+        # not a view: an in-place update of it (`W.data -= ...`, batch_norm's running
+        # averages) must not reach the Variable's buffer. (Its values, not zeros: a
+        # boolean mask of them gives eager's shape.)
+        return np.array(var._data).view(_ShapeOnly)
 
     def write_data(self, var, value):
-        return value
+        self._keep(var)                # put back after the call
+        return value.view(np.ndarray) if isinstance(value, _ShapeOnly) else value
 
     def read_grad(self, var):
         return var._grad
 
     def write_grad(self, var, value):
-        pass
+        self._keep(var)
 
     def literal(self, var, value):
         pass
@@ -75,20 +105,103 @@ def _placeholder(spec):
 
 def eval_shape(fn, *args, **kwargs):
     """Output ShapeDtype(s) of fn for ShapeDtype (or array) arguments, from shape rules."""
+    sandbox = _Sandbox(fn)
+
     def conv(a):
         if isinstance(a, ShapeDtype):
             return Variable(_placeholder(a))
-        return a
+        return sandbox.array(a) if type(a) is np.ndarray else a
 
     args = [conv(a) for a in args]
     kwargs = {k: conv(v) for k, v in kwargs.items()}
-    prev = core.set_trace(_AbstractTrace())
+    tr = _AbstractTrace()
+    prev = core.set_trace(tr)
     try:
         with core.no_grad():
             out = fn(*args, **kwargs)
     finally:
         core.set_trace(prev)
+        tr.put_back()
+        sandbox.put_back()
     return _specs(out)
+
+
+class _Sandbox:
+    """What eval_shape's function can reach outside its arguments (pystate.locations),
+    kept from its writes: arrays there are swapped for copies while it runs (large ones
+    made read-only), and afterwards every location holds what it held, each dict there
+    (an optimizer's per-parameter buffers, a cache) its items, and the random streams
+    their state. Variables' data and .grad are the trace's (_AbstractTrace.put_back)."""
+
+    def __init__(self, fn):
+        from tracejit.optimizers import Optimizer
+        locs = pystate.locations(fn)
+        self.bindings = [(loc, loc.read()) for loc in locs]
+        self.dicts, self.frozen, self.streams = [], [], []
+        seen = set()
+        for loc, val in self.bindings:
+            if id(val) in seen:
+                continue
+            seen.add(id(val))
+            dicts = [val] if type(val) is dict else \
+                [d for d in vars(val).values() if type(d) is dict] \
+                if isinstance(val, Optimizer) else []
+            self.dicts += [(d, dict(d)) for d in dicts]
+            if isinstance(val, (np.random.Generator, np.random.RandomState, random.Random)):
+                self.streams.append((val, _stream_state(val)))
+            elif type(val) is np.ndarray:
+                self.array(val)
+        pystate.swap_arrays([loc for loc in locs if type(loc.read()) is np.ndarray
+                             and loc.read().nbytes <= _COPY_BYTES], np.copy)
+        self.rng, self.py_rng = np.random.get_state(), random.getstate()
+
+    def array(self, a):
+        """An array of the caller's the function may update in place: a copy to use
+        instead, or (large) the array itself, read-only until put_back."""
+        if a.nbytes <= _COPY_BYTES:
+            return a.copy()
+        if a.flags.writeable:
+            a.flags.writeable = False
+            self.frozen.append(a)
+        return a
+
+    def put_back(self):
+        for loc, val in self.bindings:
+            if val is not pystate._MISSING and loc.read() is not val:
+                try:
+                    loc.write(val)
+                except (AttributeError, TypeError):
+                    pass
+        for d, items in self.dicts:
+            if _changed(d, items):
+                d.clear()
+                d.update(items)
+        for a in self.frozen:
+            a.flags.writeable = True
+        np.random.set_state(self.rng)
+        random.setstate(self.py_rng)
+        for gen, state in self.streams:
+            _set_stream_state(gen, state)
+
+
+def _changed(d, items):
+    # By identity: == on arrays is elementwise.
+    return d.keys() != items.keys() or any(d[k] is not v for k, v in items.items())
+
+
+def _stream_state(gen):
+    if isinstance(gen, np.random.Generator):
+        return gen.bit_generator.state
+    return gen.get_state() if isinstance(gen, np.random.RandomState) else gen.getstate()
+
+
+def _set_stream_state(gen, state):
+    if isinstance(gen, np.random.Generator):
+        gen.bit_generator.state = state
+    elif isinstance(gen, np.random.RandomState):
+        gen.set_state(state)
+    else:
+        gen.setstate(state)
 
 
 def _specs(out):
