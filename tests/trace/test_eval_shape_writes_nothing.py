@@ -21,6 +21,8 @@ import tracejit.optimizers as O
 from tracejit import Parameter, Variable
 from tracejit.core import ShapeDtype
 
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
 SPEC = ShapeDtype((8, 3), np.float64)
 
 
@@ -211,3 +213,27 @@ def test_eval_shape_inside_a_jitted_function_changes_only_what_the_function_does
         np.testing.assert_allclose(P.data, before - 0.5)
         np.testing.assert_allclose(y.data, x.data * (before - 0.5))
     assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_eval_shape_inside_jit_of_a_function_updating_a_captured_array_stays_compiled():
+    # The jitted function's captured K is its trace's view there: an in-place update
+    # of it under eval_shape must not become an effect of the compiled calls.
+    K = np.ones(3)
+    W = Parameter(np.ones(3), name="W")
+
+    def inner(a):
+        np.multiply(K, 0.9, out=K)
+        W.data *= 0.5
+        return a * 2.0
+
+    def f(x):
+        tj.eval_shape(inner, x)
+        return x * K * W
+
+    jf = tj.jit(f)
+    for k in range(5):
+        x = Variable(np.full(3, 1.0 + k))
+        np.testing.assert_array_equal(jf(x).data, x.data)
+        np.testing.assert_array_equal(K, np.ones(3))
+        np.testing.assert_array_equal(W.data, np.ones(3))
+    assert jf.cache_info()["fallbacks"] == 0 and jf.cache_info()["hits"] >= 3

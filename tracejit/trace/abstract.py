@@ -149,17 +149,23 @@ class _Sandbox:
             self.dicts += [(d, dict(d)) for d in dicts]
             if isinstance(val, (np.random.Generator, np.random.RandomState, random.Random)):
                 self.streams.append((val, _stream_state(val)))
-            elif type(val) is np.ndarray:
-                self.array(val)
-        pystate.swap_arrays([loc for loc in locs if type(loc.read()) is np.ndarray
-                             and loc.read().nbytes <= _COPY_BYTES], np.copy)
+        for loc, val in self.bindings:
+            # (An enclosing jit's traced view of its capture too: written through, it
+            # would record an effect of the jitted function.)
+            if isinstance(val, np.ndarray) and val.dtype != object:
+                scratch = self.array(val)
+                if scratch is not val:
+                    try:
+                        loc.write(scratch)
+                    except (AttributeError, TypeError):
+                        pass
         self.rng, self.py_rng = np.random.get_state(), random.getstate()
 
     def array(self, a):
-        """An array of the caller's the function may update in place: a copy to use
-        instead, or (large) the array itself, read-only until put_back."""
+        """An array of the caller's the function may update in place: a plain copy to
+        use instead, or (large) the array itself, read-only until put_back."""
         if a.nbytes <= _COPY_BYTES:
-            return a.copy()
+            return np.ndarray.view(a, np.ndarray).copy()
         if a.flags.writeable:
             a.flags.writeable = False
             self.frozen.append(a)
