@@ -537,3 +537,47 @@ def test_results_of_every_kind_leave_no_reference_cycle():
     finally:
         gc.enable()
     assert jf.cache_info()["fallbacks"] == 0
+
+
+# An array the function makes that the graph reads as a constant (np.ones(3), a
+# backward's seed): eager returns a new one each call. The traced call's own result and
+# each compiled call's are arrays of their own; changing one in place changes no other.
+
+@pytest.mark.parametrize("backend", ["numba", "interpret"])
+def test_an_array_made_in_the_call_is_a_new_array_every_call(backend):
+    def f(x):
+        return x * 2.0, np.ones(3)
+
+    compare_with_eager(f, var_arg(), backend=backend)
+    jf = tj.jit(f, backend=backend)     # its traced call's result changed in place too
+    results = []
+    for k in range(CALLS):
+        r = jf(Variable(np.full(3, float(k))))[1]
+        np.testing.assert_array_equal(r, np.ones(3))
+        assert all(r is not s and not np.shares_memory(r, s) for s in results)
+        results.append(r)
+        for s in results:               # what the caller does with its results
+            s += 10.0
+    assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_a_returned_seed_whose_grad_was_cleared_is_a_new_variable_every_call():
+    W = Parameter(np.random.randn(3), name="W")
+
+    def f(x):
+        y = W + 1.0
+        y.backward()
+        r = W.grad
+        W.cleargrad()
+        return r, F.sum(x * W)
+
+    jf = compare_with_eager(f, var_arg(), captured={"W": W})
+    kept = []
+    for k in range(CALLS):
+        W.cleargrad()                   # (the comparison's backward left one)
+        r, _ = jf(Variable(np.random.randn(3)))
+        np.testing.assert_array_equal(r.data, np.ones(3))
+        kept.append(r)
+        for s in kept:
+            s.data *= 3.0
+    assert jf.cache_info()["fallbacks"] == 0

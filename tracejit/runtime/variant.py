@@ -752,6 +752,8 @@ def build_runner(v, leaf_kinds, key=None):
             return f"{const(a)}._data"
         if kind == "const":
             return const(a)
+        if kind == "constcopy":           # an array the call made: new every call
+            return f"{const(a)}.copy()"
         return f"{expr_of(a)}._data"      # vardata: a made or returned Variable's
 
     def expr_of(i):

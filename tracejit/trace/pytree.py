@@ -203,7 +203,9 @@ def result_leaves(tr, raw):
       ("vardata", j, None)      `.data` of the Variable result leaf j
       ("same", j, None)         the object of leaf j again (`return y, y`)
       ("wrap", leaf, VAR)       a new Variable (no creator) of the array `leaf` (one of
-                                the kinds above) is: `Variable(y.data)`
+                                the kinds above) is: `Variable(y.data)`; ("constcopy",
+                                arr, ARR) inside it: a copy of arr, an array the call
+                                made that the graph reads as a constant
     objects[i] is what the traced call itself returns for raw[i] (tracers replaced).
     One object returned twice is one leaf: a variant returns it once, so the gradients
     from both uses add up in its one Variable, as they do in eager.
@@ -237,11 +239,30 @@ def result_leaves(tr, raw):
         if leaf is None:
             leaf = _computed_leaf(tr, x)
         elif leaf[0] == "wrap":
+            if leaf[1][0] == "const" and _made_in_call(tr, leaf[1][1]):
+                # `Variable(np.ones(3))`, a seed returned: an array the call made, which
+                # the graph reads as a constant; eager makes a new one every call.
+                leaf = ("wrap", ("constcopy",) + tuple(leaf[1][1:]), leaf[2])
             # The traced call's own result holds that array object too, as eager's.
             x._data = _wrapped_array(tr, leaf[1], raw)
         leaves.append(Leaf(*leaf))
-        objects.append(strip_tracers(x) if leaf[0] == "out" else obj)
+        if leaf[0] == "out":
+            obj = strip_tracers(x)
+            # Not the graph's constant itself: the caller may change the traced call's
+            # result in place, and compiled calls would return what it made of it.
+            if isinstance(obj, np.ndarray) and _made_in_call(tr, obj):
+                obj = obj.copy()
+            elif isinstance(obj, Variable) and _made_in_call(tr, obj._data):
+                obj._data = obj._data.copy()
+        objects.append(obj)
     return leaves, objects
+
+
+def _made_in_call(tr, arr):
+    """arr is an array the graph reads as a constant that the function made (not one
+    from outside it reads by a name)."""
+    return isinstance(arr, np.ndarray) and id(arr) in tr.captured_arrays and \
+        tr.captured_arrays[id(arr)][0] is arr and id(arr) not in tr.names
 
 
 def _eager_object(tr, x, var_pos, grad_owner, raw):
@@ -328,6 +349,8 @@ def _wrapped_array(tr, inner, raw):
         return a._data
     if kind == "const":
         return a
+    if kind == "constcopy":
+        return a.copy()
     return raw[a]._data
 
 
