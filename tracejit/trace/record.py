@@ -255,9 +255,10 @@ class Trace(core.TraceHooks):
             # Eager's Variable holds this very buffer (as_variable(K) in `W * K`,
             # Variable(a)): an in-place update of it later is what the Variable's
             # later uses read, a backward's among them.
-            # (A view's line, for the warning if part of the buffer is updated.)
-            self.buffer_vars.setdefault(id(_root(data)), []).append(
-                (weakref.ref(var), user_line(3) if data.base is not None else None))
+            # (A part's line, for the warning if the whole buffer is updated.)
+            root = _root(data)
+            self.buffer_vars.setdefault(id(root), []).append(
+                (weakref.ref(var), None if _same_layout(data, root) else user_line(3)))
         else:
             var._tv = PENDING
         var._data = data
