@@ -162,3 +162,15 @@ def test_workers_are_replaced_after_recycle_programs(tmp_path):
     results = fuzz.run_many([(prog, False)] * 4, jobs=1, timeout=60, recycle=2)
     assert [r["cls"] for r in results] == ["match"] * 4, results
     assert len(set(log.read_text().split())) == 2
+
+
+def test_the_state_focus_draws_each_of_its_constructs():
+    # Issue 9's identity and in-place classes (programs.STATE_STEPS): each appears.
+    progs = fuzz.generate(20, seed=3, focus="state")
+    features = set().union(*(p.features for p in progs))
+    for f in ("seed_through_arg", "seed_through_param", "inplace_view_arg",
+              "capture_updated_before_backward", "data_held_across_update",
+              "eval_shape_writes"):
+        assert f in features, features
+    for p in progs:
+        compile(p.source, "<program>", "exec")

@@ -39,8 +39,9 @@ FAILING = ("mismatch", "crash", "hang", "error")
 CLASSES = ("match", "fallback", "rounding", "mismatch", "crash", "hang", "invalid", "error")
 
 
-def generate(n, seed=0, avoid=()):
-    """n distinct programs from `source_programs(avoid=avoid)`, deterministic for a seed."""
+def generate(n, seed=0, avoid=(), focus=None):
+    """n distinct programs from `source_programs(avoid=avoid, focus=focus)`, deterministic
+    for a seed."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
     from tracejit.testing.fuzz.programs import source_programs
@@ -56,7 +57,7 @@ def generate(n, seed=0, avoid=()):
         @hseed(seed * 1_000_003 + k)
         @settings(max_examples=2, database=None, deadline=None, phases=[Phase.generate],
                   suppress_health_check=list(HealthCheck))
-        @given(source_programs(avoid=avoid))
+        @given(source_programs(avoid=avoid, focus=focus))
         def collect(p):
             got.append(p)
 
@@ -314,10 +315,14 @@ def main(argv=None):
     ap.add_argument("--avoid", default="", help="comma-separated constructs to leave out, "
                     "to look past known bugs: " + "; ".join(
                         f"{k}: {v}" for k, v in sorted(AVOIDABLE.items())))
+    ap.add_argument("--focus", default=None, choices=["state"],
+                    help="draw mostly one family of statements: state (a .grad that is a "
+                    "seed passed through, in-place updates of argument views and of "
+                    "buffers before a backward, eval_shape of a function that writes)")
     opts = ap.parse_args(argv)
     t0 = time.monotonic()
     avoid = [a for a in opts.avoid.split(",") if a]
-    programs = generate(opts.programs, opts.seed, avoid)
+    programs = generate(opts.programs, opts.seed, avoid, opts.focus)
     if opts.out:
         os.makedirs(opts.out, exist_ok=True)
     done = [0]

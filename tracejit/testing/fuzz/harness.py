@@ -76,11 +76,15 @@ def _identity(x, args, captures, earlier):
             return f"argument {i}"
         if isinstance(a, Variable) and x is a.data:
             return f"argument {i}'s .data"
+        if isinstance(a, Variable) and a.grad is not None and x is a.grad:
+            return f"argument {i}'s .grad"
     for name, c in captures.items():
         if x is c:
             return f"capture {name}"
         if isinstance(c, Variable) and x is c.data:
             return f"capture {name}'s .data"
+        if isinstance(c, Variable) and c.grad is not None and x is c.grad:
+            return f"capture {name}'s .grad"
     return "new"
 
 

@@ -172,6 +172,7 @@ class Builder:
         self.has_float = False    # a Python float argument s0
         self.updated = set()      # captures updated in place by an inner step
         self.rebinds = set()      # captures f updates with an augmented assignment
+        self.view_args = {}       # ndarray argument -> how it is a view (_view_of)
 
     # ---- helpers
 
@@ -571,10 +572,136 @@ class Builder:
                 v.signed = False
 
 
+# ---------------------------------------------------------------- identity and in-place
+# state (issue 9's soundness classes): a .grad no op computed (a seed passed through),
+# in-place updates of argument views, a buffer updated after an op read it and before
+# a backward, and eval_shape of a function that writes state. Statements of Builder,
+# drawn from STATE_STEPS (weights); `focus="state"` draws mostly these.
+
+def _st_seed_through(self):
+    """A backward whose seed passes through unchanged to an argument's or a captured
+    Parameter's .grad, which is then a value (eager: the seed Variable itself)."""
+    vars_ = [a for a in self.args if a[1] == "var"]
+    use_param = not vars_ or self.draw(st.booleans())
+    if use_param:
+        v = self.pick(lambda w: w.var)
+        nd = self.draw(st.integers(0, min(len(v.shape), 2)))
+        shape = tuple(1 if d == B else d for d in v.shape[len(v.shape) - nd:])
+        c = self.capture(shape, "param", reuse=False)
+        self.updated.add(c[0])
+        target, shape, dtype = c[0], c[2], c[3]
+    else:
+        a = self.draw(st.sampled_from(vars_))
+        target, shape, dtype = a[0], a[2].shape, a[2].dtype
+    y, g = self.fresh("y"), self.fresh("g")
+    chain = self.draw(st.sampled_from(["{t} + 0.5", "{t} - 0.25", "({t} + 0.5) - 0.25",
+                                       "F.reshape({t}, {t}.shape)"]))
+    self.emit(f"{target}.cleargrad()")
+    self.emit(f"{y} = " + chain.format(t=target))
+    retain = self.draw(st.booleans())
+    self.emit(f"{y}.backward(retain_grad={retain})")
+    self.emit(f"{g} = {target}.grad")
+    self.features.add("seed_through_" + ("param" if use_param else "arg"))
+    self.add(g, shape, dtype, 1.0)
+    if retain:
+        self.add(self.fresh(), shape, dtype, 1.0)
+        self.emit(f"{self.vals[-1].name} = {y}.grad")
+        self.features.add("seed_through_retained")
+
+
+def _st_inplace_view_arg(self):
+    """An ndarray argument that is a view of a bigger buffer (a batch slice), updated in
+    place: eager writes through it."""
+    arrs = [a for a in self.args if a[1] == "array"]
+    if not arrs:
+        return self.st_unary()
+    name = self.draw(st.sampled_from(arrs))[0]
+    self.view_args[name] = self.draw(st.sampled_from(["rows", "strided"]))
+    form = self.draw(st.sampled_from(["{a} *= 0.9", "{a} += 0.5",
+                                      "np.multiply({a}, 0.75, out={a})"]))
+    self.emit(form.format(a=name))
+    self.features.add("inplace_view_arg")
+    for v in self.vals:
+        if v.name == name:
+            v.bound += 0.5
+            v.signed = False
+
+
+def _st_update_before_backward(self):
+    """An op reads a captured array (or a Parameter's .data), the buffer is updated in
+    place, then a backward inside: eager's backward reads the updated buffer."""
+    v = self.pick(lambda w: w.var and w.bound <= 10)
+    if v is None:
+        return self.st_unary()
+    nd = self.draw(st.integers(0, min(len(v.shape), 2)))
+    suffix = tuple(1 if d == B else d for d in v.shape[len(v.shape) - nd:])
+    W = self.capture(suffix, "param", reuse=False)[0]
+    self.updated.add(W)
+    loss, name = self.fresh("loss"), self.fresh()
+    if self.draw(st.booleans()):
+        K = self.capture(suffix, "array", reuse=False)[0]
+        self.updated.add(K)
+        self.rebinds.add(K)
+        self.emit(f"{loss} = F.mean(F.tanh({v.name} * {W}) * {K})")
+        self.emit(f"{K} *= 0.9")
+        self.features.add("capture_updated_before_backward")
+    else:
+        d = self.fresh("d")
+        self.emit(f"{d} = {W}.data")
+        self.emit(f"{loss} = F.mean(F.tanh({v.name} * {W}) * {d})")
+        self.emit(f"{W}.data *= 0.5")
+        self.features.add("data_held_across_update")
+    self.emit(f"{W}.cleargrad()")
+    self.emit(f"{loss}.backward()")
+    self.emit(f"{W}.data -= 0.1 * {W}.grad.data")
+    self.emit(f"{name} = F.tanh({v.name} * {W})")
+    self.add(name, v.shape, _dt(v), 1.0)
+
+
+def _st_eval_shape_writes(self):
+    """eval_shape of a helper that writes captured state (a Parameter's data and grad,
+    an array in place, a draw): none of it may happen, eager or compiled."""
+    v = self.pick(lambda w: w.var)
+    nd = self.draw(st.integers(0, min(len(v.shape), 2)))
+    suffix = tuple(1 if d == B else d for d in v.shape[len(v.shape) - nd:])
+    Wc, Kc = self.capture(suffix, "param"), self.capture(suffix, "array")
+    W, K = Wc[0], Kc[0]
+    fn, name = self.fresh("es"), self.fresh()
+    self.emit(f"def {fn}(a):")
+    writes = self.draw(st.lists(st.sampled_from([
+        f"{W}.data -= 0.5 * {W}.data", f"{W}.data[...] = 3.0", f"{W}.grad = a",
+        f"np.multiply({K}, 0.5, out={K})", "np.random.rand(2)",
+        f"{W}.data = {W}.data * 0.0"]), min_size=1, max_size=3, unique=True))
+    for w in writes:
+        self.emit("    " + w)
+    self.emit("    return F.tanh(a) * 2.0")
+    self.emit(f"_ = tj.eval_shape({fn}, {v.name})")
+    self.emit(f"{name} = {v.name} * {W} + {K}")
+    self.features.add("eval_shape_writes")
+    dt = "float64" if "float64" in (v.dtype, Wc[3], Kc[3]) else "float32"
+    self.add(name, v.shape, dt, v.bound + 1)
+
+
+Builder.st_seed_through = _st_seed_through
+Builder.st_inplace_view_arg = _st_inplace_view_arg
+Builder.st_update_before_backward = _st_update_before_backward
+Builder.st_eval_shape_writes = _st_eval_shape_writes
+STATE_STEPS = [("st_seed_through", 1), ("st_inplace_view_arg", 1),
+               ("st_update_before_backward", 1), ("st_eval_shape_writes", 1)]
+
+
+def _view_of(name, how):
+    """Source making argument `name` a view of a bigger buffer (`how`: "rows", a
+    contiguous slice; "strided", every other element)."""
+    if how == "rows":
+        return f"    {name} = np.stack([{name} * 0.0, {name}])[1, ...]"
+    return f"    {name} = np.stack([{name}, {name} * 0.0], axis=-1)[..., 0]"
+
+
 @st.composite
-def source_programs(draw, max_inputs=3, max_steps=9, avoid=()):
+def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     """A random program as source text (see the module docstring); `avoid` names
-    constructs to leave out (AVOIDABLE)."""
+    constructs to leave out (AVOIDABLE); focus="state" draws mostly STATE_STEPS."""
     avoid = frozenset(avoid)
     unknown = avoid - set(AVOIDABLE)
     if unknown:
@@ -617,6 +744,7 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=()):
              (b.st_movement, 2), (b.st_matmul, 1), (b.st_capture_op, 3), (b.st_if, 2),
              (b.st_loop, 1), (b.st_no_grad, 1), (b.st_dropout, 1), (b.st_user_function, 2),
              (b.st_inner_step, 1), (b.st_inplace_arg, 1)]
+    table += [(getattr(b, m), w * (12 if focus == "state" else 1)) for m, w in STATE_STEPS]
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
@@ -760,6 +888,8 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None):
             arr = "a"
         out.append(f"    {name} = tj.Variable({arr})" if kind == "var"
                    else f"    {name} = {arr}")
+        if name in b.view_args:
+            out.append(_view_of(name, b.view_args[name]))
         names.append(name)
     if b.has_float:
         out.append("    s0 = s")
