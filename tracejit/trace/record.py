@@ -137,9 +137,10 @@ class Trace(core.TraceHooks):
         self.stale_vars = {}         # id(Variable) -> (weakref, (view line, update line)):
                                      # a Function's output that is a view (reshape) of a
                                      # buffer updated in place since (_stale_views)
-        self.buffer_vars = {}        # id(buffer) -> [weakref to Variable]: Variables
-                                     # made of a traced array, holding its buffer as
-                                     # eager's do (_follow_write)
+        self.buffer_vars = {}        # id(buffer) -> [(weakref, line of a part)]: the
+                                     # Variables made of a traced array and the .data
+                                     # tracers, holding its buffer as eager's do
+                                     # (_follow_write)
         self.names = {}              # id(obj) -> (obj, "model.l1.W"): how the user names
                                      # a captured Variable or array (pystate's labels)
         # What eager autodiff sees, for replays on Variables (create_graph, unchain):
