@@ -102,10 +102,12 @@ def test_data_and_grad_assignments_and_attribute_rebinding_are_put_back():
         h.arr = np.ones(3)
         h.cache["b"] = x
         h.v = Variable(np.ones(2))
+        h.made = x                            # a new attribute
         return x * 2.0
 
     assert tj.eval_shape(f, SPEC) == SPEC
     assert h.v is v and h.arr is arr and h.k == 1.0 and h.cache == {"a": 1}
+    assert not hasattr(h, "made")
     assert_unchanged(before, (h.v, h.arr))
 
 
@@ -170,9 +172,13 @@ def test_a_lazy_layer_and_an_optimizer_step_are_not_initialized_or_stepped():
         adam.update()
         return loss
 
+    attrs = {k: v for k, v in vars(lin).items()}
     np.random.seed(1)
     assert tj.eval_shape(step, SPEC) == ShapeDtype((), np.float64)
     assert lin.W.data is None and sgd.vs == {} and adam.ms == {} and adam.t == 0
+    # Its first call's bookkeeping (inputs, outputs) is not left behind either.
+    assert vars(lin).keys() == attrs.keys() and all(
+        vars(lin)[k] is v for k, v in attrs.items())
     # The first real call initializes W from the stream eval_shape left where it was.
     lin(np.ones((2, 3)))
     twin = L.Linear(4)

@@ -135,8 +135,11 @@ class _Sandbox:
 
     def __init__(self, fn):
         from tracejit.optimizers import Optimizer
+        self.fn = fn
         locs = pystate.locations(fn)
         self.bindings = [(loc, loc.read()) for loc in locs]
+        self.names = {_where(loc) for loc in locs}
+        self.containers = {id(loc.container) for loc in locs}
         self.dicts, self.frozen, self.streams = [], [], []
         seen = set()
         for loc, val in self.bindings:
@@ -172,6 +175,18 @@ class _Sandbox:
         return a
 
     def put_back(self):
+        # An attribute or global the function created on an object it found (a lazy
+        # layer's, `self.cache = h`): removed, as before the call.
+        for loc in pystate.locations(self.fn):
+            if loc.kind in ("attr", "global") and id(loc.container) in self.containers \
+                    and _where(loc) not in self.names:
+                try:
+                    if loc.kind == "attr":
+                        delattr(loc.container, loc.key)
+                    else:
+                        del loc.container[loc.key]
+                except (AttributeError, TypeError, KeyError):
+                    pass
         for loc, val in self.bindings:
             if val is not pystate._MISSING and loc.read() is not val:
                 try:
@@ -188,6 +203,10 @@ class _Sandbox:
         random.setstate(self.py_rng)
         for gen, state in self.streams:
             _set_stream_state(gen, state)
+
+
+def _where(loc):
+    return (loc.kind, id(loc.container), loc.key)
 
 
 def _changed(d, items):
