@@ -270,6 +270,20 @@ def test_a_create_graph_seed_passed_through_stays_a_constant():
     assert jf(x) is x.grad and type(x.grad) is type(f(Variable(np.ones(3))))
 
 
+def test_a_create_graph_seed_on_two_arguments_is_one_constant():
+    def f(x, w):
+        y = x + w
+        y.backward(create_graph=True)
+        return x.grad, w.grad, F.sum(x * w)
+
+    jf = compare_with_eager(f, lambda rng: (Variable(rng.standard_normal(3)),
+                                            Variable(rng.standard_normal(3))))
+    for _ in range(3):
+        x, w = Variable(np.random.randn(3)), Variable(np.random.randn(3))
+        gx, gw, _ = jf(x, w)
+        assert gx is gw is x.grad is w.grad and type(gx) is tj.core.Constant
+
+
 @pytest.mark.parametrize("backend", ["numba", "interpret"])
 def test_a_passed_through_seed_changed_in_place_is_not_the_next_calls(backend):
     # The seed is an array of the trace the graph reads as a constant: each call's .grad

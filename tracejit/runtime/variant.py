@@ -297,6 +297,8 @@ class Variant:
         self.grad_alias = call.grad_alias
         self.grad_same = call.grad_same
         self.grad_constant = call.grad_constant
+        # Made results eager gives as Constants (a create_graph seed): indices.
+        self.made_constant = frozenset(m for m, c in enumerate(call.made_constant or ()) if c)
         self.grad_reach = call.grad_reach    # trace.call._grad_reach
         user_outs = [v for kind, v, _ in out_leaves if kind == "out"]
         # Effects on live state, replayed after the graph ran and every guard held:
@@ -777,9 +779,12 @@ def build_runner(v, leaf_kinds, key=None):
             exprs[i] = exprs[a]
     structure = structure_source(v.out_tree, iter(exprs), const)
     # core.wrap_array written out: three calls of it were a tenth of a 0-d call.
-    plain = [f"{name} = new(Variable); {name}._data = {out(slot)}; {name}._tv = None; "
+    plain = [f"{name} = new({'Constant' if m in v.made_constant else 'Variable'}); "
+             f"{name}._data = {out(slot)}; {name}._tv = None; "
              f"{name}._grad = None; {name}.name = None; {name}.creator = None; "
-             f"{name}.generation = 0" for name, slot, _ in made]
+             f"{name}.generation = 0" for m, (name, slot, _) in enumerate(made)]
+    if v.made_constant:
+        env["Constant"] = core.Constant
     if v.bwd is not None:
         n_saved_from = v.n_user_outs + v.n_effect_outs
         diff = ", ".join(diff_names[j] if j in diff_names else
@@ -796,7 +801,8 @@ def build_runner(v, leaf_kinds, key=None):
                  "cf.generation = max([x.generation for x in ins])" if v.diff_sources
                  else "cf.generation = 0"]
         inner += [f"{name} = wrap({out(slot)}, cf)" if creator else
-                  f"{name} = wrap({out(slot)})" for name, slot, creator in made]
+                  plain[m] if m in v.made_constant else
+                  f"{name} = wrap({out(slot)})" for m, (name, slot, creator) in enumerate(made)]
         # An output eager gives no creator is not ours either: a dead entry keeps the
         # creator's output slots numbered as the backward graph's gys.
         refs = [f"ref({n})" if c else "dead" for n, _, c in made]

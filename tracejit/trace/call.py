@@ -100,6 +100,9 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             made_pos.setdefault(id(x), k)
         has_creator = [x.creator is not None and x.creator in tr.functions
                        for x in made]
+        # A result that is a create_graph seed (`y = x + w; y.backward(create_graph=
+        # True); return x.grad`) is a Constant in eager: so is the compiled call's.
+        made_constant = [type(x) is Constant for x in made]
         # One .grad object on several Variables (`y = x + w; y.backward()`: x.grad is
         # w.grad, the seed) is one object in compiled calls too: every grad effect
         # whose .grad is a result is that result, one whose .grad an earlier effect
@@ -178,7 +181,8 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         leaf_forms=tr.leaf_kinds, out_tree=out_tree, out_leaves=out_leaves,
         made_grads=made_grads, has_random=bool(tr.random_nodes), has_creator=has_creator,
         grad_alias=grad_alias, grad_same=grad_same, made_grad_effect=made_grad_effect,
-        grad_constant=grad_constant, grad_reach=grad_reach, escapes=escapes,
+        grad_constant=grad_constant, made_constant=made_constant, grad_reach=grad_reach,
+        escapes=escapes,
         side_effects=side_effects, result=result, grads_before=grads_before,
         locations=locs, backward=backward,
         mutated=frozenset(mutated_inputs(tr)) if backward is not None else frozenset(),

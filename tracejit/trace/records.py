@@ -142,6 +142,7 @@ class TracedCall:
     grad_same: dict          # grad effect index -> earlier grad effect: the same .grad
     made_grad_effect: dict   # made result -> grad effect whose .grad its .grad is
     grad_constant: frozenset  # grad effect indices whose .grad is a Constant
+    made_constant: list      # per made result Variable: eager's is a Constant
     grad_reach: Any          # per differentiable input: outputs reaching it; None: all
     escapes: list            # Escapes: why it must run eagerly, the one reported first
     side_effects: list       # SideEffects: what only runs while tracing
