@@ -168,7 +168,8 @@ def test_the_state_focus_draws_each_of_its_constructs():
     # Issue 9's identity and in-place classes (programs.STATE_STEPS): each appears.
     progs = fuzz.generate(20, seed=3, focus="state")
     features = set().union(*(p.features for p in progs))
-    for f in ("seed_through_arg", "seed_through_param", "inplace_view_arg",
+    for f in ("seed_through_arg", "seed_through_param", "seed_through_create_graph",
+              "inplace_view_arg",
               "capture_updated_before_backward", "data_held_across_update",
               "eval_shape_writes"):
         assert f in features, features

@@ -599,7 +599,11 @@ def _st_seed_through(self):
     self.emit(f"{target}.cleargrad()")
     self.emit(f"{y} = " + chain.format(t=target))
     retain = self.draw(st.booleans())
-    self.emit(f"{y}.backward(retain_grad={retain})")
+    # A create_graph seed is a Constant in eager, and stays one.
+    graph = self.draw(st.booleans())
+    self.emit(f"{y}.backward(retain_grad={retain}, create_graph={graph})")
+    if graph:
+        self.features.add("seed_through_create_graph")
     self.emit(f"{g} = {target}.grad")
     self.features.add("seed_through_" + ("param" if use_param else "arg"))
     self.add(g, shape, dtype, 1.0)
