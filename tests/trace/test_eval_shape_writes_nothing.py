@@ -243,3 +243,26 @@ def test_eval_shape_inside_jit_of_a_function_updating_a_captured_array_stays_com
         np.testing.assert_array_equal(K, np.ones(3))
         np.testing.assert_array_equal(W.data, np.ones(3))
     assert jf.cache_info()["fallbacks"] == 0 and jf.cache_info()["hits"] >= 3
+
+
+def test_state_of_an_object_passed_as_an_argument_is_put_back_too():
+    class Counter(L.Layer):
+        def __init__(self):
+            super().__init__()
+            self.bn = L.BatchNorm()
+            self.calls = 0
+            self.stats = {}
+
+        def forward(self, x):
+            self.calls += 1
+            self.stats["last"] = x
+            return self.bn(x)
+
+    m = Counter()
+    m(np.random.randn(8, 3))
+    params = (m.bn.avg_mean, m.bn.avg_var)
+    before, stats = state_of(*params), dict(m.stats)
+    for _ in range(3):
+        assert tj.eval_shape(lambda model, x: model(x), m, SPEC) == SPEC
+        assert m.calls == 1 and m.stats == stats and m.stats["last"] is stats["last"]
+        assert_unchanged(before, params)

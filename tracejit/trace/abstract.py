@@ -8,6 +8,7 @@ or dict entry it rebinds where pystate finds it, not a draw from NumPy's or Pyth
 global random stream. What the function does in plain Python (print, a list it
 appends to) happens, once, as it runs.
 """
+import functools
 import random
 
 import numpy as np
@@ -105,7 +106,11 @@ def _placeholder(spec):
 
 def eval_shape(fn, *args, **kwargs):
     """Output ShapeDtype(s) of fn for ShapeDtype (or array) arguments, from shape rules."""
-    sandbox = _Sandbox(fn)
+    # An object passed as an argument (a model, a config dict) is state the function
+    # reaches too: a partial's bound arguments are roots of pystate's walk.
+    passed = [a for a in list(args) + list(kwargs.values())
+              if not isinstance(a, (ShapeDtype, np.ndarray))]
+    sandbox = _Sandbox(functools.partial(fn, *passed) if passed else fn)
 
     def conv(a):
         if isinstance(a, ShapeDtype):
