@@ -132,8 +132,11 @@ class Trace(core.TraceHooks):
         self.line_of = {}            # Function -> the user line that called it
         self.bwd_line = None         # while backward runs: the line of the op it differentiates
         self.late_escapes = []       # escapes reported after the others
-        self.views = {}              # id(buffer) -> [(weakref to tracer, line)]: views
+        self.views = {}              # id(buffer) -> [(weakref to a tracer or Variable,
+                                     # line, its operand's layout, rebuild)]: views
                                      # NumPy would give of it (_note_view)
+        self._rebuilding = False     # recording a view's rebuilt value (_refresh_views)
+        self._view_call = None       # (fn, args) of the data op _view_of is given
         self.stale_vars = {}         # id(Variable) -> (weakref, (view line, update line)):
                                      # a Function's output that is a view (reshape) of a
                                      # buffer updated in place since (_stale_views)
@@ -286,14 +289,19 @@ class Trace(core.TraceHooks):
             y._tv = v
             self.own(y._data)
             self.owner[id(v)] = y
+        op = _detached(fn) if before is None else self._user_op(fn, before, outs)
+        node = Node(op, ins, outs, self.bwd_line or user_line(3))
+        for y in outputs:
             if isinstance(y._data, np.ndarray) and y._data.base is not None:
                 # Eager's output is a view of a buffer (F.reshape, F.transpose of an
                 # ndarray argument or of x): an in-place update of that buffer later
-                # changes it, the graph computed it from the values before.
-                self.views.setdefault(id(_root(y._data)), []).append(
-                    (weakref.ref(y), self.bwd_line or user_line(3)))
-        op = _detached(fn) if before is None else self._user_op(fn, before, outs)
-        node = Node(op, ins, outs, self.bwd_line or user_line(3))
+                # changes it. One of tracejit's own ops is rebuilt on the buffer's new
+                # value then (_refresh_views); another (a user Function) cannot be.
+                own = len(inputs) == 1 and len(outputs) == 1 and before is None \
+                    and type(fn).__module__.startswith("tracejit")
+                self._note_view(y, inputs[0]._data if own else None,
+                                self.bwd_line or user_line(3),
+                                self._op_rebuilder(node) if own else None)
         # Eager's graph, not just the values: was the call differentiable (no_grad), and
         # is each input the Variable that made its value (or a live input), or a fresh
         # leaf made from data (Variable(x.data), .data arithmetic)? A replay on
@@ -776,6 +784,7 @@ class Trace(core.TraceHooks):
             base = target
         root = _root(base)
         whole = root.shape == base.shape and root.dtype == base.dtype
+        layout = _layout(base)
         view_line = getattr(target, "_view_line", None)
         if view_line is not None:
             # A NumPy view of an argument's or captured buffer (_view_of), written in
@@ -787,13 +796,13 @@ class Trace(core.TraceHooks):
         if base.shape != y.shape:
             self.escape("an in-place operation that broadcasts its output")
         np.copyto(base, y, casting="unsafe")
-        if self.views:
-            self._stale_views(base)
         if y.dtype != base.dtype:
             # `w -= lr * g` with float32 w and a float64 product stays float32, as in NumPy.
             cast = self.new_value(base.shape, base.dtype)
             self.graph.nodes.append(Node(F.Cast(base.dtype), [v], [cast], user_line(4)))
             v = cast
+        if self.views:
+            self._refresh_views(root, layout, v if base.shape == y.shape else None)
         # The argument or captured array the target is itself (not a view of part of
         # it): a batch slice X[i:j] passed as the argument is a view, and eager writes
         # through it into the caller's buffer; so do compiled calls (the runner's
@@ -932,14 +941,15 @@ class Trace(core.TraceHooks):
         if not isinstance(y, Variable):
             return y
         if fn in _VIEW_OPS:
+            self._view_call = (fn, args)
             return self._view_of(x, _VIEW_OPS[fn](x.view(np.ndarray), *args), y)
         return self._wrap(y._data, self.value_of(y))
 
     def _view_of(self, x, numpy_result, y):
         """y's tracer; where NumPy gives a view of x's buffer (`d[0:2]`, reshape, .T), a
         tracer of that view: an in-place update of the buffer later changes it, as in
-        eager (the traced call's own values), while the graph computed it from the
-        values before (see _stale_views)."""
+        eager, and the view's value is then rebuilt from the buffer's new value
+        (_refresh_views)."""
         tv = self.value_of(y)
         if isinstance(numpy_result, np.ndarray) and numpy_result.base is not None \
                 and numpy_result.shape == y._data.shape:
@@ -947,19 +957,86 @@ class Trace(core.TraceHooks):
             if _root(numpy_result) is root:
                 t = self._wrap(numpy_result, tv)
                 t._view_line = user_line(3)
-                self.views.setdefault(id(root), []).append((weakref.ref(t), user_line(3)))
+                fn, args = self._view_call
+                src = x.view(np.ndarray)
+                self._note_view(t, src, user_line(3), self._data_op_rebuilder(fn, src, args))
                 return t
         return self._wrap(y._data, tv)
 
-    def _stale_views(self, buf):
-        """An in-place write into buf: the live views of it taken before are stale (a use
-        of one is what eager computes from the updated buffer: the call runs eagerly)."""
-        for ref, line in self.views.pop(id(_root(buf)), ()):
+    def _note_view(self, target, src, line, rebuild):
+        """target (a Variable or a tracer) holds a NumPy view of src's buffer (src: a
+        plain array, or None: unknown). rebuild(target, value of src) gives target the
+        value it has after src's buffer is written in place (None: it cannot, and a use
+        of target after such a write runs eagerly)."""
+        if self._rebuilding:
+            return                  # the rebuilt value's own temporaries: not views
+        data = target._data if isinstance(target, Variable) else target.view(np.ndarray)
+        root = _root(data)
+        self.views.setdefault(id(root), []).append(
+            (weakref.ref(target), line, None if src is None else _layout(src), rebuild))
+
+    def _op_rebuilder(self, node):
+        """A view made by a tracejit Function (F.reshape(W, ...)): the same op, on the
+        operand's new value, as eager's Variable shows it (its data is the view)."""
+        op, meta_key = node.fn, id(node)
+
+        def rebuild(y, src_value):
+            out = self.new_value(y.shape, y.dtype)
+            fresh = Node(op, [src_value], [out], user_line(2))
+            self.graph.nodes.append(fresh)
+            # Eager's graph is unchanged (y is still op's output of its operand): a
+            # create_graph replay links the rebuilt node as it linked the original.
+            self.grad_meta[id(fresh)] = self.grad_meta[meta_key]
+            self.owner[id(out)] = y
+            y._tv = out
+            return out
+        return rebuild
+
+    def _data_op_rebuilder(self, fn, src, args):
+        """A view of traced data (`W.data.T`, `d[0:2]`): fn(src, *args) recorded again
+        on the new value of its operand src."""
+        def rebuild(t, src_value):
+            var = Variable.__new__(Variable)
+            var._tv, var._data, var._grad = src_value, src, None
+            var.name, var.creator, var.generation = None, None, 0
+            self.created.append(var)
+            self._rebuilding = True
+            try:
+                with core.no_grad():
+                    y = fn(var, *args)
+            finally:
+                self._rebuilding = False
+            t._tv = self.value_of(y)
+            return t._tv
+        return rebuild
+
+    def _refresh_views(self, root, layout, value):
+        """An in-place write of value into the buffer `layout` (a view of root, or root
+        itself): the live views of root taken before show the write in eager. Each
+        whose operand is that buffer, or a view rebuilt here, is rebuilt from the new
+        value, in the order they were taken (a view of a view after its operand); any
+        other is stale (a use of it runs eagerly)."""
+        entries = self.views.pop(id(root), ())
+        fresh = {} if value is None else {layout: value}
+        kept = []
+        for entry in entries:
+            ref, line, src, rebuild = entry
             t = ref()
-            if isinstance(t, Variable):
-                self.stale_vars[id(t)] = (ref, (line, user_line(3)))
-            elif t is not None:
-                t._stale = (line, user_line(3))
+            if t is None:
+                continue
+            src_value = fresh.get(src)
+            if src_value is None or rebuild is None:
+                line = line or "a `.data` read"
+                if isinstance(t, Variable):
+                    self.stale_vars[id(t)] = (ref, (line, user_line(3)))
+                else:
+                    t._stale = (line, user_line(3))
+                continue
+            data = t._data if isinstance(t, Variable) else t.view(np.ndarray)
+            fresh[_layout(data)] = rebuild(t, src_value)
+            kept.append(entry)            # it can be rebuilt again after another write
+        if kept:
+            self.views[id(root)] = kept + self.views.get(id(root), [])
 
     def _check_stale_var(self, var):
         entry = self.stale_vars.get(id(var))
@@ -1156,6 +1233,13 @@ def _root(a):
     while isinstance(a.base, np.ndarray):
         a = a.base
     return a
+
+
+def _layout(a):
+    """The memory an array's values are read from: two arrays of one layout hold the
+    same values (a view of a buffer, made again, is the same view)."""
+    return (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+
 
 
 def _plain(a):
