@@ -24,13 +24,15 @@ _GRAPH_KEY = "__graph__"
 # ---------------------------------------------------------------- encoding
 
 def _enc(x, what):
-    from tracejit.ops.arrayops import _ArrayIndex, _Slice
+    from tracejit.ops.arrayops import _ArrayIndex, _MaskIndex, _Slice
     if isinstance(x, Sym):
         return {"sym": [x.coef, list(x.names)]}
     if x is None or isinstance(x, (bool, str)):
         return x
     if isinstance(x, _ArrayIndex):
         return {"aidx": int(x)}
+    if isinstance(x, _MaskIndex):
+        return {"midx": [int(e) for e in x]}
     if isinstance(x, (int, np.integer)) and not isinstance(x, np.bool_):
         return int(x)
     if isinstance(x, np.bool_):
@@ -69,7 +71,7 @@ def _numpy_function(name, method=None):
 
 
 def _dec(x):
-    from tracejit.ops.arrayops import _ArrayIndex, _Slice
+    from tracejit.ops.arrayops import _ArrayIndex, _MaskIndex, _Slice
     if isinstance(x, dict):
         if "numpy" in x:
             return _numpy_function(x["numpy"])
@@ -77,6 +79,8 @@ def _dec(x):
             return Sym(x["sym"][0], x["sym"][1])
         if "aidx" in x:
             return _ArrayIndex(x["aidx"])
+        if "midx" in x:
+            return _MaskIndex(tuple(x["midx"]))
         if "ellipsis" in x:
             return Ellipsis
         if "slice" in x:

@@ -458,6 +458,22 @@ class _ArrayIndex(int):
     """Marks the position of an index array (an input of GetItem, not a parameter)."""
 
 
+class _MaskIndex(tuple):
+    """(position, count): a boolean mask index (an input of GetItem) with `count` True
+    entries. The result's shape depends on the count, so it is part of the key (a
+    traced mask's count is guarded: a mask with another count is another graph)."""
+
+    def __int__(self):
+        return self[0]
+
+
+def _mask_count(k):
+    """The number of True entries of a boolean mask index: a Python int (guarded by
+    value while tracing, where the mask is traced data)."""
+    data = k.data if isinstance(k, Variable) else k
+    return int(np.count_nonzero(data))
+
+
 def _split_index(key):
     """Split an index into a hashable template and the index arrays it uses."""
     key = static_value(key, "an index")
@@ -468,8 +484,14 @@ def _split_index(key):
         if isinstance(k, slice):
             template.append(_Slice((k.start, k.stop, k.step)))
         elif isinstance(k, Variable) or isinstance(k, (np.ndarray, list)):
-            template.append(_ArrayIndex(len(arrays)))
-            arrays.append(k if isinstance(k, Variable) else np.asarray(k))
+            # An ndarray (a traced argument's too) is kept as it is: np.asarray would
+            # hand a traced array's buffer to NumPy behind the tracer's back.
+            k = k if isinstance(k, (Variable, np.ndarray)) else np.asarray(k)
+            if k.dtype == np.bool_:
+                template.append(_MaskIndex((len(arrays), _mask_count(k))))
+            else:
+                template.append(_ArrayIndex(len(arrays)))
+            arrays.append(k)
         elif k is None or k is Ellipsis or isinstance(k, (int, np.integer)):
             template.append(int(k) if isinstance(k, np.integer) else k)
         else:
@@ -480,10 +502,10 @@ def _split_index(key):
 def _join_index(template, arrays):
     out = []
     for k in template:
-        if isinstance(k, _Slice):
-            out.append(k.as_slice())
-        elif isinstance(k, _ArrayIndex):
+        if isinstance(k, (_ArrayIndex, _MaskIndex)):
             out.append(arrays[int(k)])
+        elif isinstance(k, _Slice):
+            out.append(k.as_slice())
         else:
             out.append(k)
     return tuple(out)
@@ -532,6 +554,9 @@ class GetItem(Primitive):
     def shape_rule(self, x, *indices):
         probe = np.empty(x.shape, dtype=np.bool_)
         idx = [np.zeros(s.shape, s.dtype) for s in indices]
+        for k in self.key:
+            if isinstance(k, _MaskIndex):      # a mask of its count: the result's shape
+                idx[k[0]].reshape(-1)[:k[1]] = True
         try:
             shape = probe[_join_index(self.key, idx)].shape
         except IndexError as e:
@@ -586,7 +611,7 @@ class GetItem(Primitive):
         if not isinstance(key, tuple):
             return None
         for k in key:
-            if isinstance(k, _ArrayIndex) or isinstance(k, (bool, np.bool_)):
+            if isinstance(k, (_ArrayIndex, _MaskIndex)) or isinstance(k, (bool, np.bool_)):
                 return None
             if isinstance(k, _Slice):
                 if len(k) != 3 or not all(
