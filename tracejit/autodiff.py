@@ -25,6 +25,10 @@ def _as_diff_variable(x):
         x = x._value        # left over from another trace: the number it is
     if isinstance(x, (float, int, np.generic)):
         return Variable(np.asarray(x, dtype=np.result_type(x, np.float64)))
+    if tr is not None and isinstance(x, np.ndarray) and getattr(x, "_numpy_scalar", False):
+        # Traced data standing for a NumPy scalar (an np.float32 argument, x.data.sum()):
+        # eager's leaf above, a cast of it.
+        return Variable(x.astype(np.result_type(x.dtype, np.float64)))
     if isinstance(x, np.ndarray):
         return Variable(x)
     raise TypeError(f"grad: cannot differentiate with respect to a {type(x).__name__}")

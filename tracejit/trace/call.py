@@ -66,6 +66,9 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             # (below); this traced call changed copies, which go into the caller's.
             _write_back(tr, (args, kwargs))
             keep = {id(c): path for c, items, path in tr.arg_containers.values()}
+        # An np.float32 argument returned as it came is that object (not written in
+        # place: `s += 1` rebinds eager's s to a new scalar).
+        keep.update((id(t), path) for t, v, path in tr.scalar_args.values() if t._tv is v)
         out_tree = flatten_result(result, out_leaves_raw, keep=keep)
         out_leaves, result_objects = result_leaves(tr, out_leaves_raw)
         tr.grad_effects = [(var, None if var._grad is None else tr.value_of(var._grad))
@@ -134,6 +137,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         tracing.stop(tr, prev)
         tracing.plain_numbers(locs)
         tr.arg_views = None       # tracers hold the trace: no cycle left behind
+        tr.scalar_args = None
         tr.arg_containers = None
         for x in leaves:
             if isinstance(x, Variable):
@@ -286,6 +290,10 @@ def _tracer_args(tr, fn, args, kwargs, leaves, static_argnums, static_argnames):
             t = convert(np.asarray(x), name, path)
             # Its leaf is a new 0-d array each call, not the scalar eager returns.
             tr.arg_views.pop(id(t), None)
+            # Traced data standing for the NumPy scalar eager has (isinstance, type,
+            # np.isscalar, grad's float64 leaf, a NumPy scalar when returned).
+            t._numpy_scalar = True
+            tr.scalar_args[id(t)] = (t, t._tv, path)
             return t
         if type(x) in (tuple, list):
             return type(x)(convert(y, f"{name}_{i}", path + (i,)) for i, y in enumerate(x))

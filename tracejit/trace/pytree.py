@@ -38,8 +38,10 @@ def flatten_args(obj, leaves):
         keys = tuple(obj)
         return ("dict", keys) + tuple(flatten_args(obj[k], leaves) for k in keys)
     if isinstance(obj, np.generic) and obj.dtype.kind == "f":
+        # A 0-d array leaf, keyed apart from a 0-d array argument: eager's code may
+        # tell them apart (isinstance, grad's float64 leaf, the type it returns).
         leaves.append(np.asarray(obj))
-        return ARR
+        return SCALAR
     try:
         hash(obj)
     except TypeError:
@@ -53,6 +55,8 @@ def unflatten(tree, leaves, it=None, bound=None, argv=None):
     it = iter(leaves) if it is None else it
     if tree in (VAR, ARR, FLT):
         return next(it)
+    if tree == SCALAR:
+        return next(it)[()]          # an np.generic argument's 0-d leaf: the scalar
     tag = tree[0]
     bound = {} if bound is None else bound
     if tag == "bind":

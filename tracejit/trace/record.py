@@ -160,6 +160,8 @@ class Trace(core.TraceHooks):
         self.arg_views = {}          # id(tracer of an ndarray/float argument) ->
                                      # (tracer, leaf, argument); None after the call
         self.arg_containers = {}     # id(traced container) -> (it, its items, path in args)
+        self.scalar_args = {}        # id(tracer of an np.generic argument) -> (tracer,
+                                     # its input Value, path in args)
         # Read off the finished call (trace.call): a .grad it set on a Variable from
         # outside, (Variable, Value or None), and on a result it made, (x, x.grad, Value).
         self.grad_effects = []
