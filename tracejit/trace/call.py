@@ -8,12 +8,13 @@ import random
 import numpy as np
 
 from tracejit.core import Config, Constant, Variable
-from tracejit.trace import pystate
+from tracejit.trace import buffers, pystate
 from tracejit.trace import record as tracing
 from tracejit.trace.backward import mutated_inputs, trace_backward
 from tracejit.trace.pytree import (ARR, FLT, VAR, arg_at, arg_names, flatten_result,
                                    result_leaves, strip_tracers, unflatten)
-from tracejit.trace.record import TracedArray, TracedFloat, Trace, wrapped_function
+from tracejit.trace.record import (TracedArray, TracedFloat, Trace, _user_functions,
+                                   wrapped_function)
 from tracejit.trace.records import (BackwardEscape, Effect, Escape, SideEffect, Source, Target,
                                     TracedCall)
 
@@ -48,10 +49,22 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     # float()/int() in the function's own code, and in the user functions it reads
     # (helpers, a Model's forward), give traced Python numbers.
     code_swaps = tracing.swap_scalar_code(locs, fn)
+    for label, t in buffers.reachable_buffer_types(locs):
+        tr.escapes.append((f"{t.__name__} is reachable as {label}: a call of it reads "
+                           f"traced data through the buffer protocol, past the tracer",
+                           def_line))
     try:
+        # C functions that read buffers (struct.unpack_from, zlib.crc32, ...) called
+        # by the user's code: escapes (trace.buffers).
+        # (A function passed as an argument is scanned too: float() in it is not
+        # followed, but a reader it calls is seen.)
+        reached = tracing.reached_user_functions(locs, fn) + [
+            f for a in list(args) + list(kwargs.values()) for f in _user_functions(a)]
+        hook = buffers.install(reached, locs)
         try:
             result = tracing.symbolic_scalars(fn)(*targs, **tkwargs)
         finally:
+            buffers.uninstall(hook)
             tracing.unswap_scalar_code(code_swaps)
             pystate.unswap(swaps)
         out_leaves_raw = []

@@ -46,7 +46,11 @@ _NP_DIR = os.path.dirname(os.path.abspath(np.__file__)) + os.sep
 
 def user_line(skip=2):
     """'file.py:12  source text' of the innermost frame outside tracejit."""
-    f = sys._getframe(skip)
+    return frame_line(sys._getframe(skip))
+
+
+def frame_line(f):
+    """user_line from frame f outward."""
     while f is not None:
         fname = f.f_code.co_filename
         # The package's own files (a sibling `tracejit_runs/train.py` is the user's),
@@ -1471,7 +1475,8 @@ _INTERCEPT = {"float": "__tracejit_float__", "int": "__tracejit_int__",
               "isinstance": "__tracejit_isinstance__", "type": "__tracejit_type__",
               "memoryview": "__tracejit_memoryview__", "bytes": "__tracejit_bytes__",
               "bytearray": "__tracejit_bytearray__"}
-for _n in ("memoryview", "bytes", "bytearray"):
+_BUFFER_TYPE_NAMES = ("memoryview", "bytes", "bytearray")
+for _n in _BUFFER_TYPE_NAMES:
     setattr(builtins, f"__tracejit_{_n}__", _buffer_reader(_n))
 builtins.__tracejit_float__ = _traced_float
 builtins.__tracejit_int__ = _traced_int
@@ -1523,7 +1528,8 @@ def _patched_code(code):
         names = list(code.co_names)
         changed = False
         prev = None
-        for ins in dis.get_instructions(code):
+        instructions = list(dis.get_instructions(code))
+        for k, ins in enumerate(instructions):
             before, prev = prev, ins
             if ins.opcode in _LOAD_METHODS and ins.argval in _NP_SCALAR_NAMES and \
                     before is not None and before.opcode == _LOAD_GLOBAL and \
@@ -1545,15 +1551,20 @@ def _patched_code(code):
                 raw[ins.offset + 1] = arg
                 changed = True
                 continue
-            if ins.opcode != _LOAD_GLOBAL or ins.argval not in _INTERCEPT or \
-                    not ins.arg & 1:          # not loaded to be called
+            if ins.opcode != _LOAD_GLOBAL or ins.argval not in _INTERCEPT:
+                continue
+            if not ins.arg & 1 and not (
+                    ins.argval in _BUFFER_TYPE_NAMES and k + 1 < len(instructions) and
+                    instructions[k + 1].opname.startswith("STORE_")):
+                # Not loaded to be called; but `mv = memoryview` binds the reader that
+                # sees traced data (isinstance(b, mv) then raises: the call runs eagerly).
                 continue
             if ins.offset >= 2 and raw[ins.offset - 2] == _EXTENDED_ARG:
                 continue
             name = _INTERCEPT[ins.argval]
             if name not in names:
                 names.append(name)
-            arg = (names.index(name) << 1) | 1
+            arg = (names.index(name) << 1) | (ins.arg & 1)
             if arg > 255:
                 continue        # would need an EXTENDED_ARG: leave this call alone
             raw[ins.offset + 1] = arg
@@ -1658,6 +1669,18 @@ def _reach_helpers(funcs, roots, limit=256):
                 seen.add(id(g))
                 funcs[id(g)] = g
                 work.append(g)
+
+
+def reached_user_functions(locs, fn=None):
+    """The user functions a trace of fn runs that swap_scalar_code patches: those at
+    its locations, fn's own, and the helpers they call through user modules."""
+    funcs = {}
+    for loc in locs:
+        for f in _user_functions(loc.read()):
+            funcs[id(f)] = f
+    roots = {id(f): f for f in _user_functions(fn)} if fn is not None else {}
+    _reach_helpers(funcs, roots)
+    return list(funcs.values()) + [f for k, f in roots.items() if k not in funcs]
 
 
 def swap_scalar_code(locs, fn=None):
