@@ -173,6 +173,7 @@ class Builder:
         self.updated = set()      # captures updated in place by an inner step
         self.rebinds = set()      # captures f updates with an augmented assignment
         self.view_args = {}       # ndarray argument -> how it is a view (_view_of)
+        self.extra_args = []      # (name, source of its value in args()): escapes block
 
     # ---- helpers
 
@@ -702,6 +703,145 @@ def _view_of(name, how):
     return f"    {name} = np.stack([{name}, {name} * 0.0], axis=-1)[..., 0]"
 
 
+# ---------------------------------------------------------------- escapes (helper "escapes")
+# Views of a captured Parameter taken before an in-place update, index arrays passed as
+# arguments (mixed with slices, negative steps, None, Ellipsis), NumPy scalar arguments,
+# and buffer reads of traced data (struct), each a statement of its own. Extra arguments
+# are (name, source of its value in args(call), with nb, sign and s in scope).
+
+def _escapes_view_then_update(b):
+    """A view of a captured Parameter (F.reshape, F.transpose, a reversed slice, `.data`,
+    `.data.T`) read by an op, the Parameter (or another) updated in place, the view used
+    again: eager's view shows the update, in the forward and in the backward."""
+    v = b.pick(lambda w: w.var)
+    if v is None:
+        return b.st_unary()
+    nd = b.draw(st.integers(0, min(len(v.shape), 2)))
+    suffix = tuple(1 if d == B else d for d in v.shape[len(v.shape) - nd:])
+    c = b.capture(suffix, "param", reuse=False)
+    W = c[0]
+    b.updated.add(W)
+    kinds = ["reshape", "data"] + (["transpose", "data_T"] if nd == 2 else []) + \
+        (["reverse"] if nd >= 1 else [])
+    kind = b.draw(st.sampled_from(kinds))
+    r = b.fresh("view")
+    undo = {"reshape": (f"F.reshape({W}, (-1,))", f"F.reshape({r}, {W}.shape)"),
+            "transpose": (f"F.transpose({W})", f"F.transpose({r})"),
+            "reverse": (f"{W}[..., ::-1]", f"{r}[..., ::-1]"),
+            "data": (f"{W}.data", r), "data_T": (f"{W}.data.T", f"{r}.T")}[kind]
+    b.emit(f"{r} = {undo[0]}")
+    y1, name = b.fresh(), b.fresh()
+    b.emit(f"{y1} = F.tanh({v.name} * {undo[1]})")
+    # (A `.data` view carries no gradient: W.grad stays None, no SGD step from it.)
+    how = b.draw(st.sampled_from(["scale", "other"] + (["sgd"] if kind not in (
+        "data", "data_T") else [])))
+    if how == "scale":
+        b.emit(f"{W}.data *= 0.9")
+    elif how == "sgd":
+        loss = b.fresh("loss")
+        b.emit(f"{loss} = F.mean({y1} ** 2)")
+        b.emit(f"{W}.cleargrad()")
+        b.emit(f"{loss}.backward()")
+        b.emit(f"{W}.data -= 0.1 * {W}.grad.data")
+    else:
+        o = b.capture(suffix, "param", reuse=False)
+        b.updated.add(o[0])
+        b.emit(f"{o[0]}.data -= 0.05 * {o[0]}.data")
+        b.emit(f"{y1} = {y1} * {o[0]}")
+    b.emit(f"{name} = {y1} + F.tanh({v.name} * {undo[1]})")
+    b.features.add(f"view_then_update_{kind}")
+    b.add(name, v.shape, _dt(v), 2.0)
+
+
+def _escapes_index_argument(b):
+    """x[i, ::-1] with i an int ndarray argument: one advanced index among slices (any
+    step), ints, None and Ellipsis."""
+    v = b.pick(lambda w: w.var and len(w.shape) >= 1)
+    if v is None:
+        return b.st_unary()
+    nd = len(v.shape)
+    axis = b.draw(st.integers(0, nd - 1))
+    small = 2 if "size1" in b.avoid else 1
+    k = b.draw(st.integers(small, 3))
+    i = f"i{len(b.extra_args)}"
+    d = v.shape[axis]
+    bound = "nb" if d == B else str(d)
+    b.extra_args.append((i, f"rng.integers(-{bound}, {bound}, size={k})"))
+    key = []
+    for ax, dim in enumerate(v.shape):
+        if ax == axis:
+            key.append(i)
+        elif dim == B or "size1" in b.avoid:
+            key.append(b.draw(st.sampled_from([":", "::-1"])))
+        else:
+            key.append(b.draw(st.sampled_from([":", "::-1", "::2", "-1", "0"])))
+    if "size1" not in b.avoid and b.draw(st.integers(0, 3)) == 0:
+        key.insert(b.draw(st.integers(0, len(key))), "None")
+    if b.draw(st.integers(0, 3)) == 0:
+        while len(key) > 1 and key[-1] == ":":
+            key.pop()
+        key.append("...")
+    # The result's shape, from NumPy on two batch sides (what changes is B).
+    shapes = []
+    for nb in (5, 7):
+        concrete = tuple(nb if dim == B else dim for dim in v.shape)
+        idx = tuple(np.zeros(k, np.int64) if e == i else None if e == "None" else
+                    Ellipsis if e == "..." else eval(f"np.s_[{e}]") for e in key)
+        shapes.append(np.zeros(concrete)[idx].shape)
+    out = tuple(B if a != c else a for a, c in zip(*shapes))
+    if "size1" in b.avoid and 1 in out:
+        return b.st_unary()
+    name = b.fresh()
+    b.emit(f"{name} = {v.name}[{', '.join(key)}] * 1.5")
+    b.features.add("index_argument")
+    b.add(name, out, v.dtype, v.bound * 1.5)
+
+
+def _escapes_numpy_scalar_argument(b):
+    """An np.float32 / np.float64 argument: arithmetic with Variables and Python floats,
+    and sometimes grad with respect to it (eager's leaf is float64)."""
+    v = b.pick(lambda w: w.var)
+    if v is None:
+        return b.st_unary()
+    n = f"n{len(b.extra_args)}"
+    dtype = b.draw(st.sampled_from(["float32", "float64"]))
+    b.extra_args.append((n, f"np.{dtype}(0.5 + s)"))
+    name = b.fresh()
+    if b.draw(st.booleans()):
+        g = b.fresh("g")
+        b.emit(f"{g} = tj.grad(lambda u: F.sum(F.tanh(u * {v.name})))({n})")
+        b.emit(f"{name} = {v.name} * {g} + {n} * 0.5")
+        b.features.add("numpy_scalar_argument_grad")
+        b.add(name, v.shape, "float64", v.bound * 6 + 1)
+    else:
+        b.emit(f"{name} = {v.name} * {n} + ({n} * 2.0 - 1.0)")
+        b.features.add("numpy_scalar_argument")
+        b.add(name, v.shape, "float64" if dtype == "float64" else _dt(v), v.bound * 1.5 + 2)
+
+
+def _escapes_buffer_read(b):
+    """A branch on bytes C code reads from traced data (struct.unpack_from): runs eagerly
+    (warned), never a frozen branch."""
+    ins = [w for w in b.vals if w.signed and w.var and w.name.startswith("x")]
+    v = b.pick(lambda w: w.var)
+    if not ins or v is None:
+        return b.st_unary()
+    src = b.draw(st.sampled_from(ins))
+    fmt = "d" if src.dtype == "float64" else "f"
+    name = b.fresh()
+    b.emit(f"if struct.unpack_from({fmt!r}, {src.name}.data)[0] > 0:")
+    b.emit(f"    {name} = F.tanh({v.name})")
+    b.emit("else:")
+    b.emit(f"    {name} = F.sin({v.name}) * 0.5")
+    b.features.add("buffer_read")
+    b.add(name, v.shape, v.dtype, 1.0)
+
+
+ESCAPES_STEPS = [(_escapes_view_then_update, 1), (_escapes_index_argument, 1),
+                 (_escapes_numpy_scalar_argument, 1), (_escapes_buffer_read, 1)]
+# ---------------------------------------------------------------- end of escapes block
+
+
 @st.composite
 def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     """A random program as source text (see the module docstring); `avoid` names
@@ -749,6 +889,7 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
              (b.st_loop, 1), (b.st_no_grad, 1), (b.st_dropout, 1), (b.st_user_function, 2),
              (b.st_inner_step, 1), (b.st_inplace_arg, 1)]
     table += [(getattr(b, m), w * (12 if focus == "state" else 1)) for m, w in STATE_STEPS]
+    table += [(lambda g=g: g(b), w) for g, w in ESCAPES_STEPS]     # escapes block
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
@@ -833,6 +974,8 @@ def _outputs(b):
 def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None):
     out = ["import numpy as np", "import tracejit as tj", "import tracejit.functions as F",
            "", ""]
+    if "buffer_read" in b.features:
+        out.insert(0, "import struct")
     for k in sorted(b.classes):
         out += [USER_FUNCTIONS[k], ""]
     glob = [c for c in b.captures if c[4] == "global"]
@@ -850,7 +993,8 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None):
         out.append(cap_line(c, b.captures.index(c)))
     if glob:
         out += ["", ""]
-    params = [n for n, *_ in inputs] + (["s0"] if b.has_float else [])
+    params = [n for n, *_ in inputs] + (["s0"] if b.has_float else []) + \
+        [n for n, _ in b.extra_args]
     out.append("def make():")
     if clos:
         out.append("    # captured state, read through the closure")
@@ -898,5 +1042,8 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None):
     if b.has_float:
         out.append("    s0 = s")
         names.append("s0")
+    for name, src in b.extra_args:
+        out.append(f"    {name} = {src}")
+        names.append(name)
     out.append(f"    return ({', '.join(names)}{',' if len(names) == 1 else ''})")
     return "\n".join(out) + "\n"
