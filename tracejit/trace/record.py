@@ -1247,7 +1247,6 @@ def _layout(a):
     return (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
 
 
-
 def _plain(a):
     if isinstance(a, Variable):
         return a._data
