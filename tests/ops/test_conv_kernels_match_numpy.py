@@ -82,3 +82,68 @@ def test_col2im_kernel_equals_numpy(dtype, to_matrix, k, s, p):
     np.testing.assert_allclose(C.col2im_array(b, shape, k, s, p, to_matrix),
                                C._col2im_numpy(b, shape, k, s, p, to_matrix),
                                rtol=tol, atol=tol)
+
+
+def _strided_patches(x, k, s, p):
+    # ops/conv.py's NumPy path: a copy of a strided view of the padded image.
+    return C._patches(x, k, s, p).copy()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", ["random", "nan", "strided"])
+@pytest.mark.parametrize("k,s,p", WINDOWS + [((3, 3), (1, 1), (2, 2)), ((3, 1), (1, 2), (0, 1))])
+def test_im2col_kernel_equals_numpy(dtype, kind, k, s, p):
+    rng = np.random.default_rng(zlib.crc32(repr(("im2col", kind, k, s, p)).encode()))
+    x = _inputs(rng, dtype, kind)
+    got = C.im2col_array(x, k, s, p, to_matrix=False)
+    want = _strided_patches(x, k, s, p)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)      # a copy: bit for bit, NaN included
+
+
+def _conv_reference(x, W, s, p):
+    # The (OH, OW) layout path, float64 sums (the wide path's cut columns are the
+    # difference under test).
+    OC = W.shape[0]
+    col = _strided_patches(x.astype(np.float64), W.shape[2:], s, p)
+    return np.einsum("nckluv,ockl->nouv", col, W.astype(np.float64))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,k,p", [((2, 3, 7, 6), (3, 3), (1, 1)), ((1, 1, 5, 9), (2, 3), (0, 2)),
+                                       ((3, 2, 4, 4), (1, 1), (0, 0)), ((2, 2, 3, 8), (3, 1), (2, 0))])
+def test_wide_stride1_conv_equals_the_patch_product(dtype, shape, k, p):
+    # Stride 1 runs over the wide OH x Wp grid (conv._conv_wide): the same values, and
+    # a NaN or inf pixel reaches exactly the outputs whose windows hold it (the cut
+    # columns read other pixels: none of their products may leak into an output).
+    rng = np.random.default_rng(zlib.crc32(repr((shape, k, p)).encode()))
+    x = rng.standard_normal(shape).astype(dtype)
+    W = rng.standard_normal((4, shape[1]) + k).astype(dtype)
+    for bad in (None, np.nan, np.inf):
+        if bad is not None:
+            x[rng.random(shape) < 0.1] = bad
+        got = C.Conv2d(1, p).forward(x, W)
+        want = _conv_reference(x, W, (1, 1), p)
+        assert got.dtype == np.dtype(dtype) and got.shape == want.shape
+        tol = 1e-5 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(got, want.astype(dtype), rtol=tol, atol=tol, equal_nan=True)
+        assert (np.isnan(got) == np.isnan(want)).all() and (np.isinf(got) == np.isinf(want)).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("C_in,OC", [(1, 16), (16, 4), (3, 3)])
+@pytest.mark.parametrize("k,s,p", WINDOWS)
+def test_weight_gradient_layouts_equal_the_patch_product(dtype, C_in, OC, k, s, p):
+    # Conv2DGradW takes gy @ col^T or (col @ gy^T)^T by the shapes: both are the sum
+    # over images and output pixels of gy * patches.
+    rng = np.random.default_rng(zlib.crc32(repr((C_in, OC, k, s, p)).encode()))
+    x = rng.standard_normal((3, C_in, 7, 6)).astype(dtype)
+    oh, ow = C._out_hw("conv2d", x.shape, k, s, p)
+    gy = rng.standard_normal((3, OC, oh, ow)).astype(dtype)
+    got = C.Conv2DGradW(k, s, p).forward(x, gy)
+    want = np.einsum("nckluv,nouv->ockl", _strided_patches(x.astype(np.float64), k, s, p),
+                     gy.astype(np.float64))
+    assert got.dtype == np.dtype(dtype) and got.shape == want.shape and \
+        got.flags.c_contiguous
+    tol = 1e-4 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)

@@ -112,13 +112,20 @@ def _patches(img, k, s, p):
 
 def im2col_array(img, kernel_size, stride, pad, to_matrix=True):
     """Patches of an NCHW image: (N, C, KH, KW, OH, OW), or (N*OH*OW, C*KH*KW) with
-    to_matrix (DeZero's layout). A strided view of the padded image, copied once."""
+    to_matrix (DeZero's layout). Always a fresh array."""
     k, s, p = _window("im2col", kernel_size, stride, pad)
     N, C, H, W = img.shape
     oh, ow = _out_hw("im2col", img.shape, k, s, p)
+    if not to_matrix and _fast(img):
+        # numba: the patches written straight from the unpadded image (no np.pad copy).
+        col = np.empty((N, C, k[0], k[1], oh, ow), img.dtype)
+        _kernels().im2col(np.ascontiguousarray(img).reshape(-1), col.reshape(-1), N, C, H,
+                          W, k[0], k[1], s[0], s[1], p[0], p[1])
+        return col
+    # The matrix layout (and other dtypes): one copy of a strided view of the padded
+    # image. Always a fresh array: with a 1x1 window, stride 1 and no padding the view is
+    # x's own buffer (read-only), and a result must neither alias an input nor be frozen.
     view = _patches(img, k, s, p)
-    # Always a fresh array: with a 1x1 window, stride 1 and no padding the view is x's
-    # own buffer (read-only), and a result must neither alias an input nor be frozen.
     if to_matrix:
         col = view.transpose(0, 4, 5, 1, 2, 3).reshape(N * oh * ow, -1)
         return col if col.flags.owndata else col.copy()
@@ -168,6 +175,8 @@ def col2im_array(col, img_shape, kernel_size, stride, pad, to_matrix=True):
 def _conv_forward(x, W, s, p):
     OC, C, KH, KW = W.shape
     N = x.shape[0]
+    if s == (1, 1) and _fast(x):
+        return _conv_wide(x, W, p)
     col = im2col_array(x, (KH, KW), s, p, to_matrix=False)
     oh, ow = col.shape[4:]
     # (OC, C*KH*KW) @ (N, C*KH*KW, OH*OW): NCHW comes out directly, no transpose copy.
@@ -176,6 +185,30 @@ def _conv_forward(x, W, s, p):
     # machine (threads spinning for a descheduled partner).
     y = np.matmul(W.reshape(OC, -1), col.reshape(N, C * KH * KW, oh * ow))
     return y.reshape(N, OC, oh, ow)
+
+
+def _conv_wide(x, W, p):
+    """Stride 1: the convolution over the "wide" output grid OH x Wp (Wp the padded
+    width), whose columns are contiguous runs of the padded image (conv_kernels.
+    im2col_wide): a copy at memory speed instead of rows of OW elements, for
+    (Wp - OW) / OW more GEMM columns, cut off at the end. Measured on the W6 CNN's
+    second conv (32x16x14x14 -> 32, 3x3, pad 1; loaded machine): patches 0.07 ms
+    against 0.33 ms in the (OH, OW) layout. The cut columns' products read other
+    pixels and are dropped whatever they hold (a NaN there reaches no output)."""
+    OC, C, KH, KW = W.shape
+    N, _, H, Wd = x.shape
+    Hp, Wp = H + 2 * p[0], Wd + 2 * p[1]
+    oh, ow = Hp - KH + 1, Wp - KW + 1
+    S = Hp * Wp + KW - 1            # each image padded, then KW - 1 spare elements
+    L = oh * Wp
+    xp = np.zeros((N * C, S), x.dtype)
+    it = xp.itemsize
+    as_strided(xp, (N, C, Hp, Wp), (C * S * it, S * it, Wp * it, it))[
+        :, :, p[0]:p[0] + H, p[1]:p[1] + Wd] = x
+    col = np.empty((N, C * KH * KW, L), x.dtype)
+    _kernels().im2col_wide(xp.reshape(-1), col.reshape(-1), N * C, S, KH, KW, Wp, L)
+    y = np.matmul(W.reshape(OC, -1), col)
+    return np.ascontiguousarray(y.reshape(N, OC, oh, Wp)[:, :, :, :ow])
 
 
 def _deconv_forward(x, W, s, p, outsize):
@@ -194,14 +227,21 @@ def _grad_w_forward(x, gy, k, s, p):
     OC = gy.shape[1]
     col = im2col_array(x, k, s, p, to_matrix=False)
     oh, ow = col.shape[4:]
-    # sum_n gy[n] (OC, OH*OW) @ col[n].T (OH*OW, C*KH*KW): per-image GEMMs on the
-    # patches in im2col's own layout (no transposed copy of them or of gy), then a sum
-    # over N. Measured on the W6 CNN's second conv (N=32, 16 -> 32 channels, 14x14),
-    # loaded machine: 1.2 ms, against 20 ms for one (C*KH*KW, N*OH*OW) GEMM (threaded
-    # OpenBLAS, see _conv_forward) and 117 ms for tensordot.
-    col = col.reshape(N, C * k[0] * k[1], oh * ow)
-    gW = np.matmul(gy.reshape(N, OC, oh * ow), col.transpose(0, 2, 1)).sum(axis=0)
-    return gW.reshape(OC, C, k[0], k[1])
+    ckk, L = C * k[0] * k[1], oh * ow
+    # Per-image GEMMs on the patches in im2col's own layout, then a sum over N: one
+    # (C*KH*KW, N*OH*OW) GEMM is threaded OpenBLAS (see _conv_forward), tensordot was
+    # 100x slower. OpenBLAS is slow on a transposed (L, C*KH*KW) operand when C*KH*KW
+    # is large: there gW^T = col @ gy^T with gy^T copied (small). Measured, loaded
+    # machine, on the W6 CNN's convs: 32x16x14x14 -> 32 (C*KH*KW 144): 0.59 ms against
+    # 1.17 ms for gy @ col^T; 32x1x28x28 -> 16 (C*KH*KW 9): 0.26 ms against 0.08 ms.
+    col = col.reshape(N, ckk, L)
+    gy = gy.reshape(N, OC, L)
+    if ckk >= 2 * OC:
+        gyt = np.ascontiguousarray(gy.transpose(0, 2, 1))
+        gW = np.matmul(col, gyt).sum(axis=0).T
+    else:
+        gW = np.matmul(gy, col.transpose(0, 2, 1)).sum(axis=0)
+    return np.ascontiguousarray(gW).reshape(OC, C, k[0], k[1])
 
 
 # ---------------------------------------------------------------- shape checks
