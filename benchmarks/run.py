@@ -27,11 +27,16 @@ import warnings
 # --blas-threads N sets OpenBLAS's thread count, which it reads when NumPy loads it: so
 # here, before the import. On a loaded machine a threaded GEMM waits for its partner
 # threads whenever one is descheduled: the W6 CNN's products then ran 2-40x slower.
+# PyTorch gets the same thread count (torch.set_num_threads, below): with its default
+# (one thread per core) its W6 step ran 30-50x slower than with one thread there.
+_BLAS_THREADS = None
 for _i, _a in enumerate(sys.argv):
     if _a == "--blas-threads" and _i + 1 < len(sys.argv):
-        os.environ["OPENBLAS_NUM_THREADS"] = sys.argv[_i + 1]
+        _BLAS_THREADS = sys.argv[_i + 1]
     elif _a.startswith("--blas-threads="):
-        os.environ["OPENBLAS_NUM_THREADS"] = _a.split("=", 1)[1]
+        _BLAS_THREADS = _a.split("=", 1)[1]
+if _BLAS_THREADS is not None:
+    os.environ["OPENBLAS_NUM_THREADS"] = _BLAS_THREADS
 
 import numpy as np  # noqa: E402
 
@@ -52,6 +57,8 @@ except ImportError:
     jax = None
 try:
     import torch
+    if _BLAS_THREADS is not None:
+        torch.set_num_threads(int(_BLAS_THREADS))
 except ImportError:
     torch = None
 
@@ -900,7 +907,8 @@ def main():
     p.add_argument("--only", default="W1W2W3W4W5W6W7L", help="e.g. W3W5")
     p.add_argument("--backend", default="auto")
     p.add_argument("--blas-threads", default=None,
-                   help="OpenBLAS threads (OPENBLAS_NUM_THREADS), e.g. 1 on a loaded machine")
+                   help="OpenBLAS threads (OPENBLAS_NUM_THREADS) and PyTorch's, e.g. 1 on a "
+                   "loaded machine")
     args = p.parse_args()
     warnings.simplefilter("always", tj.JitWarning)
     rounds, min_time = (3, 0.02) if args.quick else (5, 0.2)
@@ -909,7 +917,7 @@ def main():
           f"{os.cpu_count()} cores, backend={args.backend}, OPENBLAS_NUM_THREADS="
           f"{os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}"
           + (f", jax {jax.__version__}" if jax else "")
-          + (f", torch {torch.__version__}" if torch else ""))
+          + (f", torch {torch.__version__} ({torch.get_num_threads()} threads)" if torch else ""))
     if "W1" in args.only or "W2" in args.only:
         bench_chains(sizes, rounds, min_time, args.backend)
     if "W3" in args.only:
