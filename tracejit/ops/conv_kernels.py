@@ -137,18 +137,22 @@ def _argmax(x, b, H, W, oh, ow, KH, KW, SH, SW, PH, PW):
     h0, w0 = oh * SH - PH, ow * SW - PW
     one, uW = _u(1), _u(W)
     if KH == 2 and KW == 2 and h0 >= 0 and w0 >= 0 and h0 + 2 <= H and w0 + 2 <= W:
-        # The common 2x2 window, unrolled (the loops below run 2x slower on it).
+        # The common 2x2 window, unrolled (the loops below run 2x slower on it), with
+        # selects, not branches: on random data a branch per element mispredicted
+        # (the 32x32x14x14 gradient: 0.10 ms against 0.39 ms).
         i = _u(h0 * W + w0)
         a, bb = x[b + i], x[b + i + one]
         d, e = x[b + i + uW], x[b + i + uW + one]
-        best, at = a, i
-        if bb > best:
-            best, at = bb, i + one
-        if d > best:
-            best, at = d, i + uW
-        if e > best:
-            best, at = e, i + uW + one
-        if not (a != a or bb != bb or d != d or e != e):
+        m = bb > a
+        best = bb if m else a
+        at = i + one if m else i
+        m = d > best
+        best = d if m else best
+        at = i + uW if m else at
+        m = e > best
+        best = e if m else best
+        at = i + uW + one if m else at
+        if not ((a != a) | (bb != bb) | (d != d) | (e != e)):
             return best, np.int64(at)
     elif h0 >= 0 and w0 >= 0 and h0 + KH <= H and w0 + KW <= W:
         # Inside the image (most windows): no bounds checks, NaN handled after.
@@ -182,8 +186,60 @@ def _argmax(x, b, H, W, oh, ow, KH, KW, SH, SW, PH, PW):
     return best, pos
 
 
+@numba.njit(inline="always")
+def _first_max4(a, b, d, e):
+    # (max, position 0-3) of a 2x2 window in kh-major order, the first maximum, by
+    # selects (no data-dependent branch); for windows without NaN (callers check).
+    m = b > a
+    best = b if m else a
+    k = _u(1) if m else _u(0)
+    m = d > best
+    best = d if m else best
+    k = _u(2) if m else k
+    m = e > best
+    best = e if m else best
+    k = _u(3) if m else k
+    return best, k
+
+
+@numba.njit(inline="always")
+def _pool22(x, y, gy, gx, mode):
+    # The 2x2 window at stride 2 without padding (the CNNs' pooling), as one loop with
+    # no bounds checks and no branch on the data: mode 0 pools x into y, mode 1 adds
+    # gy at each window's argmax into gx. A window holding a NaN goes to _argmax (NaN
+    # wins, as in NumPy). The 32x32x14x14 gradient: 0.10 ms against 0.30 ms by _argmax.
+    N, C, H, W = x.shape
+    OH, OW = H // 2, W // 2
+    xf = x.reshape(-1)
+    yf = y.reshape(-1) if mode == 0 else gy.reshape(-1)
+    gxf = gx.reshape(-1)
+    uW, one, two = _u(W), _u(1), _u(2)
+    o = _u(0)
+    for nc in range(N * C):
+        b = _u(nc * H * W)
+        for oh in range(_u(OH)):
+            r = b + two * oh * uW
+            for ow in range(_u(OW)):
+                i = r + two * ow
+                a, bb, d, e = xf[i], xf[i + one], xf[i + uW], xf[i + uW + one]
+                best, k = _first_max4(a, bb, d, e)
+                at = i + (k >> one) * uW + (k & one)
+                if (a != a) | (bb != bb) | (d != d) | (e != e):
+                    best, pos = _argmax(xf, b, H, W, np.int64(oh), np.int64(ow), 2, 2, 2,
+                                        2, 0, 0)
+                    at = b + _u(pos)
+                if mode == 0:
+                    yf[o] = best
+                else:
+                    gxf[at] += yf[o]
+                o += one
+
+
 @_jit
 def max_pool(x, y, KH, KW, SH, SW, PH, PW):
+    if KH == 2 and KW == 2 and SH == 2 and SW == 2 and PH == 0 and PW == 0:
+        _pool22(x, y, y, y, 0)
+        return
     N, C, OH, OW = y.shape
     H, W = x.shape[2], x.shape[3]
     xf, yf = x.reshape(-1), y.reshape(-1)
@@ -199,6 +255,9 @@ def max_pool(x, y, KH, KW, SH, SW, PH, PW):
 @_jit
 def max_pool_grad(x, gy, gx, KH, KW, SH, SW, PH, PW):
     # gx (zeroed, x's shape) += gy at each window's argmax; a padding argmax drops it.
+    if KH == 2 and KW == 2 and SH == 2 and SW == 2 and PH == 0 and PW == 0:
+        _pool22(x, gy, gy, gx, 1)
+        return
     N, C, OH, OW = gy.shape
     H, W = x.shape[2], x.shape[3]
     xf, gf, gxf = x.reshape(-1), gy.reshape(-1), gx.reshape(-1)
