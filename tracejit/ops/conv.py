@@ -548,7 +548,7 @@ class Pooling2DGrad(_WithPooledInput):
         if _fast(x, gy):
             # numba: each window's argmax found in x and gy added there, in one pass
             # (not a patch copy, argmax, put_along_axis and col2im).
-            gx = np.zeros(x.shape, gy.dtype)
+            gx = np.empty(x.shape, gy.dtype)        # every element written
             _kernels().max_pool_grad(np.ascontiguousarray(x), np.ascontiguousarray(gy), gx,
                                      *self._kernel_args())
             return gx

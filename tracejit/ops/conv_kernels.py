@@ -213,6 +213,7 @@ def _pool22(x, y, gy, gx, mode):
     xf = x.reshape(-1)
     yf = y.reshape(-1) if mode == 0 else gy.reshape(-1)
     gxf = gx.reshape(-1)
+    z = gx.dtype.type(0)
     uW, one, two = _u(W), _u(1), _u(2)
     o = _u(0)
     for nc in range(N * C):
@@ -231,8 +232,22 @@ def _pool22(x, y, gy, gx, mode):
                 if mode == 0:
                     yf[o] = best
                 else:
-                    gxf[at] += yf[o]
+                    # Windows do not overlap: all four written, gy at the argmax (no
+                    # zeroed buffer to allocate and read back).
+                    gxf[i] = z
+                    gxf[i + one] = z
+                    gxf[i + uW] = z
+                    gxf[i + uW + one] = z
+                    gxf[at] = yf[o]
                 o += one
+        if mode == 1:
+            # An odd H or W: the last row / column is in no window.
+            if H % 2:
+                for w in range(_u(W)):
+                    gxf[b + _u(H - 1) * uW + w] = z
+            if W % 2:
+                for h in range(_u(H)):
+                    gxf[b + h * uW + _u(W - 1)] = z
 
 
 @_jit
@@ -254,13 +269,15 @@ def max_pool(x, y, KH, KW, SH, SW, PH, PW):
 
 @_jit
 def max_pool_grad(x, gy, gx, KH, KW, SH, SW, PH, PW):
-    # gx (zeroed, x's shape) += gy at each window's argmax; a padding argmax drops it.
+    # gx (x's shape, any contents) = the sum of gy at each window's argmax; a padding
+    # argmax drops it.
     if KH == 2 and KW == 2 and SH == 2 and SW == 2 and PH == 0 and PW == 0:
         _pool22(x, gy, gy, gx, 1)
         return
     N, C, OH, OW = gy.shape
     H, W = x.shape[2], x.shape[3]
     xf, gf, gxf = x.reshape(-1), gy.reshape(-1), gx.reshape(-1)
+    gxf[:] = 0
     o, one = _u(0), _u(1)
     for nc in range(N * C):
         b = _u(nc * H * W)
