@@ -367,3 +367,53 @@ def test_cnn_training_step_jit_matches_eager():
         for pe, pj in zip(eparams, jparams):
             np.testing.assert_allclose(pj.data, pe.data, rtol=1e-5, atol=1e-6)
     assert jstep.cache_info()["fallbacks"] == 0
+
+
+def test_two_conv_layer_cnn_trains_like_eager_for_300_steps():
+    """The W6 benchmark's network at small sizes (conv-ReLU-pool twice, Linear, softmax
+    cross-entropy, SGD; float32): its conv paths are the fast ones (stride 1 over the
+    wide grid, both weight-gradient layouts, the 2x2 pooling loop). Compiled, no
+    fallback, a new batch each step, parameters equal to eager's after 300 steps."""
+    import tracejit.layers as L
+    from tracejit import optimizers
+    from tracejit.models import Model
+
+    class CNN(Model):
+        def __init__(self):
+            super().__init__()
+            self.c1 = L.Conv2d(8, 3, pad=1)
+            self.c2 = L.Conv2d(16, 3, pad=1)
+            self.fc = L.Linear(3)
+
+        def forward(self, x):
+            h = F.pooling(F.relu(self.c1(x)), 2, 2)
+            h = F.pooling(F.relu(self.c2(h)), 2, 2)
+            return self.fc(F.reshape(h, (x.shape[0], -1)))
+
+    rng = np.random.default_rng(5)
+    xs = rng.standard_normal((300, 4, 1, 10, 10)).astype(np.float32)
+    ts = rng.integers(0, 3, (300, 4))
+
+    def make():
+        np.random.seed(6)
+        model = CNN()
+        model(xs[0])
+        opt = optimizers.SGD(0.05).setup(model)
+
+        def step(x, t):
+            loss = F.softmax_cross_entropy(model(x), t)
+            model.cleargrads()
+            loss.backward()
+            opt.update()
+            return loss
+        return model, step
+
+    (me, estep), (mj, jstep) = make(), make()
+    jstep = tj.jit(jstep)
+    for i in range(300):
+        le, lj = estep(xs[i], ts[i]), jstep(xs[i], ts[i])
+        np.testing.assert_allclose(lj.data, le.data, rtol=1e-4, atol=1e-5)
+    for pe, pj in zip(me.params(), mj.params()):
+        assert pj.data.dtype == np.float32
+        np.testing.assert_allclose(pj.data, pe.data, rtol=1e-4, atol=1e-5)
+    assert jstep.cache_info()["fallbacks"] == 0
