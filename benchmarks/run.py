@@ -40,7 +40,14 @@ if _BLAS_THREADS is not None:
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# This checkout's tracejit, unless PYTHONPATH names one: benchmarks/ab.py runs this file
+# with PYTHONPATH=<the other commit's tree>, and a root put first here had every A/B
+# run time this checkout against itself.
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+if os.environ.get("PYTHONPATH"):
+    sys.path.append(_ROOT)
+else:
+    sys.path.insert(0, _ROOT)
 
 import numba  # noqa: E402
 
