@@ -81,7 +81,10 @@ def main():
             continue
         b, h = times["base"][row], times["head"][row]
         mb, mh = statistics.median(b), statistics.median(h)
-        print(f"  {row[:70]:<70} base {fmt(mb)} ({fmt(min(b)).strip()}-{fmt(max(b)).strip()})"
+        # The section cut, the row's own name kept: rows of one section differ there.
+        section, _, name = row.partition(" | ")
+        label = f"{section[:34]} | {name}"
+        print(f"  {label[:72]:<72} base {fmt(mb)} ({fmt(min(b)).strip()}-{fmt(max(b)).strip()})"
               f"  head {fmt(mh)} ({fmt(min(h)).strip()}-{fmt(max(h)).strip()})"
               f"  {mh / mb:5.2f}x")
 
