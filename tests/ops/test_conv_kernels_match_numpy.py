@@ -149,3 +149,40 @@ def test_weight_gradient_layouts_equal_the_patch_product(dtype, C_in, OC, k, s, 
         got.flags.c_contiguous
     tol = 1e-4 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+def _deconv_reference(x, W, shape, s, p):
+    # Every column added back to its pixel: the loops of DeZero's col2im, float64.
+    col = np.einsum("nchw,cokl->noklhw", x.astype(np.float64), W.astype(np.float64))
+    N, C, KH, KW, oh, ow = col.shape
+    img = np.zeros((N, C, shape[2] + 2 * p[0], shape[3] + 2 * p[1]))
+    for i in range(oh):
+        for j in range(ow):
+            img[:, :, i * s[0]:i * s[0] + KH, j * s[1]:j * s[1] + KW] += col[..., i, j]
+    return img[:, :, p[0]:p[0] + shape[2], p[1]:p[1] + shape[3]]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 5000, 1 << 18])
+@pytest.mark.parametrize("k,s,p", [((3, 3), (1, 1), (1, 1)), ((2, 3), (2, 1), (1, 0))])
+def test_conv_ops_run_in_chunks_of_images_with_the_same_values(monkeypatch, chunk_bytes,
+                                                               k, s, p):
+    # conv2d, deconv2d and the weight gradient run a few images at a time through small
+    # buffers (conv._chunk): one image per chunk, a last chunk of fewer, or all at once
+    # give the same values.
+    monkeypatch.setattr(C, "_CHUNK_BYTES", chunk_bytes)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((7, 3, 8, 7)).astype(np.float32)
+    W = rng.standard_normal((5, 3) + k).astype(np.float32)
+    oh, ow = C._out_hw("conv2d", x.shape, k, s, p)
+    gy = rng.standard_normal((7, 5, oh, ow)).astype(np.float32)
+    y = C.Conv2d(s, p).forward(x, W)
+    np.testing.assert_allclose(y, _conv_reference(x, W, s, p), rtol=1e-5, atol=1e-5)
+    gx = C.Deconv2d(s, p, x.shape[2:]).forward(gy, W)
+    np.testing.assert_allclose(gx, _deconv_reference(gy, W, x.shape, s, p), rtol=1e-5,
+                               atol=1e-5)
+    gW = C.Conv2DGradW(k, s, p).forward(x, gy)
+    want = np.einsum("nckluv,nouv->ockl", _strided_patches(x.astype(np.float64), k, s, p),
+                     gy.astype(np.float64))
+    np.testing.assert_allclose(gW, want, rtol=1e-4, atol=1e-4)
+    for got in (y, gx, gW):
+        assert got.dtype == np.float32 and got.flags.c_contiguous
