@@ -186,3 +186,28 @@ def test_conv_ops_run_in_chunks_of_images_with_the_same_values(monkeypatch, chun
     np.testing.assert_allclose(gW, want, rtol=1e-4, atol=1e-4)
     for got in (y, gx, gW):
         assert got.dtype == np.float32 and got.flags.c_contiguous
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("C_in,OC", [(1, 16), (16, 4)])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_weight_gradient_sees_only_the_windows_pixels(dtype, C_in, OC, bad):
+    # A NaN or inf pixel reaches exactly the weights whose windows cover it, in both
+    # GEMM layouts (a faster path that sums over extra, padding-like columns must hold
+    # zeros there: 0 * inf is NaN). Pixels at the right edge, where the wide grid of
+    # _conv_wide has its extra columns.
+    rng = np.random.default_rng(zlib.crc32(repr((C_in, OC, str(bad))).encode()))
+    x = rng.standard_normal((3, C_in, 6, 5)).astype(dtype)
+    x[0, 0, 2, 4] = bad                       # the last column: read by extra columns
+    x[1, -1, 0, 0] = bad
+    gy = rng.standard_normal((3, OC, 6, 5)).astype(dtype)
+    with np.errstate(invalid="ignore"):
+        got = C.Conv2DGradW((3, 3), 1, 1).forward(x, gy)
+        want = np.einsum("nckluv,nouv->ockl",
+                         _strided_patches(x.astype(np.float64), (3, 3), (1, 1), (1, 1)),
+                         gy.astype(np.float64))
+    assert (np.isnan(got) == np.isnan(want)).all()
+    assert (np.isinf(got) == np.isinf(want)).all()
+    fin = np.isfinite(want)
+    tol = 1e-4 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got[fin], want[fin], rtol=tol, atol=tol)
