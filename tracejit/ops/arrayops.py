@@ -574,16 +574,19 @@ class GetItem(Primitive):
 
     def index_read(self, node, out_idx, const, src):
         # x[key] is an affine read: start + step * i per sliced axis, ints fixed.
+        # Ints and nonzero starts are kernel arguments even where they do not depend on
+        # the shape (shape_free): xs[0], xs[1], ... of an unrolled loop then share one
+        # kernel instead of compiling one each. Steps stay in the source.
         idx = []
         for e in self.basic_index_plan(node):
             if e[0] == "slice":
                 _, ia, oa, start, step, _, static = e
-                c = str(static) if static is not None else \
-                    const(start, f"start of the slice of {src} axis {ia} (step {step})")
+                what = f"start of the slice of {src} axis {ia} (step {step})"
+                c = "0" if static == 0 else const(start, what, shape_free=static is not None)
                 idx.append(affine(c, step, out_idx[oa]))
             elif e[0] == "int":
-                idx.append(str(e[3]) if e[3] is not None else
-                           const(e[2], f"index into {src} axis {e[1]}"))
+                idx.append(const(e[2], f"index into {src} axis {e[1]}",
+                                 shape_free=e[3] is not None))
         return idx, []
 
     def view_index(self, node):
@@ -722,8 +725,8 @@ class GetItemGrad(Primitive):
         for e in self.basic_index_plan(node):
             if e[0] == "slice":
                 _, ia, oa, start, step, _, static = e
-                c = str(static) if static is not None else \
-                    const(start, f"start of the slice {src} fills, axis {ia} (step {step})")
+                what = f"start of the slice {src} fills, axis {ia} (step {step})"
+                c = "0" if static == 0 else const(start, what, shape_free=static is not None)
                 m = const(e[5], f"length of the slice {src} fills, axis {ia}")
                 j = out_idx[ia]
                 d = affine(j, -1, c) if step > 0 else affine(c, -1, j)
@@ -735,8 +738,8 @@ class GetItemGrad(Primitive):
                     conds.append(f"({d}) % {a} == 0 and 0 <= {d} < {a} * {m}")
                     idx.append(f"({d}) // {a}")
             elif e[0] == "int":
-                c = str(e[3]) if e[3] is not None else \
-                    const(e[2], f"index {src} fills on axis {e[1]} (zeros elsewhere)")
+                c = const(e[2], f"index {src} fills on axis {e[1]} (zeros elsewhere)",
+                          shape_free=e[3] is not None)
                 conds.append(f"{out_idx[e[1]]} == {c}")
             else:
                 idx.append("0")

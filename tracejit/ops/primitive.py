@@ -105,7 +105,9 @@ class Primitive(Function):
         """Movement, index_foldable: where `node`'s element at `out_idx` (index source
         strings, one per output axis) comes from: (input index sources, conditions).
         An element whose conditions do not all hold is 0. `const(value, what)` makes a
-        shape-dependent constant a kernel argument; `src` names the array read."""
+        shape-dependent constant a kernel argument, `const(value, what, shape_free=True)`
+        one that is not (an int index: as an argument, x[0] and x[1] share a kernel);
+        `src` names the array read."""
         raise NotImplementedError(f"{type(self).__name__} is no index read")
 
     def view_index(self, node):

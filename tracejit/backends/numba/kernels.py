@@ -107,6 +107,7 @@ class KernelSpec:
     """What the plan needs to call a loop kernel: source, name and argument roles."""
 
     consts = ()                               # index constants (kernel args c0, c1, ...)
+    statics = ()                              # shape-free ones (s0, s1, ...: before n0)
 
     def __init__(self, name, source, inputs, outputs, reductions, epilogue_outputs, shape):
         self.name = name
@@ -222,11 +223,16 @@ def loop_kernel(fused, parallel):
     # they are kernel arguments c0, c1, ... resolved against the group's shapes (a new
     # shape reuses the kernel; the plan passes that shape's values). Steps are the
     # user's constants: part of the source, so unit strides stay unit strides.
+    # Constants that do not depend on the shape (int indices, slice starts: xs[i] of an
+    # unrolled loop) are arguments s0, s1, ... too: as literals, each i compiled its
+    # own kernel (the 30 steps of an LSTM window: 30 kernels of one structure).
     consts = []          # (value, meaning)
+    statics = []
 
-    def const(value, what):
-        consts.append((int(value), what))
-        return f"c{len(consts) - 1}"
+    def const(value, what, shape_free=False):
+        into, prefix = (statics, "s") if shape_free else (consts, "c")
+        into.append((int(value), what))
+        return f"{prefix}{len(into) - 1}"
 
     producer = {id(v): n for n in sub.nodes for v in n.outputs}
     # Loads that only other loads read (x.T[1:]: the transpose) are links of an index
@@ -340,6 +346,7 @@ def loop_kernel(fused, parallel):
 
     args = [f"a{j}" for j in range(len(sub.inputs))] + [f"o{j}" for j in range(len(main_outs))]
     args += [acc for _, _, _, acc in red_info] + [f"e{j}" for j in range(len(epi_outs))]
+    args += [f"s{k}" for k in range(len(statics))]
     args += [f"n{k}" for k in range(r)]
     args += [f"c{k}" for k in range(len(consts))]
     label = fused.label[:40]
@@ -352,8 +359,8 @@ def loop_kernel(fused, parallel):
     doc = (f"    # {len(sub.nodes)} ops; writes {len(main_outs)} arrays, "
            f"{len(red_info)} reductions; {len(sub.nodes) - len(mat) - len(red_info)} "
            f"values stay in registers")
-    if consts:
-        doc += "\n" + "\n".join(f"    # c{k}: {what}" for k, (_, what) in enumerate(consts))
+    doc += "".join(f"\n    # s{k}: {what}" for k, (_, what) in enumerate(statics))
+    doc += "".join(f"\n    # c{k}: {what}" for k, (_, what) in enumerate(consts))
     imports = "import math\nimport numpy as np\nimport numba\n"
     if "vm." in text:
         imports += "from tracejit.backends.numba import vecmath as vm\n"
@@ -361,6 +368,7 @@ def loop_kernel(fused, parallel):
     reductions = [(n, n.fn.reduction_combine, axes, acc) for n, axes, _, acc in red_info]
     spec = KernelSpec(name, source, list(sub.inputs), main_outs, reductions, epi_outs, shape)
     spec.consts = [v for v, _ in consts]
+    spec.statics = [v for v, _ in statics]
     return spec
 
 

@@ -38,7 +38,7 @@ from tracejit import passes
 from tracejit.passes import fusion
 from tracejit.backends.numba import cache as _cache
 from tracejit.backends.numba import kernels as K
-from tracejit.ir import Lit, Value
+from tracejit.ir import Graph, Lit, Node, Value
 from tracejit.ops.primitive import Primitive
 from tracejit.ops.trace_only import GUARD, GuardFailure
 
@@ -276,17 +276,13 @@ def _compile_plan(g, parallel, use_disk):
             w.emit(f"    raise GuardFailure({gi}, {gname}.outcome({x}))")
             gi += 1
         elif n.kind == passes.FUSED:
-            _emit_group(w, n, parallel, use_disk)
+            for part in split_group(n):
+                if part.kind == passes.FUSED:
+                    _emit_group(w, part, parallel, use_disk)
+                else:
+                    _emit_call(w, part, numpy_0d)
         else:
-            f = w.const(n.fn.forward, "_f")
-            ins = ", ".join(w.val(v) for v in n.inputs)
-            outs = [w.define(v) for v in n.outputs]
-            lhs = outs[0] if len(outs) == 1 else ", ".join(outs)
-            w.emit(f"{lhs} = {f}({ins})   # {n.name}{_where(n, short=True)}")
-            w.notes["numpy_calls"] += 1
-            # A NumPy function on 0-d arrays returns a NumPy scalar; eager's Function
-            # makes it an array again (as_array), so a 0-d result is one here too.
-            numpy_0d.update(id(v) for v in n.outputs if v.shape == ())
+            _emit_call(w, n, numpy_0d)
     rets = []
     in_ids = {id(v) for v in g.inputs}
     for v in g.outputs:
@@ -304,6 +300,223 @@ def _compile_plan(g, parallel, use_disk):
     run = _make_run(g, plan, w.env)
     source = "# plan\n" + plan + "".join(f"\n# kernel\n{s}" for s in w.kernel_sources)
     return run, source, w.notes
+
+
+def _emit_call(w, n, numpy_0d):
+    f = w.const(n.fn.forward, "_f")
+    ins = ", ".join(w.val(v) for v in n.inputs)
+    outs = [w.define(v) for v in n.outputs]
+    lhs = outs[0] if len(outs) == 1 else ", ".join(outs)
+    w.emit(f"{lhs} = {f}({ins})   # {n.name}{_where(n, short=True)}")
+    w.notes["numpy_calls"] += 1
+    # A NumPy function on 0-d arrays returns a NumPy scalar; eager's Function
+    # makes it an array again (as_array), so a 0-d result is one here too.
+    numpy_0d.update(id(v) for v in n.outputs if v.shape == ())
+
+
+# A chain of one op longer than this (gradient accumulation g1 + g2 + ... + gN of an
+# unrolled loop's weights) is cut into pieces of this many links and a remainder of 4,
+# 2 and 1 links: one of a few structures each, so the kernels do not grow with N. The
+# order of the operations is kept (bitwise the same values).
+CHAIN_PIECE = 8
+
+
+def split_group(node):
+    """A fused group as its independent parts: one Fused node per part (in an order
+    that respects what one reads of another), or the lone movement node of a part that
+    is only a read of an input.
+
+    Why: horizontal fusion puts unrelated chains of one iteration shape into one group
+    (Adam's update of four parameters, the 30 steps' loss gradients of an unrolled
+    loop), and numba + LLVM compile time grows faster than linearly in a kernel's size
+    (a 16-output Adam kernel: 5.8 s; one parameter's: 0.6 s). Split, the parts are
+    structurally identical, so they share one kernel (one source text: one dispatcher,
+    in process and on disk) and compile once. Parts stay joined where fusion saves
+    memory traffic: through a value one computes in its loops and the other reads, or
+    an input both read whole at the iteration shape (sin(x) and cos(x) read x once).
+    Reads of 0-d inputs, broadcast operands and indexed reads (xs[i]) do not join; a
+    0-d epilogue (loss = loss + mean(...) of each step) goes with the part of its last
+    operand and reads the others' scalars as inputs; a loop-invariant chain (the
+    backward's seed, broadcast) is copied into each part that reads it.
+    """
+    fn = node.fn
+    sub = fn.graph
+    nodes = sub.nodes
+    if len(nodes) < 2:
+        return [node]
+    roles = K._roles(fn)
+    role = [roles[id(n)] for n in nodes]
+    parent = list(range(len(nodes)))
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    def union(i, j):
+        parent[find(i)] = find(j)
+
+    producer = {id(v): i for i, n in enumerate(nodes) for v in n.outputs}
+
+    def made(n):
+        return [producer[id(v)] for v in n.inputs if isinstance(v, Value) and id(v) in producer]
+    invariant = set()
+    for i, n in enumerate(nodes):
+        if role[i] in ("main", "load") and all(
+                (producer[id(v)] in invariant) if id(v) in producer else v.shape == ()
+                for v in n.inputs if isinstance(v, Value)):
+            invariant.add(i)
+    whole_readers = {}
+    for i, n in enumerate(nodes):
+        inner = [j for j in made(n) if j not in invariant or i in invariant]
+        if role[i] == "epi":
+            if inner:
+                union(i, max(inner))
+            continue
+        for j in inner:
+            union(i, j)
+        for v in n.inputs:
+            if (isinstance(v, Value) and id(v) not in producer and v.shape == fn.shape
+                    and v.shape != () and n.kind != "movement"):
+                union(i, whole_readers.setdefault(id(v), i))
+    out_ids = {id(v) for v in sub.outputs}
+    comps = {}
+    for i in range(len(nodes)):
+        if i not in invariant:
+            comps.setdefault(find(i), []).append(i)
+    pieces = []
+    for members in comps.values():
+        pieces.extend(_chain_pieces(nodes, members, producer, out_ids))
+    if len(pieces) <= 1:
+        return [node]
+    part_of = {}
+    for p, members in enumerate(pieces):
+        for i in members:
+            part_of[i] = p
+    # What a part reads of another: 0-d epilogue operands, a chain piece's partial result.
+    needs = [set() for _ in pieces]
+    exported = set()
+    for i, n in enumerate(nodes):
+        if i in invariant:
+            continue
+        for j in made(n):
+            if j not in invariant and part_of[j] != part_of[i]:
+                needs[part_of[i]].add(part_of[j])
+                exported.update(id(v) for v in nodes[j].outputs)
+    order = _topo(pieces, needs)
+    if order is None:
+        return [node]
+    parts_nodes = []
+    used = set()
+    for p in order:
+        members = set(pieces[p])
+        todo = list(members)
+        while todo:                             # the invariant chains this part reads
+            for j in made(nodes[todo.pop()]):
+                if j in invariant and j not in members:
+                    members.add(j)
+                    used.add(j)
+                    todo.append(j)
+        parts_nodes.append(members)
+    if invariant - used:                    # read by nobody in the group: a part of its own
+        parts_nodes.insert(0, invariant - used)
+    out_ids |= exported
+    written = set()                         # an output shared by parts: the first writes it
+    parts = []
+    for idx in parts_nodes:
+        members = [nodes[i] for i in sorted(idx)]
+        own = {id(v) for n in members for v in n.outputs}
+        inputs, seen = [], set()
+        for n in members:              # first-use order, as fusion orders a group's
+            for v in n.inputs:
+                if isinstance(v, Value) and id(v) not in own and id(v) not in seen:
+                    seen.add(id(v))
+                    inputs.append(v)
+        outputs = [v for n in members for v in n.outputs
+                   if id(v) in out_ids and id(v) not in written]
+        written.update(id(v) for v in outputs)
+        if not outputs:
+            continue                   # nothing of it is used (fusion keeps no such part)
+        if len(members) == 1 and members[0].kind == "movement":
+            parts.append(members[0])   # a lone read of an input: a NumPy call (a view)
+            continue
+        g = Graph(f"{sub.name}_{len(parts)}", inputs, members, outputs)
+        parts.append(Node(fusion.Fused(g, fn.shape), inputs, outputs, node.line))
+    return parts
+
+
+def _chain_pieces(nodes, members, producer, out_ids):
+    """members (node indices, in order) as pieces: each chain of more than CHAIN_PIECE
+    links of one elementwise op (each link reads the one before and inputs of the group,
+    and is the only reader of the one before) in pieces of CHAIN_PIECE, 4, 2 and 1
+    links, the last of them with the rest of the members."""
+    if len(members) <= CHAIN_PIECE:
+        return [members]
+    mset = set(members)
+    readers = {}
+    for i in members:
+        for v in nodes[i].inputs:
+            if isinstance(v, Value) and id(v) in producer:
+                readers.setdefault(producer[id(v)], []).append(i)
+    prev = {}
+    for i in members:
+        n = nodes[i]
+        inner = [producer[id(v)] for v in n.inputs if isinstance(v, Value) and id(v) in producer]
+        if n.kind != "elementwise" or len(inner) != 1 or len(n.outputs) != 1:
+            continue
+        a = inner[0]
+        m = nodes[a]
+        if (a in mset and m.kind == "elementwise" and m.op is n.op and m.params == n.params
+                and readers.get(a) == [i] and id(m.out) not in out_ids
+                and len(m.outputs) == 1):
+            prev[i] = a
+    heads = set(prev.values()) - set(prev)
+    nxt = {a: i for i, a in prev.items()}
+    cut = []
+    for h in sorted(heads):
+        chain = [h]
+        while chain[-1] in nxt:
+            chain.append(nxt[chain[-1]])
+        if len(chain) <= CHAIN_PIECE or any(
+                producer.get(id(v)) not in (None, p) for p, c in zip([None] + chain, chain)
+                for v in nodes[c].inputs if isinstance(v, Value)):
+            continue      # short, or a link reads another member: stays with the rest
+        k = 0
+        while True:
+            size = CHAIN_PIECE
+            while size > len(chain) - k:
+                size //= 2
+            if k + size >= len(chain):
+                break                           # the last piece stays with the rest
+            cut.append(chain[k:k + size])
+            k += size
+    if not cut:
+        return [members]
+    taken = {i for piece in cut for i in piece}
+    return cut + [[i for i in members if i not in taken]]
+
+
+def _topo(pieces, needs):
+    """An order of the parts in which each comes after those it reads (the first
+    member's position breaks ties), or None if they read each other in a cycle."""
+    import heapq
+    succ = [[] for _ in pieces]
+    indeg = [len(ns) for ns in needs]
+    for p, ns in enumerate(needs):
+        for q in ns:
+            succ[q].append(p)
+    heap = [(pieces[p][0], p) for p in range(len(pieces)) if indeg[p] == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        _, p = heapq.heappop(heap)
+        out.append(p)
+        for q in succ[p]:
+            indeg[q] -= 1
+            if indeg[q] == 0:
+                heapq.heappush(heap, (pieces[q][0], q))
+    return out if len(out) == len(pieces) else None
 
 
 def _where(n, short=False):
@@ -366,6 +579,7 @@ def _emit_group(w, node, parallel, use_disk):
         e = w.define(v)
         w.emit(f"{e} = np.empty((), np.{v.dtype.name})")
         args.append(e)
+    args += [str(c) for c in spec.statics]   # int indices, slice starts
     args += [str(d) for d in fn.shape]
     args += [str(c) for c in spec.consts]    # index constants for this call's shapes
     call = f"{kname}({', '.join(args)})   # {fn.label}{_where(node, short=True)}"
