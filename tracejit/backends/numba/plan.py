@@ -36,6 +36,7 @@ import numpy as np
 
 from tracejit import passes
 from tracejit.passes import fusion
+from tracejit.backends.numba import background as _background
 from tracejit.backends.numba import cache as _cache
 from tracejit.backends.numba import kernels as K
 from tracejit.ir import Graph, Lit, Node, Value
@@ -555,6 +556,8 @@ def _emit_group(w, node, parallel, use_disk):
     spec = K.loop_kernel(fn, par and len(fn.shape) > 0)
     kern = _cache.kernel(spec.source, spec.name, disk=use_disk)
     kname = w.const(kern, "_k")
+    if _background.enabled() and not kern.signatures:
+        w.env[kname] = _background.Tiered(w.env, kname, kern, spec, fn)
     if spec.source not in w.kernel_sources:
         w.kernel_sources.append(spec.source)
     w.notes["kernels"] += 1
