@@ -80,7 +80,10 @@ def test_unrolled_lstm_cells_share_their_kernels_forward_and_backward():
                 np.testing.assert_allclose(got[0].data, want[0].data, rtol=1e-9)
                 for a, b in zip(got[1], want[1]):
                     np.testing.assert_allclose(a.data, b.data, rtol=1e-9, atol=1e-12)
-        distinct, calls = kernels(jf.trace(*args).source)
+        g = jf.trace(*args)
+        distinct, calls = kernels(g.source)
+        summary = g.summary()
+        assert (summary["kernels"], summary["distinct_kernels"]) == (calls, len(distinct))
         seen[n] = (distinct, calls, kcache.STATS["kernels_built"] - built,
                    codegen.stats()["numba_compilations"] - compiled)
     # The distinct kernels do not grow with the window: the cells' kernels, and the
