@@ -985,8 +985,10 @@ class Trace(core.TraceHooks):
         """A view made by a tracejit Function (F.reshape(W, ...)): the same op, on the
         operand's new value, as eager's Variable shows it (its data is the view)."""
         op, meta_key = node.fn, id(node)
+        tr_ref = weakref.ref(self)      # self.views holds this: no Trace -> Trace cycle
 
         def rebuild(y, src_value):
+            self = tr_ref()
             out = self.new_value(y.shape, y.dtype)
             fresh = Node(op, [src_value], [out], user_line(2))
             self.graph.nodes.append(fresh)
@@ -1001,7 +1003,10 @@ class Trace(core.TraceHooks):
     def _data_op_rebuilder(self, fn, src, args):
         """A view of traced data (`W.data.T`, `d[0:2]`): fn(src, *args) recorded again
         on the new value of its operand src."""
+        tr_ref = weakref.ref(self)      # self.views holds this: no Trace -> Trace cycle
+
         def rebuild(t, src_value):
+            self = tr_ref()
             var = Variable.__new__(Variable)
             var._tv, var._data, var._grad = src_value, src, None
             var.name, var.creator, var.generation = None, None, 0

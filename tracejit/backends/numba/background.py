@@ -16,6 +16,7 @@ the calls. Off by default: a test counting compilations after a call would race.
 """
 import os
 import queue
+import sys
 import threading
 import warnings
 
@@ -121,9 +122,10 @@ class Tiered:
             if not _close(got, want):
                 _cache.STATS["background_mismatches"] = \
                     _cache.STATS.get("background_mismatches", 0) + 1
-                warnings.warn(f"tracejit: kernel {self.name} differs from its NumPy "
-                              f"reference; the group keeps running with NumPy",
-                              RuntimeWarning, stacklevel=2)
+                fname, lineno = _user_frame()
+                warnings.warn_explicit(f"tracejit: kernel {self.name} differs from its "
+                                       f"NumPy reference; the group keeps running with "
+                                       f"NumPy", RuntimeWarning, fname, lineno)
                 for b, w in zip(args[self.n_in:k], mine):
                     b[...] = w
                 self.env[self.name] = self.numpy_only
@@ -145,3 +147,17 @@ def wait():
     """Block until every submitted compilation finished (tests, benchmarks)."""
     for fut in list(_FUTURES.values()):
         fut.done.wait()
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _user_frame():
+    """(file, line) of the innermost frame outside tracejit: the user's call of the
+    jitted function whose kernel disagreed (the backend sees no traced line here);
+    generated runners are named "<tracejit-...>"."""
+    f = sys._getframe(1)
+    while f is not None and (f.f_code.co_filename.startswith("<tracejit") or
+                             os.path.abspath(f.f_code.co_filename).startswith(_PACKAGE)):
+        f = f.f_back
+    return (f.f_code.co_filename, f.f_lineno) if f is not None else ("<tracejit>", 0)
