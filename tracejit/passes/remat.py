@@ -14,10 +14,15 @@ capacity is the memory a call holds for its backward.
 - u_out -> v_in for every forward value u a recomputable v is computed from;
 - v_out -> sink for every value the backward reads.
 
-Graph inputs are not vertices: the backward reads the call's own arrays for free (a
-mutated input too, as the eager backward reads the Variable's updated data; nothing is
-recomputed from it). On graphs of 0-d values the cost is the call, not the memory, so
-everything recomputable is recomputed.
+Graph inputs the backward reads directly are not vertices: it reads the call's own
+arrays for free, as they are when it runs (a mutated input too, as the eager backward
+reads the Variable's updated data; nothing is recomputed from it). But a value
+recomputed from an input is the forward's value only if the input is as the forward
+saw it: an argument the caller may change between the call and its backward
+(`x.data += 1`) is, for recomputation, a vertex of its own (`snapshot`): saving it
+means the forward keeps a copy of it, of the argument's size, which the cut weighs
+against saving the values computed from it. On graphs of 0-d values the cost is the
+call, not the memory, so everything recomputable is recomputed (from snapshots).
 """
 from collections import deque
 
@@ -26,7 +31,8 @@ from tracejit.ir import Value
 
 
 class Plan:
-    """The partition: `saved` values (forward order), `recompute` as (index, node)."""
+    """The partition: `saved` values (snapshot inputs first, then forward values in
+    forward order), `recompute` as (index, node)."""
 
     def __init__(self, saved, recompute):
         self.saved = saved
@@ -77,10 +83,13 @@ def _costly(n):
     return cheap is not None and not cheap()
 
 
-def partition(fwd_nodes, needed, mutated=frozenset(), min_cut=True):
+def partition(fwd_nodes, needed, mutated=frozenset(), min_cut=True, snapshot=()):
     """The Plan for a backward that reads the values `needed` (forward values among
     them matter; inputs, literals and the backward's own values are ignored).
 
+    `snapshot` lists graph inputs a recomputation may read only as a copy the forward
+    saves (arguments the caller may change before the backward): among the values
+    saved they come first. Without it, inputs are read as the backward finds them.
     min_cut=False recomputes everything recomputable, transitively: the rule before
     the cut, and what graphs of 0-d values always do.
     """
@@ -88,6 +97,9 @@ def partition(fwd_nodes, needed, mutated=frozenset(), min_cut=True):
     # id(value) -> index of its producing node: forward values, in forward order.
     produced = {id(v): i for i, n in enumerate(fwd_nodes) for v in n.outputs}
     needed = _unique(v for v in needed if isinstance(v, Value) and id(v) in produced)
+    # Snapshot inputs are vertices too, none recomputable, ordered before every node.
+    snapshot = _unique(snapshot)
+    produced.update((id(v), k - len(snapshot)) for k, v in enumerate(snapshot))
     if min_cut and not is_scalar_graph(fwd_nodes):
         cut = _min_cut(needed, cand, produced)
     else:

@@ -17,8 +17,8 @@ from tracejit.core import Config, Constant, Function, RegionFunction, Variable
 from tracejit.ir import Graph, Lit
 from tracejit.trace.pytree import FLT, PYTHON_SCALAR, SCALAR, VAR, structure_source
 from tracejit.runtime.signature import matcher_lines
-from tracejit.ops.trace_only import (GUARD, GuardFailure, UserBackwardMismatch, UserCall,
-                                running_backward, take_calls)
+from tracejit.ops.trace_only import (GUARD, GuardFailure, UserBackward, UserBackwardMismatch,
+                                UserCall, running_backward, take_calls)
 
 
 class JitWarning(UserWarning):
@@ -172,7 +172,7 @@ class CompiledFunction(RegionFunction):
             if kind == "saved":
                 arrays.append(self.saved[i])
             elif kind == "input":
-                arrays.append(current_input(v, i, self.arrays[i]))
+                arrays.append(current_input(v, i, self.arrays[i], self.inputs))
             elif kind != "gy":
                 arrays.append(read_capture(kind, i))
             else:
@@ -363,7 +363,19 @@ class Variant:
         # User Functions with per-call state: each call's instances go to its backward.
         self.user_calls = [n.fn for n in fwd_nodes if isinstance(n.fn, UserCall)]
         self.grad_dtypes = backward.grad_dtypes if backward else None
+        # Forward input position -> index among the creator's inputs of the Variable
+        # whose data it is, for an argument Variable and a .grad operand (a captured
+        # Variable's is read through the capture): the backward reads its data as it
+        # is then, rebound or not, as eager's does.
+        self.arg_var_pos = {}
         if backward:
+            for k, (kind, o) in enumerate(backward.diff_sources):
+                if kind not in ("arg", "arggrad", "grad"):
+                    continue
+                for i, (skind, obj, _) in enumerate(self.sources):
+                    if skind == kind and (obj is o if kind == "grad" else obj == o):
+                        self.arg_var_pos[i] = k
+                        break
             self.bwd_sources = backward.sources
             self.bwd_grad_slots = backward.grad_slots
             self.joint_graph = backward.joint
@@ -399,7 +411,7 @@ class Variant:
         plan = getattr(bexe, "plan", None)
         env = {"np": np, "bexe": bexe, "plan": plan, "wrap": core.wrap_array,
                "read_capture": read_capture, "other_gy": _backward_other_gy,
-               "current_input": current_input, "v": self}
+               "current_input": current_input, "rebound": rebound, "v": self}
         body, names = [], []
         for j, (kind, i) in enumerate(self.bwd_sources):
             n = f"b{j}"
@@ -410,6 +422,12 @@ class Variant:
                 body.append(f"{n} = cf.arrays[{i}]")
                 if self.sources[i][0] == "var":
                     body.append(f"{n} = current_input(v, {i}, {n})")
+                elif i in self.arg_var_pos:
+                    # An argument Variable's data as it is now (rebound since the call:
+                    # its new array, as eager's backward reads it): one identity test.
+                    k = self.arg_var_pos[i]
+                    body.append(f"if cf.inputs[{k}]._data is not {n}: "
+                                f"{n} = rebound(cf.inputs[{k}]._data, {n})")
             elif kind == "gy":
                 spec = self.out_specs[i]
                 env[f"d{j}"] = spec.dtype
@@ -446,10 +464,41 @@ class Variant:
         return guards[index].line if index < len(guards) else "?"
 
     def saved_map(self, cf):
-        """id(Value) -> array: the forward values call cf saved for its backward that
-        a replay must not recompute (computed from inputs that may have changed)."""
-        saved = self.bwd.saved
-        return {id(saved[k]): cf.saved[k] for k in self.bwd.replay_saved}
+        """id(Value) -> array: forward values as call cf computed them, which a replay
+        must not recompute from the inputs as they are now (which may have changed):
+        those it saved for its backward, and with snapshots of its arguments (remat),
+        those NumPy computes from them."""
+        bwd = self.bwd
+        saved = bwd.saved
+        snaps = bwd.snapshots
+        out = {id(saved[k]): cf.saved[k] for k in bwd.replay_saved}
+        if not snaps:
+            return out
+        # The forward again with NumPy, from what is known as the call saw it: the
+        # snapshots, the inputs nothing can change, saved values. NumPy's value wherever
+        # it can be computed, so a value and one computed from it agree to the bit
+        # (a max's mask, x == max(x), keeps its gradient), as in eager.
+        g = self.forward_graph
+        known = {}
+        for i, v in enumerate(g.inputs):
+            if i in snaps:
+                known[id(v)] = cf.saved[snaps[i]]
+            elif i in bwd.fixed_inputs:
+                known[id(v)] = cf.arrays[i]
+        for n in g.nodes:
+            if n.kind not in (GUARD, core.RANDOM) and \
+                    not isinstance(n.fn, (UserCall, UserBackward)) and \
+                    all(isinstance(u, Lit) or id(u) in known for u in n.inputs):
+                ys = n.fn.forward(*[u.value if isinstance(u, Lit) else known[id(u)]
+                                    for u in n.inputs])
+                ys = (ys,) if len(n.outputs) == 1 and not isinstance(ys, tuple) else ys
+                for v, y in zip(n.outputs, ys):
+                    known[id(v)] = out[id(v)] = y if type(y) is np.ndarray else np.asarray(y)
+            else:
+                for v in n.outputs:
+                    if id(v) in out:
+                        known[id(v)] = out[id(v)]
+        return out
 
     def backward_with_variables(self, cf, gys):
         """Replay the joint forward+backward graph through the primitives on Variables,
@@ -519,17 +568,26 @@ def _backward_other_gy(cf, gys):
                  for slot in v.bwd_grad_slots)
 
 
-def current_input(v, i, array):
-    """Forward input i for the backward: a captured Variable whose data was rebound
-    since the call (`p.data = p.data * 3`) gives its new array, as eager's backward reads
-    `p.data` then (an in-place update is the same array either way). Anything computed
-    from it was saved, not recomputed (remat), so those stay the call's, as in eager."""
+def current_input(v, i, array, inputs=None):
+    """Forward input i for the backward: a captured Variable, or an argument Variable
+    (given the call's differentiable `inputs`), whose data was rebound since the call
+    (`p.data = p.data * 3`) gives its new array, as eager's backward reads `p.data` then
+    (an in-place update is the same array either way). Anything computed from it was
+    saved, not recomputed (remat), so those stay the call's, as in eager."""
     kind, obj, _ = v.sources[i]
     if kind == "var":
-        cur = obj._data
-        if cur is not array and cur is not None and cur.shape == array.shape \
-                and cur.dtype == array.dtype:
-            return cur
+        return rebound(obj._data, array)
+    if inputs is not None and i in v.arg_var_pos:
+        return rebound(inputs[v.arg_var_pos[i]]._data, array)
+    return array
+
+
+def rebound(cur, array):
+    """The array a Variable holds now if it is one the backward can read in place of
+    the call's `array` (same shape and dtype), else the call's."""
+    if cur is not array and cur is not None and cur.shape == array.shape \
+            and cur.dtype == array.dtype:
+        return cur
     return array
 
 

@@ -6,10 +6,10 @@ import numpy as np
 
 from tracejit import core, passes
 from tracejit.core import DictGrads, Variable, backprop
-from tracejit.ir import Graph, Value
+from tracejit.ir import Graph, Node, Value
 from tracejit.ops.trace_only import GUARD
 from tracejit.passes import remat
-from tracejit.trace.pytree import VAR
+from tracejit.trace.pytree import FLT, VAR
 from tracejit.trace.records import BackwardEscape, BackwardPlan
 
 
@@ -74,6 +74,7 @@ def trace_backward(tr, out_raw, out_leaves):
         # A guard: the backward branches on values. (An escape: the call runs eagerly
         # for its own reason, which comes first.)
         return BackwardEscape("the backward pass inspects values"), []
+    _read_live(tr, bwd_nodes)
     grad_values = []
     diff_sources = []
     for src, var in boundary:
@@ -104,8 +105,25 @@ def trace_backward(tr, out_raw, out_leaves):
     # the intermediates computed from the old values, so none computed from captured
     # state is recomputed from its buffer either.
     live = {id(v) for v, _ in tr.captures}
-    recompute = recompute_rule(g.nodes[:n_nodes], needed, mutated | live)
+    # Arguments: the caller may change them before the backward too (`x.data += 1`,
+    # `x.data = ...`), and eager's backward reads them as they are then but the values
+    # computed from them as they were. So the backward reads an argument directly (live,
+    # variant.current_input) where eager's backward reads the Variable, and recomputes
+    # only from a copy the forward saves of it (a snapshot, weighed by the cut). A float
+    # argument's array is the call's own: nobody else can change it.
+    args = [v for leaf, v in tr.arg_inputs
+            if tr.leaf_kinds[leaf] != FLT and id(v) not in mutated]
+    arg_ids = {id(v) for v in args}
+    recompute = recompute_rule(g.nodes[:n_nodes], needed, mutated | live, snapshot=args)
     recomputed = {}
+    snap_of = {}          # id(argument input) -> the backward's Value of its snapshot
+
+    def need_snapshot(u):
+        if id(u) not in snap_of:
+            snap_of[id(u)] = s = Value(u.shape, u.dtype, f"{u.name or 'x'}_at_call")
+            bwd_inputs.append(s)
+            sources.append(("saved", len(saved)))
+            saved.append(u)       # the forward outputs its input: a copy (every backend)
 
     def need(v):
         if not isinstance(v, Value) or id(v) in defined or id(v) in seen:
@@ -116,7 +134,10 @@ def trace_backward(tr, out_raw, out_leaves):
             # Cheaper to recompute in the backward kernel than to store and reload.
             recomputed[node[0]] = node[1]
             for u in node[1].inputs:
-                need(u)
+                if isinstance(u, Value) and id(u) in arg_ids:
+                    need_snapshot(u)
+                else:
+                    need(u)
             return
         bwd_inputs.append(v)
         if id(v) in gy_values:
@@ -137,6 +158,12 @@ def trace_backward(tr, out_raw, out_leaves):
     for v in grad_values:
         if v is not None:
             need(v)
+    for i, n in recomputed.items():
+        if any(id(u) in snap_of for u in n.inputs):
+            # The backward's own copy of the node, reading the snapshot (the forward's
+            # node reads the argument itself).
+            recomputed[i] = Node(n.fn, [snap_of.get(id(u), u) for u in n.inputs],
+                                 n.outputs, n.line)
     bwd_nodes = [recomputed[i] for i in sorted(recomputed)] + bwd_nodes
     slot, grad_slots = 0, []
     for v in grad_values:
@@ -165,10 +192,13 @@ def trace_backward(tr, out_raw, out_leaves):
     # backward reads were saved (remat never recomputes them): the replay takes them
     # from the call. Only those: a saved value next to a NumPy-recomputed one could
     # differ by rounding, and a max's mask (x == max) would then lose its gradient.
-    tainted = set(mutated | live)
+    # Arguments too, which the caller may change: what the replay computes from them it
+    # computes from their snapshots where the call saved one (Variant.saved_map).
+    tainted = set(mutated | live | arg_ids)
     for n in g.nodes[:n_nodes]:
         if any(isinstance(u, Value) and id(u) in tainted for u in n.inputs):
             tainted.update(id(o) for o in n.outputs)
+    saved_pos = {id(v): k for k, v in enumerate(saved)}
     plan = BackwardPlan(
         graph=bgraph, sources=sources, grad_slots=grad_slots, saved=saved,
         saved_bytes=sum(v.nbytes for v in saved), recomputed_bytes=recomputed_bytes,
@@ -176,6 +206,9 @@ def trace_backward(tr, out_raw, out_leaves):
         joint_gy_inputs=joint_gy, joint_grad_slots=grad_slots,
         joint_captures=joint_captures, joint_meta=tr.grad_meta,
         replay_saved=[k for k, v in enumerate(saved) if id(v) in tainted],
+        snapshots={pos[id(v)]: saved_pos[id(v)] for v in args if id(v) in snap_of},
+        fixed_inputs=frozenset(pos[id(v)] for leaf, v in tr.arg_inputs
+                               if tr.leaf_kinds[leaf] == FLT),
         grad_dtypes=_grad_dtypes(tr, roots, out_index, boundary),
         replay_refusal=tr.replay_refusal)
     # The trace's own Variables at the boundary (a .grad source names its owner).
@@ -209,6 +242,56 @@ def _grad_dtypes(tr, roots, out_index, boundary):
     return None
 
 
+def _read_live(tr, bwd_nodes):
+    """Make the backward read an argument or captured buffer that the call updates as
+    it is when the backward runs, as eager's does.
+
+    The traced backward reads each Variable's data as the trace left it: after the
+    call's `x.data *= 0.5` that is the update's Value, which the forward would save. But
+    eager's backward reads the buffer at backward time, and the caller may have changed
+    it again since the call (`x.data += 1`). Every Value that stands for a state of such
+    a buffer (in-place updates of a Variable's data or of an ndarray) and the Value a
+    rebound Variable's data last got (`x.data = x.data * 2`, a Value of its own, of the
+    input's shape and dtype) is read, in the backward only, as the input it replaces:
+    the call's buffer, or for a rebound Variable its data then (variant.current_input).
+    """
+    by_leaf = dict(tr.arg_inputs)
+    cap_array = {id(obj): v for v, (kind, obj) in tr.captures if kind == "array"}
+
+    def input_of(obj):
+        entry = tr.arg_vars.get(id(obj)) or tr.captured_vars.get(id(obj))
+        if entry is not None and entry[0] is obj:
+            return entry[1]
+        if isinstance(obj, np.ndarray):
+            leaf = tr.arg_leaf.get(id(obj))
+            return by_leaf.get(leaf) if leaf is not None else cap_array.get(id(obj))
+        return None
+
+    subst = {}
+    for kind, obj, val in tr.effects:
+        inp = input_of(obj)
+        if inp is None or not isinstance(val, Value) or val is inp:
+            continue
+        if val.shape != inp.shape or val.dtype != inp.dtype:
+            continue
+        if kind == "rebind":
+            # Only the data it has now, and only a Value of its own: `x.data = h.data`
+            # shares h's array, which h's own reads must keep reading.
+            if obj._tv is not val or tr.owner.get(id(val)) not in (None, obj):
+                continue
+        subst[id(val)] = inp
+    if not subst:
+        return
+    for n in bwd_nodes:
+        if any(id(u) in subst for u in n.inputs):
+            n.inputs = tuple(subst.get(id(u), u) for u in n.inputs)
+            meta = tr.grad_meta.get(id(n))
+            if meta is not None:
+                # What a create_graph replay links this node's operands to: the same.
+                tr.grad_meta[id(n)] = (meta[0], tuple(
+                    None if u is None else subst.get(id(u), u) for u in meta[1]))
+
+
 def mutated_inputs(tr):
     """ids of the graph inputs whose objects the trace updates in place."""
     targets = {id(obj) for _, obj, _ in tr.effects}
@@ -219,7 +302,7 @@ def mutated_inputs(tr):
     return out
 
 
-def recompute_rule(fwd_nodes, needed, mutated=frozenset()):
+def recompute_rule(fwd_nodes, needed, mutated=frozenset(), snapshot=()):
     """id(value) -> (index, node) for forward values the backward recomputes.
 
     The minimum cut of tracejit.passes.remat: of the values the backward reads (`needed`),
@@ -229,5 +312,5 @@ def recompute_rule(fwd_nodes, needed, mutated=frozenset()):
     are never recomputed; on a graph of 0-d values everything else is (the cost is the
     call, not the memory).
     """
-    return remat.partition(fwd_nodes, needed, mutated).recompute_map()
+    return remat.partition(fwd_nodes, needed, mutated, snapshot=snapshot).recompute_map()
 

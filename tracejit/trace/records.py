@@ -112,6 +112,9 @@ class BackwardPlan:
     joint_captures: dict     # joint input index -> capture source, read at backward time
     joint_meta: dict         # the trace's grad_meta (what eager autodiff links)
     replay_saved: list       # indices into saved that a replay takes from the call
+    snapshots: dict          # forward input position -> index into saved of its copy
+                             # (an argument, as the forward saw it: remat's snapshot)
+    fixed_inputs: frozenset  # forward input positions nothing outside can change
     grad_dtypes: Any         # per output, per input: eager's gradient dtype; None: one
     replay_refusal: Any      # why a create_graph replay cannot follow it, or None
 
