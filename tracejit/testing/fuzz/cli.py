@@ -30,7 +30,7 @@ import time
 from collections import Counter
 from multiprocessing.connection import wait
 
-from tracejit.testing.fuzz.programs import AVOIDABLE
+from tracejit.testing.fuzz.programs import AVOIDABLE, GENERATORS
 
 __all__ = ["generate", "run_many", "normalize_warning", "summarize", "categories",
            "format_summary", "reproducer", "main", "AVOIDABLE"]
@@ -39,12 +39,13 @@ FAILING = ("mismatch", "crash", "hang", "error")
 CLASSES = ("match", "fallback", "rounding", "mismatch", "crash", "hang", "invalid", "error")
 
 
-def generate(n, seed=0, avoid=(), focus=None):
-    """n distinct programs from `source_programs(avoid=avoid, focus=focus)`, deterministic
-    for a seed."""
+def generate(n, seed=0, avoid=(), focus=None, generator="programs"):
+    """n distinct programs from `source_programs(avoid=avoid, focus=focus)` (or another
+    of programs.GENERATORS), deterministic for a seed."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
-    from tracejit.testing.fuzz.programs import source_programs
+    from tracejit.testing.fuzz.programs import GENERATORS
+    source_programs = GENERATORS[generator]
 
     # One short hypothesis run per program: a long run's engine mutates the examples
     # it has seen, which gives bursts of near-identical programs. Each run's first
@@ -319,10 +320,13 @@ def main(argv=None):
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes)")
+    ap.add_argument("--generator", default="programs", choices=sorted(GENERATORS),
+                    help="programs: the general generator; argument_updates: its programs "
+                    "with the caller changing the arguments between call and backward")
     opts = ap.parse_args(argv)
     t0 = time.monotonic()
     avoid = [a for a in opts.avoid.split(",") if a]
-    programs = generate(opts.programs, opts.seed, avoid, opts.focus)
+    programs = generate(opts.programs, opts.seed, avoid, opts.focus, opts.generator)
     if opts.out:
         os.makedirs(opts.out, exist_ok=True)
     done = [0]

@@ -1,7 +1,9 @@
 """Run one generated program eagerly and through `tj.jit`, and compare call by call.
 
 The program is a module (see tracejit/fuzz_gen.py) defining `f`, `CAPTURES` (the
-Parameters and arrays f reads), `args(call)`, `PLAN` and `BACKWARD`. The module runs
+Parameters and arrays f reads), `args(call)`, `PLAN` and `BACKWARD`, and optionally
+`BETWEEN(call, args)`, which the caller runs after each call and before its backward
+(updating the arguments there). The module runs
 twice from scratch, so eager and jit start from identical state (their own captured
 Parameters and arrays, equal values). Before call k both sides seed NumPy's global
 stream with the same seed. What is compared after every call, in this order:
@@ -120,8 +122,10 @@ def _grads(targets):
     return {label: (None if v.grad is None else _leaf(v.grad)) for label, v in targets}
 
 
-def observe(f, args, captures, backward, call, plant=None):
-    """Call f once as a user would, then differentiate; a dict of snapshots."""
+def observe(f, args, captures, backward, call, plant=None, between=None):
+    """Call f once as a user would, then differentiate; a dict of snapshots.
+    `between(call, args)`, if given, runs after the call and before the backward (the
+    caller changing its arguments there)."""
     rec = dict(raised=None, stage=None)
     targets = [(f"argument {i}", a) for i, a in enumerate(args) if isinstance(a, Variable)]
     targets += [(f"capture {n}", c) for n, c in captures.items() if isinstance(c, Variable)]
@@ -140,6 +144,9 @@ def observe(f, args, captures, backward, call, plant=None):
                                       if isinstance(x, Variable) else x)
         structure, leaves, objs = _flatten(out, args, captures)
         rec["structure"], rec["result"] = structure, leaves
+        if between is not None:
+            rec["stage"] = "update between the call and the backward"
+            between(call, args)
         if backward:
             rec["stage"] = "backward"
             rng = np.random.default_rng(1000 + call)
@@ -215,7 +222,7 @@ def run_side(source, path, jit, progress=None, plant=None):
             args = ns["args"](call)
             with np.errstate(all="ignore"):
                 rec = observe(jf, args, captures, ns["BACKWARD"], call,
-                              plant if jit else None)
+                              plant if jit else None, ns.get("BETWEEN"))
             records.append(rec)
             if rec["raised"]:
                 break

@@ -1047,3 +1047,66 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None):
         names.append(name)
     out.append(f"    return ({', '.join(names)}{',' if len(names) == 1 else ''})")
     return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------ argument updates
+# Programs whose caller changes an argument between the call and its backward (the
+# DeZero form `y = f(x); x.data += 1; y.backward()`): eager's backward reads each
+# Function's input Variables as they are then, and the values computed from them as
+# the forward computed them; a compiled call's backward must do the same (remat and
+# the create_graph replay must not recompute from the changed data).
+
+# What the caller does to one argument: (source for a Variable `a`, for an ndarray `a`).
+ARG_UPDATES = {
+    "none": (None, None),
+    "iadd": ("a.data += 0.25", "a += 0.25"),
+    "imul": ("a.data *= -0.5", "a *= -0.5"),
+    "rebind": ("a.data = a.data * 0.5 + 0.125", "a *= 0.5"),
+    "rebind_copy": ("a.data = a.data.copy()", None),
+    "entry": ("a.data.reshape(-1)[:1] = 0.375", "a.reshape(-1)[:1] = 0.375"),
+    "fill": ("a.data[...] = 0.625", "a[...] = 0.625"),
+}
+
+
+@st.composite
+def argument_update_programs(draw, avoid=(), focus=None):
+    """A `source_programs` program with a backward, whose caller updates its arguments
+    after each call and before the backward (harness: `BETWEEN(call, args)`): in place
+    (`x.data += c`, an entry, a fill), or rebinding `x.data`, per argument and call."""
+    p = draw(source_programs(avoid=avoid, focus=focus))
+    backward = draw(st.sampled_from(["plain", "create_graph"]))
+    if backward == "create_graph" and "create_graph_inplace" in avoid:
+        backward = "plain"
+    src = p.source
+    for old in ("None", "'plain'", "'create_graph'"):
+        src = src.replace(f"BACKWARD = {old}   #", f"BACKWARD = {backward!r}   #")
+    kinds = sorted(ARG_UPDATES)
+    # Per call, per argument position (floats are skipped at run time): one update.
+    table = draw(st.lists(st.lists(st.sampled_from(kinds), min_size=4, max_size=4),
+                          min_size=p.n_calls, max_size=p.n_calls))
+    assume(any(k != "none" for row in table for k in row))
+    lines = ["", "",
+             f"ARG_UPDATES = {table!r}   # per call, per argument",
+             "", "",
+             "def BETWEEN(call, args):",
+             "    \"\"\"The caller changes its arguments after the call, before the "
+             "backward.\"\"\"",
+             "    for a, kind in zip(args, ARG_UPDATES[call]):"]
+    lines += ["        if isinstance(a, tj.Variable):",
+              "            pass"]
+    lines += [f"            {line}" for kind in sorted({k for row in table for k in row})
+              if ARG_UPDATES[kind][0]
+              for line in (f"if kind == {kind!r}:", f"    {ARG_UPDATES[kind][0]}")]
+    lines += ["        elif isinstance(a, np.ndarray):   # a float argument is left alone",
+              "            pass"]
+    lines += [f"            {line}" for kind in sorted({k for row in table for k in row})
+              if ARG_UPDATES[kind][1]
+              for line in (f"if kind == {kind!r}:", f"    {ARG_UPDATES[kind][1]}")]
+    src = src + "\n".join(lines) + "\n"
+    features = sorted(set(p.features) | {"argument_update", backward == "create_graph"
+                                         and "create_graph" or "plain_backward"})
+    return SourceProgram(src, p.n_calls, p.has_float32, features)
+
+
+# The generators the fuzzer's command line offers (`--generator`).
+GENERATORS = {"programs": source_programs, "argument_updates": argument_update_programs}
