@@ -52,6 +52,10 @@ def test_jit_grad_of_grad():
     for i in range(N_CALLS):
         xa = r.standard_normal(3)
         assert_call_matches_eager(jg2, g2, xa, backward=False, rtol=1e-10, atol=1e-12)
+        # and the right answer (jit and eager share the autodiff): -x sin x + 2 cos x
+        want = -xa * np.sin(xa) + 2 * np.cos(xa)
+        np.testing.assert_allclose(jg2(xa).data, want, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(g2(xa).data, want, rtol=1e-10, atol=1e-12)
     assert jg2.cache_info()["fallbacks"] == 0, jg2.cache_info()
 
 

@@ -5,18 +5,29 @@ a traced region is tracejit.trace.backward.
 grad collects gradients aside (DictGrads) instead of in `.grad`, so transforming a
 function never touches the `.grad` of captured Parameters. The backward is built with
 create_graph, so grad(grad(f)) works, and under jit the whole thing is one trace.
+
+A Variable argument is differentiated through a new Variable that is, for any outer
+pass (an enclosing grad, or the user's `backward(create_graph=True)` on the result),
+the output of an identity node on the argument, and for the inner pass a leaf: the
+inner backward stops there (it neither walks the outer graph nor fills the argument's
+`.grad`), the outer one goes through it to the argument, so higher derivatives are
+those of the mathematical function.
 """
 import numpy as np
 
 from tracejit import core
 from tracejit.core import DictGrads, Variable, backprop
+from tracejit.ops.arrayops import Reshape
 from tracejit.trace.abstract import eval_shape
 
 
 def _as_diff_variable(x):
     tr = core.active_trace()
     if isinstance(x, Variable):
-        return Variable(x.data)   # a fresh leaf: the user's Variable keeps its .grad
+        # Reshape to its own shape: a primitive identity (backward: the gradient as
+        # it is) that eager, the tracer and every backend know. Under no_grad it
+        # records no creator and the result is a plain leaf, as DeZero's would be.
+        return Reshape(x.shape)(x)
     if isinstance(x, core.ScalarTracer):
         if tr is not None and x._trace is tr:
             # A float argument (or a number computed from traced data) under jit: a
@@ -48,31 +59,46 @@ def value_and_grad(fn, argnums=0):
         xs = [_as_diff_variable(args[i]) for i in nums]
         for i, x in zip(nums, xs):
             args[i] = x
-        f = fn
-        if core.active_trace() is not None:
-            # Under jit: float()/int() in the differentiated function's own code give
-            # traced numbers, as in a jitted function's (one guard per outcome).
-            from tracejit.trace.record import symbolic_scalars
-            f = symbolic_scalars(fn)
-        with core.using_config("enable_backprop", True):
-            y = f(*args, **kwargs)
-        if not isinstance(y, Variable):
-            raise TypeError(f"grad: the function must return a Variable, got "
-                            f"{type(y).__name__}")
-        if y.size != 1:
-            raise ValueError(f"grad: the function must return a scalar, got shape {y.shape}")
-        grads = DictGrads()
-        grads.set(y, Variable(np.ones(y.shape, y.dtype)))
-        backprop([y], create_graph=core.Config.enable_backprop, grads=grads)
-        gs = []
+        # While fn runs and the inner backward walks, the new Variables are leaves
+        # (a backward inside fn stops there too, as at eager's leaf); the identity
+        # nodes are put back for the outer passes afterwards.
+        links = [(x, x.creator) for x in xs]
         for x in xs:
-            g = grads.get(x)
-            gs.append(g if g is not None else Variable(np.zeros(x.shape, x.dtype)))
+            x.creator = None
+        try:
+            y, gs = _inner(fn, nums, xs, args, kwargs)
+        finally:
+            for x, c in links:
+                x.creator = c
         return y, (gs[0] if single else tuple(gs))
 
     value_and_grad_fn.__name__ = f"value_and_grad_{getattr(fn, '__name__', 'f')}"
     value_and_grad_fn._tracejit_wrapper = True     # pystate: look through to fn
     return value_and_grad_fn
+
+
+def _inner(fn, nums, xs, args, kwargs):
+    f = fn
+    if core.active_trace() is not None:
+        # Under jit: float()/int() in the differentiated function's own code give
+        # traced numbers, as in a jitted function's (one guard per outcome).
+        from tracejit.trace.record import symbolic_scalars
+        f = symbolic_scalars(fn)
+    with core.using_config("enable_backprop", True):
+        y = f(*args, **kwargs)
+    if not isinstance(y, Variable):
+        raise TypeError(f"grad: the function must return a Variable, got "
+                        f"{type(y).__name__}")
+    if y.size != 1:
+        raise ValueError(f"grad: the function must return a scalar, got shape {y.shape}")
+    grads = DictGrads()
+    grads.set(y, Variable(np.ones(y.shape, y.dtype)))
+    backprop([y], create_graph=core.Config.enable_backprop, grads=grads)
+    gs = []
+    for x in xs:
+        g = grads.get(x)
+        gs.append(g if g is not None else Variable(np.zeros(x.shape, x.dtype)))
+    return y, gs
 
 
 def grad(fn, argnums=0):

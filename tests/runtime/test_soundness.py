@@ -625,8 +625,13 @@ def test_returning_arguments_unchanged():
 
 
 def test_grad_of_grad_under_jit():
-    check(tj.grad(tj.grad(lambda x: F.sin(x) * x ** 3)),
-          lambda i: (Variable(np.array(0.3 + i)),))
+    jf = check(tj.grad(tj.grad(lambda x: F.sin(x) * x ** 3)),
+               lambda i: (Variable(np.array(0.3 + i)),))
+    # jit and eager share the autodiff: also against the known second derivative
+    for i in range(N):
+        v = 0.3 + i
+        want = -v ** 3 * np.sin(v) + 6 * v ** 2 * np.cos(v) + 6 * v * np.sin(v)
+        np.testing.assert_allclose(jf(Variable(np.array(v))).data, want, rtol=1e-9)
 
 
 def test_value_and_grad_two_argnums():
