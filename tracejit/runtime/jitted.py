@@ -571,9 +571,10 @@ class Jitted:
         generator) matches at the traced values but not at perturbed ones. Both runs
         start from the same live state, which is then put back (effects included).
         Where the results are Variables requiring grad, both also run backward with
-        the same random cotangents (gradients kept aside, the compiled backward graph
-        interpreted: nothing is compiled for it), and the gradients of the arguments
-        and captured Variables are compared.
+        the same random cotangents (gradients kept aside; the compiled backward is the
+        one later calls run, its kernels compiled here, so a code generation error in
+        a backward kernel is caught), and the gradients of the arguments and captured
+        Variables are compared.
         Returns (what, first difference): what is "frozen" (values differ on the
         perturbed copies, agree on unperturbed ones: a traced-time value was baked
         in), "value" (they differ on unperturbed copies too), "identity" or
@@ -642,7 +643,8 @@ class Jitted:
             diff = identity_difference(expected, got, known)
             if diff is not None:
                 return "identity", diff
-            v.check_backward = True
+            # The compiled backward runs as later calls' backward runs it (its kernels
+            # compiled now, not interpreted): a wrong backward kernel shows up here.
             wrt = self._gradient_names(v, p_leaves)
             soft = []
             with np.errstate(all="ignore"):
@@ -658,7 +660,6 @@ class Jitted:
         except Exception:  # noqa: BLE001 - inconclusive: the perturbed call itself failed
             return None
         finally:
-            v.check_backward = False
             state.restore_initial()
             originals.restore_initial()
             np.random.set_state(np_state)

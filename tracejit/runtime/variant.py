@@ -49,7 +49,7 @@ class CompiledFunction(RegionFunction):
 
     def backward(self, *gys):
         v = self.variant
-        if self.instances is None and v.grad_dtypes is None and not v.check_backward:
+        if self.instances is None and v.grad_dtypes is None:
             st = core._state
             if not st.enable_backprop and st.trace is None:
                 # The common case, kept one call deep.
@@ -134,10 +134,6 @@ class CompiledFunction(RegionFunction):
 
     def _backward(self, gys):
         v = self.variant
-        if v.check_backward:
-            # The trace-time check against eager: the backward graph interpreted on
-            # what this call saved (wiring and graph checked, no compile it may not need).
-            return _backward_other_gy(self, gys)
         if not Config.enable_backprop and core._state.trace is None:
             run = v.backward_runner or v.build_backward_runner()
             return run(self, gys)
@@ -388,7 +384,6 @@ class Variant:
         self.checks_left = checks
         self.exe = backend_compile(self.forward_graph)
         self.copy_outputs = fresh_copies(self.forward_graph, self.exe, self.n_user_outs)
-        self.check_backward = False     # the trace-time check: backward interpreted
         self.leaf_kinds = call.leaf_forms
         self.runner = build_runner(self, call.leaf_forms)
         self._hot_runner = None
