@@ -396,6 +396,8 @@ class Jitted:
                     failure, gf = None, failure
                     raise gf
                 if v.checks_left > 0:
+                    if v.demoted is not None:
+                        return self._drop_demoted(key, v, variants, args, kwargs)
                     return self._run_checked(key, v, args, kwargs, leaves)
                 try:
                     out = self._run(v, leaves, *((args, kwargs) if v.needs_argv else ()))
@@ -473,6 +475,18 @@ class Jitted:
                 variants.remove(v)
                 self._changed()
         self._fallback(key, f"the compiled variant raised {type(error).__name__}: {error}")
+        self._count("fallbacks")
+        return self.fn(*args, **kwargs)
+
+    def _drop_demoted(self, key, v, variants, args, kwargs):
+        """A variant whose compiled backward was found to differ when it first ran
+        (variant.checked_backward, which set v.demoted and gave that backward the
+        reference gradients): this signature runs eagerly from now on."""
+        with self.lock:
+            if v in variants:
+                variants.remove(v)
+                self._changed()
+        self._fallback(key, v.demoted)
         self._count("fallbacks")
         return self.fn(*args, **kwargs)
 
@@ -571,10 +585,10 @@ class Jitted:
         generator) matches at the traced values but not at perturbed ones. Both runs
         start from the same live state, which is then put back (effects included).
         Where the results are Variables requiring grad, both also run backward with
-        the same random cotangents (gradients kept aside; the compiled backward is the
-        one later calls run, its kernels compiled here, so a code generation error in
-        a backward kernel is caught), and the gradients of the arguments and captured
-        Variables are compared.
+        the same random cotangents (gradients kept aside, the compiled backward graph
+        interpreted: nothing is compiled for it), and the gradients of the arguments
+        and captured Variables are compared. The backward kernels are checked against
+        that interpretation when they first run (variant.checked_backward).
         Returns (what, first difference): what is "frozen" (values differ on the
         perturbed copies, agree on unperturbed ones: a traced-time value was baked
         in), "value" (they differ on unperturbed copies too), "identity" or
@@ -643,23 +657,13 @@ class Jitted:
             diff = identity_difference(expected, got, known)
             if diff is not None:
                 return "identity", diff
-            # The compiled backward runs as later calls' backward runs it (its kernels
-            # compiled now, not interpreted): a wrong backward kernel shows up here.
-            wrt = self._gradient_names(v, p_leaves)
-            soft = []
-            with np.errstate(all="ignore"):
-                diff = gradient_difference(expected, got, wrt, soft=soft)
-                if diff is None and soft:
-                    t = get_twin()
-                    diff = gradient_difference(
-                        expected, got, wrt, ref=NOREF if t is None else
-                        (t[0], [var for _, var in self._gradient_names(v, t[2])]))
-                    if diff is not None and t is None:
-                        diff += " (the float64 twin raised: rounding cannot be told apart)"
+            v.check_backward = True
+            diff = self._gradients_difference(v, p_leaves, expected, got, get_twin)
             return None if diff is None else ("gradient", diff)
         except Exception:  # noqa: BLE001 - inconclusive: the perturbed call itself failed
             return None
         finally:
+            v.check_backward = False
             state.restore_initial()
             originals.restore_initial()
             np.random.set_state(np_state)
@@ -697,6 +701,25 @@ class Jitted:
         aligned = len(t_state.vars) == len(state.vars) and \
             len(t_state.arrays) == len(state.arrays)
         return result, snap if aligned else None, t_leaves
+
+    def _gradients_difference(self, v, leaves, expected, got, get_twin):
+        """The first difference between the gradients of eager's and the variant's
+        results (random cotangents, gradients kept aside) or None. The variant's
+        backward graph is interpreted (v.check_backward, set by the caller): compiling
+        it is for a call that runs backward. float32 differences are judged by the
+        float64 twin (get_twin), as values are."""
+        wrt = self._gradient_names(v, leaves)
+        soft = []
+        with np.errstate(all="ignore"):
+            diff = gradient_difference(expected, got, wrt, soft=soft)
+            if diff is None and soft:
+                t = get_twin()
+                diff = gradient_difference(
+                    expected, got, wrt, ref=NOREF if t is None else
+                    (t[0], [var for _, var in self._gradient_names(v, t[2])]))
+                if diff is not None and t is None:
+                    diff += " (the float64 twin raised: rounding cannot be told apart)"
+        return diff
 
     @staticmethod
     def _gradient_names(v, leaves):
@@ -753,11 +776,29 @@ class Jitted:
             self._fallback(key, f"the compiled variant raised {type(e).__name__}: {e}")
             self._count("fallbacks")
             return expected
-        diff = _values_difference(expected, got, state, eager_state, lambda: self._twin(
-            v, leaves, functools.partial(_rebuild, args, kwargs, self.static_argnums,
-                                         self.static_argnames), state, rng))
+        twin = []
+
+        def get_twin():
+            if not twin:
+                twin.append(self._twin(v, leaves, functools.partial(
+                    _rebuild, args, kwargs, self.static_argnums, self.static_argnames),
+                    state, rng))
+            return twin[0]
+        diff = _values_difference(expected, got, state, eager_state, get_twin)
         same_objects = identity_difference(expected, got, known) if diff is None else None
-        if diff is None and same_objects is None:
+        grad_diff = None
+        if diff is None and same_objects is None and v.bwd is not None:
+            # The backward a later `result.backward()` runs, against eager's, on this
+            # call's arguments (the trace-time check skips functions with effects that
+            # run only while tracing, and may have been inconclusive).
+            v.check_backward = True
+            try:
+                grad_diff = self._gradients_difference(v, leaves, expected, got, get_twin)
+            except Exception:  # noqa: BLE001 - inconclusive: eager's backward raised
+                grad_diff = None
+            finally:
+                v.check_backward = False
+        if diff is None and same_objects is None and grad_diff is None:
             self._count("hits")
             return got
         variants = self._variants.get(key, [])
@@ -766,7 +807,10 @@ class Jitted:
             self._changed()
         state.restore(eager_state)
         np.random.set_state(rng_after)
-        if diff is None:
+        if grad_diff is not None:
+            self._fallback(key, f"the compiled backward differs from eager's (random "
+                                f"cotangents, on this call's arguments: {grad_diff})")
+        elif diff is None:
             self._fallback(key, f"the compiled call's results are not the objects eager "
                                 f"returns ({same_objects})")
         else:
@@ -816,6 +860,7 @@ class Jitted:
         variant = Variant(call, call.backward, backend_compile, self.lock,
                           checks=3 if self.check else 1)
         self.stats["compile_seconds"] += time.perf_counter() - t1
+        variant.warn = functools.partial(warn_at, line=self._def_line())
         variant.state = pystate.snapshot(call.locations)
         variant.state_changed = pystate.compile_check(variant.state)
         if not call.side_effects:

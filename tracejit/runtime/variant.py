@@ -49,7 +49,7 @@ class CompiledFunction(RegionFunction):
 
     def backward(self, *gys):
         v = self.variant
-        if self.instances is None and v.grad_dtypes is None:
+        if self.instances is None and v.grad_dtypes is None and not v.check_backward:
             st = core._state
             if not st.enable_backprop and st.trace is None:
                 # The common case, kept one call deep.
@@ -134,6 +134,10 @@ class CompiledFunction(RegionFunction):
 
     def _backward(self, gys):
         v = self.variant
+        if v.check_backward:
+            # The trace-time check against eager: the backward graph interpreted on
+            # what this call saved (wiring and graph checked, no compile it may not need).
+            return _backward_other_gy(self, gys)
         if not Config.enable_backprop and core._state.trace is None:
             run = v.backward_runner or v.build_backward_runner()
             return run(self, gys)
@@ -382,8 +386,13 @@ class Variant:
         self.state = ()
         self.state_changed = _unchanged
         self.checks_left = checks
+        # The compiled backward's first runs are checked against the backward graph
+        # interpreted (checked_backward); a difference sets `demoted` (the reason).
+        self.backward_checks_left = checks
+        self.warn = None          # (message) -> None: a JitWarning at the user's line
         self.exe = backend_compile(self.forward_graph)
         self.copy_outputs = fresh_copies(self.forward_graph, self.exe, self.n_user_outs)
+        self.check_backward = False     # the trace-time check: backward interpreted
         self.leaf_kinds = call.leaf_forms
         self.runner = build_runner(self, call.leaf_forms)
         self._hot_runner = None
@@ -443,8 +452,15 @@ class Variant:
         body.append(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         src = "def backward(cf, gys):\n" + "".join(f"    {line}\n" for line in body)
         exec(compile(src, f"<tracejit-backward {self.forward_graph.name}>", "exec"), env)
-        self.backward_runner = env["backward"]
-        self.backward_runner.source = src
+        real = env["backward"]
+        real.source = src
+        if self.backward_checks_left > 0:
+            def checked(cf, gys):
+                return checked_backward(cf, gys, real)
+            checked.source = src
+            self.backward_runner = checked
+        else:
+            self.backward_runner = real
         return self.backward_runner
 
     def backward_executable(self):
@@ -561,6 +577,73 @@ def _backward_other_gy(cf, gys):
     grads = v._interp_bwd(cf.backward_inputs(gys))
     return tuple(None if slot is None else core.wrap_array(np.asarray(grads[slot]))
                  for slot in v.bwd_grad_slots)
+
+
+def checked_backward(cf, gys, real):
+    """The backward runner of a variant's first backward calls: the compiled kernels
+    (`real`, what later calls run) and, beside them, the backward graph interpreted
+    with NumPy on the same inputs (the reference the trace-time check compared with
+    eager's backward). The interpreter never runs a generated kernel, so only this
+    catches a code generation error in one. On a difference the reference gradients
+    are returned (so this backward is eager's), the variant is demoted (`demoted`:
+    the dispatch drops it and the signature runs eagerly from its next call) and a
+    JitWarning says why. float32 differences are judged by the graph interpreted
+    on float64 copies of its inputs, as checking.py's float64 twin judges values."""
+    v = cf.variant
+    got = real(cf, gys)
+    if v.demoted is not None:
+        return _backward_other_gy(cf, gys)
+    try:
+        ref = _backward_other_gy(cf, gys)
+        diff = _kernel_difference(v, cf, gys, got, ref)
+    except Exception:  # noqa: BLE001 - no reference run: nothing to compare with
+        diff, ref = None, None
+    v.backward_checks_left -= 1
+    if diff is None:
+        if v.backward_checks_left <= 0 and v.backward_runner is not real:
+            v.backward_runner = real
+        return got
+    reason = (f"the compiled backward kernels differ from the backward graph run "
+              f"with NumPy (the reference the trace-time check compared with eager's "
+              f"backward) on a backward through a compiled call: {diff}")
+    v.demoted = reason
+    v.checks_left = max(v.checks_left, 1)    # the next call goes to the dispatch
+    if v.warn is not None:
+        v.warn(f"jit({v.forward_graph.name}): {reason}; that backward gave the "
+               f"reference gradients, and the function runs eagerly from its next call")
+    return ref
+
+
+def _kernel_difference(v, cf, gys, got, ref):
+    from tracejit.runtime.checking import LOW_PRECISION, array_difference
+    soft, pairs = [], []
+    for k, (g, r) in enumerate(zip(got, ref)):
+        if (g is None) != (r is None):
+            return f"the gradient of input {k} is None in one run"
+        if g is not None:
+            pairs.append((k, r._data, g._data))
+    for k, r, g in pairs:
+        d = array_difference(r, g, f"the gradient of input {k}", scaled=True, soft=soft)
+        if d:
+            return d
+    if not soft:
+        return None
+    try:
+        ins = [a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype in
+               LOW_PRECISION and a.dtype.kind == "f" else a for a in cf.backward_inputs(gys)]
+        with np.errstate(all="ignore"):
+            twin = v._interp_bwd(ins)
+        slots = [slot for slot in v.bwd_grad_slots if slot is not None]
+        twin = {k: np.asarray(twin[slot]) for k, slot in zip(
+            [k for k, slot in enumerate(v.bwd_grad_slots) if slot is not None], slots)}
+    except Exception:  # noqa: BLE001 - no twin: the difference stands
+        twin = {}
+    for k, r, g in pairs:
+        d = array_difference(r, g, f"the gradient of input {k}", scaled=True,
+                             ref=twin.get(k))
+        if d:
+            return d
+    return None
 
 
 def current_input(v, i, array, inputs=None):
