@@ -842,10 +842,61 @@ ESCAPES_STEPS = [(_escapes_view_then_update, 1), (_escapes_index_argument, 1),
 # ---------------------------------------------------------------- end of escapes block
 
 
+# ======================================================== nested grad (grad of grad)
+# Functional transforms inside f: grad, value_and_grad, grad of grad, grad of
+# value_and_grad, an inner function closing over a value of f. The harness's backward
+# (plain or create_graph) then differentiates through their results: the outer pass
+# goes through grad's identity link to the argument (autodiff._as_diff_variable).
+# focus="nested_grad" (--focus nested_grad) draws this statement far more often.
+
+# form -> (source template with {a} the argument and {c} a closure value, bound)
+NESTED_GRAD = {
+    "grad": ("tj.grad(lambda z: F.sum(F.sin(z) * z))({a})", lambda b, c: b + 1),
+    "grad_closure": ("tj.grad(lambda z: F.sum(F.tanh(z) * {c}))({a})", lambda b, c: c),
+    "grad_grad": ("tj.grad(lambda z: F.sum(tj.grad(lambda u: F.sum(F.sin(u) * u))(z)"
+                  " * z))({a})", lambda b, c: (2 + b) * b + b + 1),
+    "value_and_grad": ("tj.value_and_grad(lambda z: F.sum(F.tanh(z) * z))({a})[1]",
+                       lambda b, c: b + 1),
+    "grad_of_value_and_grad": ("tj.grad(lambda z: F.sum(tj.value_and_grad("
+                               "lambda u: F.sum(u ** 3) * 0.5)(z)[1]))({a})",
+                               lambda b, c: 3 * b),
+    "grad_argnums": ("tj.grad(lambda z, y: F.sum(F.tanh(z * y)), argnums=(0, 1))"
+                     "({a}, {c})[0]", lambda b, c: c),
+}
+
+
+def _st_nested_grad(b):
+    a = b.pick()
+    if a is None:
+        return b.st_unary()
+    # A closure value (or grad_argnums' second argument) that broadcasts to a's shape,
+    # so the gradient keeps a's shape.
+    cs = [w for w in b.vals if w.var and w.bound <= 5 and bcast(a.shape, w.shape) ==
+          a.shape]
+    forms = [f for f, (_, bf) in NESTED_GRAD.items()
+             if (cs or "{c}" not in NESTED_GRAD[f][0]) and bf(a.bound, 5.0) <= _MAX_BOUND]
+    if not forms:
+        return b.st_unary()
+    form = b.draw(st.sampled_from(sorted(forms)))
+    tmpl, bf = NESTED_GRAD[form]
+    c = b.draw(st.sampled_from(cs)) if "{c}" in tmpl else None
+    name = b.fresh()
+    b.emit(f"{name} = {tmpl.format(a=a.name, c=c.name if c else '')}")
+    dtype = _dt(a, c) if c is not None else a.dtype
+    b.add(name, a.shape, dtype, bf(a.bound, c.bound if c else 0.0))
+    b.features.add(f"nested_grad_{form}")
+
+
+NESTED_GRAD_STEPS = [(_st_nested_grad, 1)]
+
+# ==================================================== end of nested grad (grad of grad)
+
+
 @st.composite
 def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     """A random program as source text (see the module docstring); `avoid` names
-    constructs to leave out (AVOIDABLE); focus="state" draws mostly STATE_STEPS."""
+    constructs to leave out (AVOIDABLE); focus="state" draws mostly STATE_STEPS,
+    focus="nested_grad" mostly NESTED_GRAD_STEPS."""
     avoid = frozenset(avoid)
     unknown = avoid - set(AVOIDABLE)
     if unknown:
@@ -890,6 +941,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
              (b.st_inner_step, 1), (b.st_inplace_arg, 1)]
     table += [(getattr(b, m), w * (12 if focus == "state" else 1)) for m, w in STATE_STEPS]
     table += [(lambda g=g: g(b), w) for g, w in ESCAPES_STEPS]     # escapes block
+    table += [(lambda g=g: g(b), w * (30 if focus == "nested_grad" else 1))
+              for g, w in NESTED_GRAD_STEPS]                         # nested grad block
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
