@@ -15,7 +15,8 @@ from tracejit import core
 from tracejit.ir import interpret
 from tracejit.core import Config, Constant, Function, RegionFunction, Variable
 from tracejit.ir import Graph, Lit
-from tracejit.trace.pytree import FLT, PYTHON_SCALAR, SCALAR, VAR, structure_source
+from tracejit.trace.pytree import (FLT, PYTHON_SCALAR, SCALAR, VAR, replay_view,
+                                   structure_source)
 from tracejit.runtime.signature import matcher_lines
 from tracejit.ops.trace_only import (GUARD, GuardFailure, UserBackward, UserBackwardMismatch,
                                 UserCall, running_backward, take_calls)
@@ -291,6 +292,9 @@ class Variant:
         # args and kwargs (pytree.flatten_result's "argobj").
         self.needs_argv = "'argobj'" in repr(out_tree)
         self.out_leaves = out_leaves         # as pytree.result_leaves describes them
+        # Results eager returns as views of an input's buffer or of another result:
+        # rebuilt on it at return time (pytree.result_views).
+        self.out_views = call.out_views or {}
         # Per output Variable: whether eager gives it a creator (it gets ours), and
         # the grad effects whose new .grad is one of them (the same object).
         self.has_creator = call.has_creator
@@ -849,6 +853,8 @@ def build_runner(v, leaf_kinds, key=None):
             env["Constant"] = core.Constant
     # Outputs: each leaf's expression, then the user's structure around them.
     leaves_ = v.out_leaves
+    if v.out_views:
+        body += _view_lines(v, out, names, dest, const, env, call is not None)
     exprs, made = [None] * len(leaves_), []
     k = 0
     for i, (kind, a, b) in enumerate(leaves_):
@@ -985,6 +991,40 @@ def build_runner(v, leaf_kinds, key=None):
     run = env["run"]
     run.source = src
     return run
+
+
+def _view_lines(v, out, names, dest, const, env, listed):
+    """Each result eager returns as a view (v.out_views) replaces the graph's copy of
+    it: the same NumPy view operations replayed on the live buffer, after the call's
+    effects, so it aliases that buffer as eager's does and holds what it holds. A
+    replay NumPy answers with a copy (a reshape of a non-contiguous argument, as eager
+    copies it) keeps the graph's value, computed from the inputs before the effects
+    (as eager's copy was)."""
+    env["replay_view"] = replay_view
+    slot, k = {}, 0
+    for i, (kind, _, _) in enumerate(v.out_leaves):
+        if kind == "out":
+            slot[i] = k
+            k += 1
+    lines = ["outs = list(outs)"] if listed else []
+    # A view of another result after that result: its own replay first.
+    order = sorted(v.out_views, key=lambda i: (v.out_views[i][0][0] == "leaf", i))
+    for i in order:
+        (where, r), steps = v.out_views[i]
+        if where == "input":
+            if v.sources[r].kind not in ("arg", "var", "array"):
+                continue
+            base = names[r]
+        elif where == "effect":
+            if r not in dest:
+                continue
+            base = dest[r]          # the buffer effect r wrote into
+        else:
+            base = out(slot[r])
+        dst = out(slot[i])
+        lines.append(f"val = replay_view({base}, {const(steps)})")
+        lines.append(f"if val is not None: {dst} = val")
+    return lines
 
 
 def _label(var):

@@ -12,7 +12,8 @@ from tracejit.trace import buffers, pystate
 from tracejit.trace import record as tracing
 from tracejit.trace.backward import mutated_inputs, trace_backward
 from tracejit.trace.pytree import (ARR, FLT, VAR, arg_at, arg_names, flatten_result,
-                                   result_leaves, strip_tracers, unflatten)
+                                   replay_view, result_leaves, result_views,
+                                   strip_tracers, unflatten)
 from tracejit.trace.record import (TracedArray, TracedFloat, Trace, _user_functions,
                                    wrapped_function)
 from tracejit.trace.records import (BackwardEscape, Effect, Escape, SideEffect, Source, Target,
@@ -84,6 +85,25 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         keep.update((id(t), path) for t, v, path in tr.scalar_args.values() if t._tv is v)
         out_tree = flatten_result(result, out_leaves_raw, keep=keep)
         out_leaves, result_objects = result_leaves(tr, out_leaves_raw)
+        # Results eager returns as views of a buffer from outside or of another result:
+        # the variant rebuilds them on the live buffer; one it cannot rebuild runs eagerly.
+        out_views, unexpressed = result_views(tr, out_leaves_raw, out_leaves)
+        for i, ((where, j), steps) in sorted(out_views.items(),
+                                             key=lambda e: (e[1][0][0] == "leaf", e[0])):
+            if isinstance(result_objects[i], Variable):
+                continue
+            # The traced call's own result: the view itself, not strip_tracers' copy
+            # (of the traced call's own result j, when it is a view of that).
+            base = result_objects[j] if where == "leaf" else None
+            base = base._data if isinstance(base, Variable) else base
+            view = replay_view(base, steps) if isinstance(base, np.ndarray) else None
+            result_objects[i] = view if view is not None else \
+                out_leaves_raw[i].view(np.ndarray)
+        if unexpressed:
+            tr.escapes.append((
+                f"result {unexpressed[0]} is a view of an argument's, a captured array's "
+                f"or another result's buffer that compiled calls cannot rebuild (they "
+                f"would return an unaliased copy)", def_line))
         tr.grad_effects = [(var, None if var._grad is None else tr.value_of(var._grad))
                            for var in tr.grad_writes.values()]
         # The .grad backward left on a result made inside the call (retain_grad, or
@@ -201,7 +221,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         grad_constant=grad_constant, made_constant=made_constant, grad_reach=grad_reach,
         escapes=escapes,
         side_effects=side_effects, result=result, grads_before=grads_before,
-        locations=locs, backward=backward,
+        locations=locs, backward=backward, out_views=out_views,
         mutated=frozenset(mutated_inputs(tr)) if backward is not None else frozenset(),
         sources=parts.get("sources", []), effects=parts.get("effects", []),
         grad_effects=parts.get("grad_effects", []), grad_none=parts.get("grad_none", []))

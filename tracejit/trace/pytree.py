@@ -8,7 +8,7 @@ import inspect
 
 import numpy as np
 
-from tracejit.core import Parameter, Variable
+from tracejit.core import MOVEMENT, Parameter, Variable
 from tracejit.trace.record import TracedArray, TracedScalar
 from tracejit.trace.records import Form, Leaf
 
@@ -420,3 +420,177 @@ def structure_source(tree, exprs, const):
         return "[" + ", ".join(parts) + "]"
     keys = tree[1]
     return "{" + ", ".join(f"{const(k)}: {p}" for k, p in zip(keys, parts)) + "}"
+
+
+# ------------------------------------------------------------------ returned views
+
+
+def result_views(tr, raw, leaves):
+    """Which computed results eager returns as views of an input's buffer or of another
+    result's array (`x.data[0:2]`, `x.data.T`, F.reshape(x), `a.data[1:]` next to `a`),
+    and how to rebuild each on the live buffer.
+
+    Returns ({leaf index: (root, steps)}, unexpressed): root ("input", i) (forward graph
+    input i: an argument's or a capture's array as the call reads it), ("effect", e)
+    (the buffer in-place effect e writes into) or ("leaf", j) (computed result leaf
+    j's array); steps: the NumPy view operations, replayed at
+    return time so that the result aliases the buffer as eager's does (and holds what
+    the call's in-place effects left in it). unexpressed: leaf indices whose traced
+    array shares memory with such a buffer but no replay rebuilds it (the call runs
+    eagerly: a copy would be silently unaliased)."""
+    producer = {}
+    for n in tr.graph.nodes:
+        for o in n.outputs:
+            producer[id(o)] = n
+    input_pos = {id(v): i for i, v in enumerate(tr.graph.inputs)}
+    arrays = _input_arrays(tr)
+    out_pos = {}
+    for j, leaf in enumerate(leaves):
+        if leaf[0] == "out" and leaf[2] in (VAR, ARR) and leaf[1] is not None:
+            out_pos.setdefault(id(leaf[1]), j)
+    # A Value an in-place effect writes into a buffer from outside (`W += 1.0`; a view
+    # taken after it is rebuilt on the updated value): that buffer, after the effects.
+    effect_pos, effect_arrays = {}, {}
+    for e, (kind, target, v) in enumerate(tr.effects):
+        buf = target._data if kind == "inplace" else target if kind == "inplace_array" \
+            else None
+        if isinstance(buf, np.ndarray):
+            effect_pos.setdefault(id(v), e)
+            effect_arrays[e] = buf.view(np.ndarray) if type(buf) is not np.ndarray else buf
+    views, unexpressed = {}, []
+    for i, leaf in enumerate(leaves):
+        if leaf[0] != "out" or leaf[2] not in (VAR, ARR):
+            continue
+        arr = _plain(raw[i])
+        if arr is None:
+            continue
+        v, steps = leaf[1], []
+        root = None
+        while True:
+            if id(v) in input_pos:
+                root = ("input", input_pos[id(v)])
+                break
+            j = out_pos.get(id(v))
+            if j is not None and j != i:
+                root = ("leaf", j)
+                break
+            if id(v) in effect_pos:
+                root = ("effect", effect_pos[id(v)])
+                break
+            n = producer.get(id(v))
+            if n is None or n.kind != MOVEMENT or len(n.inputs) != 1:
+                break
+            steps.append(_view_step(n))
+            v = n.inputs[0]
+        base = None
+        if root is not None and root[0] == "input":
+            base = arrays.get(root[1])
+        elif root is not None and root[0] == "effect":
+            base = effect_arrays[root[1]]
+        elif root is not None:
+            base = _plain(raw[root[1]])
+        steps = tuple(reversed(steps))
+        if base is not None and steps and _replays(base, steps, arr):
+            views[i] = (root, steps)
+
+    def group(i):        # the buffer a result is rebuilt on: ("input", r) or ("leaf", j)
+        while i in views and views[i][0][0] == "leaf":
+            i = views[i][0][1]
+        return views[i][0] if i in views else ("leaf", i)
+    # A computed result sharing memory with a buffer it is not rebuilt on: a copy
+    # would not alias it.
+    for i, leaf in enumerate(leaves):
+        if leaf[0] != "out" or i in views:
+            continue
+        arr = _plain(raw[i])
+        if arr is None or arr.size == 0:
+            continue
+        if any(_overlaps(arr, base) for base in list(arrays.values())
+               + list(effect_arrays.values())) or any(
+                j != i and leaves[j][0] == "out" and group(j) != ("leaf", i)
+                and _plain(raw[j]) is not None and _overlaps(arr, _plain(raw[j]))
+                for j in range(len(leaves))):
+            unexpressed.append(i)
+    return views, unexpressed
+
+
+def _plain(x):
+    """The plain ndarray of a result leaf (a Variable's data, a tracer as ndarray)."""
+    d = x._data if isinstance(x, Variable) else x
+    if not isinstance(d, np.ndarray) or d.ndim == 0 and not isinstance(x, Variable) \
+            and getattr(d, "_numpy_scalar", False):
+        return None
+    return d.view(np.ndarray) if type(d) is not np.ndarray else d
+
+
+def _input_arrays(tr):
+    """Forward graph input index -> the array the traced call read for it, for the inputs
+    whose buffer is the caller's (an argument's, a captured Variable's or array's): not
+    an array the function made (np.ones(3), new every eager call)."""
+    pos = {id(v): i for i, v in enumerate(tr.graph.inputs)}
+    out = {}
+    for var, v in tr.arg_vars.values():
+        if id(v) in pos and isinstance(var._data, np.ndarray):
+            out[pos[id(v)]] = var._data
+    for arr, v in tr.arg_arrays.values():
+        if id(v) in pos and id(arr) in tr.arg_leaf:
+            out[pos[id(v)]] = arr
+    for v, (kind, obj) in tr.captures:
+        if id(v) not in pos:
+            continue
+        if kind == "var" and isinstance(obj._data, np.ndarray):
+            out[pos[id(v)]] = obj._data
+        elif kind == "array" and not _made_in_call(tr, obj):
+            out[pos[id(v)]] = obj
+    return {i: (a.view(np.ndarray) if type(a) is not np.ndarray else a)
+            for i, a in out.items()}
+
+
+def _view_step(node):
+    # x[key] with a basic key: NumPy's view (GetItem.forward copies, as F.get_item
+    # does; `x.data[0:2]` is the same node, and the trace-time check tells them apart).
+    key = node.fn.view_index(node) if hasattr(node.fn, "view_index") else None
+    if key is not None:
+        return _BasicIndex(key)
+    return node.fn.forward
+
+
+class _BasicIndex:
+    __slots__ = ("key",)
+
+    def __init__(self, key):
+        self.key = key
+
+    def __call__(self, a):
+        return a[self.key]
+
+    def __repr__(self):
+        return f"[{self.key!r}]"
+
+
+def replay_view(base, steps):
+    """The view `steps` give of `base`, or None when NumPy gave a copy (a reshape of a
+    non-contiguous argument: eager copies too, before the call's effects)."""
+    y = base
+    for step in steps:
+        y = step(y)
+    if not isinstance(y, np.ndarray) or not np.may_share_memory(y, base):
+        return None
+    return y
+
+
+def _replays(base, steps, arr):
+    try:
+        y = replay_view(base, steps)
+    except Exception:  # noqa: BLE001 - not replayable: not a view we can rebuild
+        return False
+    return y is not None and _same_array(y.view(np.ndarray), arr)
+
+
+def _overlaps(a, b):
+    if not np.may_share_memory(a, b):
+        return False
+    try:
+        return bool(np.shares_memory(a, b, max_work=10_000))
+    except Exception:  # noqa: BLE001 - TooHardError: count it as shared
+        return True

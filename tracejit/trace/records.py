@@ -153,3 +153,6 @@ class TracedCall:
     grads_before: dict       # id(argument Variable) -> its .grad before the call
     locations: list          # pystate locations of the Python state the function reads
     backward: Any            # BackwardPlan, BackwardEscape, or None (no backward)
+    # result leaf index -> (root, steps): a result eager returns as a view of an input's
+    # buffer or of another result (pytree.result_views), rebuilt on it at return time
+    out_views: Any = None

@@ -1,0 +1,170 @@
+"""A result eager returns as a view of an argument's, a captured array's or Parameter's,
+or another result's buffer comes back from a compiled call as a view of the same buffer,
+with the same layout: writing into it changes the buffer (and the reverse), as in eager.
+
+`x.data[0:2]`, `x.data.T`, `x.data.reshape(-1)`, F.reshape(x), F.transpose(x), a captured
+array's slice and `a.data[1:]` next to `a` are NumPy views in eager; F.get_item (x[0:2])
+is a copy in eager and stays one. Each case runs eager and jit side by side on equal
+copies of new arguments and of captured state mutated before every call, and compares
+values, which results share memory with which buffers, strides, and what a write into
+each result does to every buffer.
+"""
+import numpy as np
+import pytest
+
+import tracejit as tj
+import tracejit.functions as F
+from tracejit import Parameter, Variable
+
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+CALLS = 6      # warm-up, trace, then four compiled calls
+
+
+def _arrays(obj):
+    """The arrays of a result or argument tree (a Variable's data), in order."""
+    if isinstance(obj, Variable):
+        return [obj.data]
+    if isinstance(obj, np.ndarray):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [a for x in obj for a in _arrays(x)]
+    return []
+
+
+def _mutate(rng, caps):
+    for c in caps:
+        a = c.data if isinstance(c, Variable) else c
+        a[...] = rng.standard_normal(a.shape)
+
+
+def check_aliasing(build, make_args, calls=CALLS):
+    """build() -> (f, captured objects): called twice, one copy for eager, one for jit.
+    Returns the jitted function."""
+    fe, cap_e = build()
+    fj, cap_j = build()
+    jf = tj.jit(fj)
+    for call in range(calls):
+        seed = 100 + call
+        _mutate(np.random.default_rng(seed), cap_e)
+        _mutate(np.random.default_rng(seed), cap_j)
+        args_e = make_args(np.random.default_rng(seed + 1))
+        args_j = make_args(np.random.default_rng(seed + 1))
+        re, rj = fe(*args_e), jf(*args_j)
+        oe, oj = _arrays(re), _arrays(rj)
+        be = _arrays(args_e) + _arrays(list(cap_e))
+        bj = _arrays(args_j) + _arrays(list(cap_j))
+        assert len(oe) == len(oj)
+        for k, (a, b) in enumerate(zip(oe, oj)):
+            np.testing.assert_allclose(b, a, rtol=1e-12, err_msg=f"call {call} result {k}")
+            assert a.strides == b.strides and a.dtype == b.dtype, (call, k)
+            for m, (x, y) in enumerate(zip(be + oe, bj + oj)):
+                if m == len(be) + k:
+                    continue
+                assert np.shares_memory(a, x) == np.shares_memory(b, y), \
+                    f"call {call}: result {k} and buffer {m} alias in one run only"
+        # A write into each result reaches the buffers it views, as in eager.
+        for k, (a, b) in enumerate(zip(oe, oj)):
+            if a.flags.writeable:
+                a += 10.0 * (k + 1)
+                b += 10.0 * (k + 1)
+            for m, (x, y) in enumerate(zip(be + oe, bj + oj)):
+                np.testing.assert_allclose(y, x, rtol=1e-12,
+                                           err_msg=f"call {call}: buffer {m} after a "
+                                                   f"write into result {k}")
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] >= 3, info
+    return jf
+
+
+def var_arg(shape=(3, 4)):
+    return lambda rng: (Variable(rng.standard_normal(shape)),)
+
+
+def arr_arg(shape=(3, 4)):
+    return lambda rng: (rng.standard_normal(shape),)
+
+
+def no_caps(fn):
+    return lambda: (fn, ())
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.data[0:2],
+    lambda x: x.data[1:, ::2],
+    lambda x: x.data[::-1, 1],
+    lambda x: x.data.T,
+    lambda x: x.data.reshape(-1),
+    lambda x: x.data[:, 1:].T,
+    lambda x: F.reshape(x, (4, 3)),
+    lambda x: F.transpose(x),
+    lambda x: x.T,
+    lambda x: (x.data[0], x.data[1:], x),
+], ids=["slice", "strided", "reversed", "T", "reshape", "slice_T", "F.reshape",
+        "F.transpose", "Variable.T", "several"])
+def test_a_view_of_a_variable_argument_aliases_it(fn):
+    check_aliasing(no_caps(fn), var_arg())
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x[1:],
+    lambda x: x.T[::2],
+    lambda x: (x * 2.0, x.reshape(2, 6)),
+], ids=["slice", "T_step", "with_computed"])
+def test_a_view_of_an_array_argument_aliases_it(fn):
+    check_aliasing(no_caps(fn), arr_arg())
+
+
+def test_get_item_is_a_copy_as_in_eager():
+    check_aliasing(no_caps(lambda x: x[0:2]), var_arg())
+
+
+def test_a_view_of_a_captured_array_and_parameter_aliases_them():
+    def build():
+        W = np.ones((3, 4))
+        P = Parameter(np.ones((4, 3)))
+
+        def f(x):
+            y = F.matmul(x, P)
+            return y, W[1:], P.data[:, 0], F.reshape(P, (-1,))
+        return f, (W, P)
+
+    check_aliasing(build, var_arg())
+
+
+def test_a_view_of_another_result_aliases_it():
+    def f(x):
+        a = F.exp(x)
+        return a, a.data[1:], F.transpose(a)
+
+    check_aliasing(no_caps(f), var_arg())
+
+
+def test_a_view_sees_the_in_place_updates_of_the_call():
+    def build():
+        W = np.ones((3, 4))
+        P = Parameter(np.ones((3, 4)))
+
+        def f(x):
+            v, w = W[:, ::2], P.data.T
+            y = F.sum(x * P)
+            np.add(W, 1.0, out=W)
+            P.data -= 0.1 * x.data
+            return y, v, w
+        return f, (W, P)
+
+    check_aliasing(build, var_arg())
+
+
+def test_a_reshaped_argument_that_is_not_contiguous_is_a_copy_as_in_eager():
+    # Traced on a contiguous argument (a view), called on transposed ones: eager's
+    # reshape copies, so does the compiled call.
+    n = [0]
+
+    def make_args(rng):
+        call = n[0] // 2          # called twice per call: eager's, then jit's
+        n[0] += 1
+        a = rng.standard_normal((4, 3))
+        return (np.ascontiguousarray(a.T) if call < 2 or call % 2 else a.T,)
+
+    check_aliasing(no_caps(lambda x: x.reshape(-1)), make_args)
