@@ -168,3 +168,18 @@ def test_a_reshaped_argument_that_is_not_contiguous_is_a_copy_as_in_eager():
         return (np.ascontiguousarray(a.T) if call < 2 or call % 2 else a.T,)
 
     check_aliasing(no_caps(lambda x: x.reshape(-1)), make_args)
+
+
+def test_a_view_compiled_calls_cannot_rebuild_runs_eagerly(record_jit_warnings):
+    # np.diagonal is an opaque NumPy call to the tracer: no view operations to replay.
+    # A copy would be silently unaliased; the function runs eagerly and says why.
+    jf = tj.jit(lambda x: np.diagonal(x.data))
+    for k in range(4):
+        x = Variable(np.random.default_rng(k).standard_normal((3, 4)))
+        r = jf(x)
+        assert np.shares_memory(r, x.data)
+        np.testing.assert_array_equal(r, np.diagonal(x.data))
+    assert jf.cache_info()["hits"] == 0
+    messages = [str(w.message) for w in record_jit_warnings]
+    assert any("view of an argument's" in m and "test_returned_views_alias.py" in m
+               for m in messages), messages

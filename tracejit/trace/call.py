@@ -99,6 +99,10 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             view = replay_view(base, steps) if isinstance(base, np.ndarray) else None
             result_objects[i] = view if view is not None else \
                 out_leaves_raw[i].view(np.ndarray)
+        for i in unexpressed:
+            if not isinstance(result_objects[i], Variable):
+                # This call runs eagerly: its result is the view eager gives.
+                result_objects[i] = out_leaves_raw[i].view(np.ndarray)
         if unexpressed:
             tr.escapes.append((
                 f"result {unexpressed[0]} is a view of an argument's, a captured array's "
