@@ -507,7 +507,9 @@ def result_views(tr, raw, leaves):
             continue
         if any(_overlaps(arr, base) for base in list(arrays.values())
                + list(effect_arrays.values())) or any(
+                # (The same Value twice is the identity checks' business: `return y, y`.)
                 j != i and leaves[j][0] == "out" and group(j) != ("leaf", i)
+                and leaves[j][1] is not leaf[1]
                 and _plain(raw[j]) is not None and _overlaps(arr, _plain(raw[j]))
                 for j in range(len(leaves))):
             unexpressed.append(i)

@@ -90,6 +90,24 @@ def _identity(x, args, captures, earlier):
     return "new"
 
 
+def _buffer(x):
+    d = x.data if isinstance(x, Variable) else x
+    return d if isinstance(d, np.ndarray) and d.size else None
+
+
+def _aliases(x, args, captures, earlier):
+    """The buffers (arguments', captures', earlier results') a result leaf shares memory
+    with: eager returns views (`x.data[0:2]`, F.reshape(x)), a copy would not alias."""
+    d = _buffer(x)
+    if d is None:
+        return ()
+    named = [(f"argument {i}", a) for i, a in enumerate(args)]
+    named += [(f"capture {n}", c) for n, c in captures.items()]
+    named += [(f"result leaf {j}", e) for j, e in enumerate(earlier)]
+    return tuple(label for label, o in named
+                 if _buffer(o) is not None and np.shares_memory(d, _buffer(o)))
+
+
 def _leaf(x, ident=None):
     """A snapshot of one value: kind, dtype, shape, a copy of the value, identity."""
     kind = _kind(x)
@@ -112,6 +130,7 @@ def _flatten(result, args, captures):
         if isinstance(x, (tuple, list)):
             return (type(x).__name__, [walk(y) for y in x])
         leaves.append(_leaf(x, _identity(x, args, captures, objs)))
+        leaves[-1]["alias"] = _aliases(x, args, captures, objs)
         objs.append(x)
         return "leaf"
 
@@ -284,8 +303,8 @@ def compare_leaf(got, want, tol, section, what):
                     f"{what}: jit gives {'None' if got is None else got['kind']}, eager "
                     f"{'None' if want is None else want['kind']}")
         return None
-    for field in ("kind", "dtype", "shape", "ident", "repr"):
-        if got[field] != want[field]:
+    for field in ("kind", "dtype", "shape", "ident", "repr", "alias"):
+        if got.get(field) != want.get(field):
             return (f"{section}: {field}",
                     f"{what}: {field} differs: jit {got[field]!r}, eager {want[field]!r}")
     if want["value"] is not None:

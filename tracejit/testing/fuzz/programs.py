@@ -174,6 +174,7 @@ class Builder:
         self.rebinds = set()      # captures f updates with an augmented assignment
         self.view_args = {}       # ndarray argument -> how it is a view (_view_of)
         self.extra_args = []      # (name, source of its value in args()): escapes block
+        self.returned_views = []  # names of views returned too: returned views block
 
     # ---- helpers
 
@@ -892,6 +893,41 @@ NESTED_GRAD_STEPS = [(_st_nested_grad, 1)]
 # ==================================================== end of nested grad (grad of grad)
 
 
+# ---------------------------------------------------------------- returned views (helper
+# "views"). A result eager returns as a view of an argument's, a capture's or another
+# value's buffer (`x.data[::-1]`, `.data.T`, `.reshape(-1)`, F.reshape, F.transpose, a
+# captured array's slice): the harness compares which buffers each result shares
+# memory with. Each step emits the view and adds it to the returned values.
+
+def _views_returned(b):
+    v = b.pick(lambda w: True, recent=8)
+    if v is None:
+        return b.st_unary()
+    nd = len(v.shape)
+    data = f"{v.name}.data" if v.var else v.name
+    forms = [f"{data}.T", f"{data}.reshape(-1)"]
+    if nd >= 1:
+        forms += [f"{data}[::-1]", f"{data}[..., 1:]", f"{data}[None]"]
+    if v.var:
+        forms += [f"F.reshape({v.name}, (-1,))", f"F.transpose({v.name})"]
+    cap = None
+    if b.draw(st.integers(0, 3)) == 0:
+        suffix = tuple(d for d in v.shape if d != B)[:2]
+        cap = b.capture(suffix, reuse=True)
+        W = cap[0] + (".data" if cap[1] == "param" else "")
+        forms = [f"{W}.T", f"{W}.reshape(-1)"] + ([f"{W}[::-1]"] if suffix else [])
+    form = b.draw(st.sampled_from(forms))
+    name = b.fresh("view")
+    b.emit(f"{name} = {form}")
+    b.returned_views.append(name)
+    b.features.add("returned_view_capture" if cap is not None else
+                   "returned_view_" + ("variable" if form.startswith("F.") else "array"))
+
+
+VIEWS_STEPS = [(_views_returned, 1)]
+# ---------------------------------------------------------------- end of returned views
+
+
 @st.composite
 def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     """A random program as source text (see the module docstring); `avoid` names
@@ -943,6 +979,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     table += [(lambda g=g: g(b), w) for g, w in ESCAPES_STEPS]     # escapes block
     table += [(lambda g=g: g(b), w * (30 if focus == "nested_grad" else 1))
               for g, w in NESTED_GRAD_STEPS]                         # nested grad block
+    table += [(lambda g=g: g(b), w * (12 if focus == "views" else 1))  # returned views
+              for g, w in VIEWS_STEPS]
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
@@ -1017,6 +1055,7 @@ def _outputs(b):
         elif kind == "capture" and b.captures:
             outs.append(b.draw(st.sampled_from(b.captures))[0])
             b.features.add("return_capture")
+    outs += b.returned_views                            # returned views block
     if len(set(outs)) < len(outs):
         b.features.add("return_twice")
     if len(outs) == 1 and b.draw(st.booleans()):
