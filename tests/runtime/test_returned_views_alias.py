@@ -183,3 +183,12 @@ def test_a_view_compiled_calls_cannot_rebuild_runs_eagerly(record_jit_warnings):
     messages = [str(w.message) for w in record_jit_warnings]
     assert any("view of an argument's" in m and "test_returned_views_alias.py" in m
                for m in messages), messages
+
+
+def test_a_reshape_to_the_same_shape_is_a_new_view_of_the_buffer():
+    # No op is recorded for it: still a view, as eager's reshape gives.
+    def f(x):
+        h = F.tanh(x + x)
+        return h, h.data.reshape(-1), x.data.reshape(x.shape)
+
+    check_aliasing(no_caps(f), var_arg((3,)))

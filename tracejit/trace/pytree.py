@@ -489,8 +489,10 @@ def result_views(tr, raw, leaves):
             base = effect_arrays[root[1]]
         elif root is not None:
             base = _plain(raw[root[1]])
-        steps = tuple(reversed(steps))
-        if base is not None and steps and _replays(base, steps, arr):
+        # No op between (a reshape to its own shape, elided): a new view of the buffer,
+        # as NumPy's reshape gives.
+        steps = tuple(reversed(steps)) or (_new_view,)
+        if base is not None and _replays(base, steps, arr):
             views[i] = (root, steps)
 
     def group(i):        # the buffer a result is rebuilt on: ("input", r) or ("leaf", j)
@@ -555,6 +557,10 @@ def _view_step(node):
     if key is not None:
         return _BasicIndex(key)
     return node.fn.forward
+
+
+def _new_view(a):
+    return a.view()
 
 
 class _BasicIndex:
