@@ -192,3 +192,20 @@ def test_a_reshape_to_the_same_shape_is_a_new_view_of_the_buffer():
         return h, h.data.reshape(-1), x.data.reshape(x.shape)
 
     check_aliasing(no_caps(f), var_arg((3,)))
+
+
+def test_the_data_of_a_returned_seed_gradient_is_its_array_on_the_traced_call_too():
+    # The trace copies a .grad that holds backward's seed; the traced call's
+    # `h.data` must be the copy's array, the one its returned h holds.
+    def build():
+        W = Parameter(np.ones(3))
+
+        def f(x):
+            W.cleargrad()
+            y = (W + 0.5) - 0.25
+            y.backward(retain_grad=True, create_graph=True)
+            h = y.grad
+            return h, h.data, x * 2.0
+        return f, (W,)
+
+    check_aliasing(build, var_arg((3,)))

@@ -115,8 +115,12 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         tr.made_grads = [(x, x._grad, None if x._grad is None else tr.value_of(x._grad))
                          for x, leaf in zip(out_leaves_raw, out_leaves)
                          if leaf[0] == "out" and leaf[2] == VAR]
-        _unshare_grads(tr, list(tr.grad_writes.values()) +
-                       [x for x, g, _ in tr.made_grads if g is not None])
+        copied = _unshare_grads(tr, list(tr.grad_writes.values()) +
+                                [x for x, g, _ in tr.made_grads if g is not None])
+        # A result that is such a .grad's array (`return y.grad, y.grad.data`) is its
+        # copy, the array the traced call's .grad now holds.
+        result_objects = [copied[id(o)][1] if id(o) in copied and copied[id(o)][0] is o
+                          else o for o in result_objects]
         if _unreturned_grad_graph(tr, out_leaves_raw):
             tr.escapes.append((
                 "backward(create_graph=True) inside the function leaves a .grad with "
@@ -449,12 +453,17 @@ def _grad_reach(tr, made, has_creator, diff_traced):
 def _unshare_grads(tr, vars_):
     """The traced call's .grad objects holding an array the graph reads as a capture
     made in the call (backward's seed: `loss = x + 1.0` gives x.grad the seed itself)
-    get a copy: the caller may change them in place (ClipGrad), the graph's must not."""
+    get a copy: the caller may change them in place (ClipGrad), the graph's must not.
+    Returns id(old array) -> (old array, its copy)."""
+    copied = {}
     for var in vars_:
         g = var._grad
         if g is not None and id(g._data) in tr.captured_arrays and \
                 id(g._data) not in tr.names:
-            g._data = g._data.copy()
+            old = g._data
+            g._data = old.copy()
+            copied[id(old)] = (old, g._data)
+    return copied
 
 
 def _unreturned_grad_graph(tr, results):
