@@ -521,9 +521,8 @@ def result_views(tr, raw, leaves):
 def _plain(x):
     """The plain ndarray of a result leaf (a Variable's data, a tracer as ndarray)."""
     d = x._data if isinstance(x, Variable) else x
-    if not isinstance(d, np.ndarray) or d.ndim == 0 and not isinstance(x, Variable) \
-            and getattr(d, "_numpy_scalar", False):
-        return None
+    if not isinstance(d, np.ndarray) or getattr(d, "_numpy_scalar", False):
+        return None      # (a result eager gives as a NumPy or Python scalar: no buffer)
     return d.view(np.ndarray) if type(d) is not np.ndarray else d
 
 
