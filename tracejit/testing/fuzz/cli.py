@@ -320,8 +320,8 @@ def main(argv=None):
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
-                    "nested_grad (grad, value_and_grad and grad of grad inside f); views (results "
-                    "that are views of arguments, captures, other values)")
+                    "nested_grad (grad, value_and_grad and grad of grad inside f); "
+                    "views (results that are views of arguments, captures, other values)")
     ap.add_argument("--generator", default="programs", choices=sorted(GENERATORS),
                     help="programs: the general generator; argument_updates: its programs "
                     "with the caller changing the arguments between call and backward")
