@@ -335,16 +335,29 @@ class Variable:
         if self.creator is None:
             return
         if isinstance(self.creator, RegionFunction):
-            self.creator.expand()      # a compiled call: cut inside it, as eager would
-        funcs = [self.creator]
+            # A compiled call: the root keeps its creator, whose inputs eager unchains,
+            # inside the call: its eager graph takes its place.
+            self.creator.expand()
         seen = {self.creator}
-        while funcs:
-            f = funcs.pop()
-            for x in f.inputs:
-                if x.creator is not None and x.creator not in seen:
-                    seen.add(x.creator)
-                    funcs.append(x.creator)
-                x.unchain()
+        todo = list(self.creator.inputs)
+        while todo:
+            x = todo.pop()
+            f = x.creator
+            if f is None:
+                continue
+            if isinstance(f, RegionFunction):
+                # Reached through one of a compiled call's outputs: it cuts itself as
+                # eager's walk would cut what it stands for (CompiledFunction.cut).
+                more = f.cut(x)
+                if more is not None:
+                    x.unchain()
+                    todo.extend(more)
+                    continue
+                f = x.creator            # expanded: x's creator in the call's eager graph
+            if f not in seen:
+                seen.add(f)
+                todo.extend(f.inputs)
+            x.unchain()
 
     def backward(self, retain_grad=False, create_graph=False):
         if self.grad is None:
@@ -760,6 +773,12 @@ class RegionFunction(Function):
 
     def expand(self):
         raise NotImplementedError
+
+    def cut(self, y):
+        """unchain_backward reached this region through its output y: unchain inside
+        it as eager would; the inputs to walk on to, or None after expand()."""
+        self.expand()
+        return None
 
 
 def _no_data_message(fn, inputs):

@@ -7,6 +7,8 @@ taking the list of input arrays (in graph.inputs order) and returning the list o
 output arrays (graph.outputs order), or raising GuardFailure at the first guard that
 does not hold. Outputs are fresh arrays the caller may keep and write.
 """
+import weakref
+
 import numpy as np
 
 from tracejit.ir import Lit
@@ -84,7 +86,7 @@ def compile(g):
     return run
 
 
-def run_with_variables(g, variables, meta=None, saved=None, instances=None):
+def run_with_variables(g, variables, meta=None, saved=None, instances=None, adopt=None):
     """Replay g on Variables through the primitives: a differentiable (eager) graph.
 
     Used for create_graph=True through a compiled region and by unchain_backward: the
@@ -99,7 +101,10 @@ def run_with_variables(g, variables, meta=None, saved=None, instances=None):
     them: the forward is replayed from the inputs as they are now, which an in-place
     update may have changed since (everything the backward reads from a changed input
     was saved, not recomputed: remat). `instances` (UserCall -> (instance, outputs))
-    are the call's own user Functions with per-call state.
+    are the call's own user Functions with per-call state. `adopt` (id(Value) ->
+    Variable) makes that Variable the one its node outputs, in the place of a new one:
+    the nodes after read it (unchain_backward's expand: the compiled call's own results
+    become the eager graph's, so cutting it cuts them).
     """
     from tracejit.core import Constant, as_variable, using_config
     from tracejit.ops.trace_only import UserBackward, UserCall
@@ -143,6 +148,12 @@ def run_with_variables(g, variables, meta=None, saved=None, instances=None):
             s = saved.get(id(v))
             if s is not None:
                 y._data = s
+            mine = adopt.get(id(v)) if adopt else None
+            if mine is not None and y.creator is not None:
+                f = y.creator
+                f.outputs = [weakref.ref(mine) if r() is y else r for r in f.outputs]
+                mine.creator, mine.generation = f, y.generation
+                y = mine
             env[id(v)] = y
     return [read(v) for v in g.outputs]
 

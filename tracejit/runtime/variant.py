@@ -201,18 +201,57 @@ class CompiledFunction(RegionFunction):
         env = [self.inputs[diff_pos[i]] if i in diff_pos else Constant(self.arrays[i])
                for i in range(len(g.inputs))]
         user = Graph(g.name, g.inputs, g.nodes, g.outputs[:v.n_user_outs], g.input_names)
-        with core.using_config("enable_backprop", True):
-            eager = interpret.run_with_variables(user, env, v.bwd.joint_meta,
-                                                 v.saved_map(self), self.instances)
         var_slots = [slot for slot, (kind, _, b) in enumerate(
             [leaf for leaf in v.out_leaves if leaf[0] == "out"]) if b == VAR]
+        # This call's outputs still chained to it become the replay's own: the Functions
+        # after them in the call read them, so the walk that cuts the replay cuts them
+        # (a result that is also used inside the call, `return loss, h`, is unchained as
+        # eager's is, not left with a creator of the replay).
+        adopt = {}
         for ref, slot in zip(self.outputs, var_slots):
-            mine, twin = ref(), eager[slot]
-            if mine is None or twin.creator is None:
+            mine = ref()
+            if mine is not None and mine.creator is self:
+                adopt[id(user.outputs[slot])] = mine
+        with core.using_config("enable_backprop", True):
+            interpret.run_with_variables(user, env, v.bwd.joint_meta, v.saved_map(self),
+                                         self.instances, adopt=adopt)
+
+    def cut(self, y):
+        """unchain_backward reached this call through its output y, which it unchains:
+        cut the call as eager's walk cuts the Functions it stands for. Eager's walk from
+        y unchains the Variables y comes from inside the call (Variant.cut_sets): the
+        outputs among them are unchained too, and no longer this call's (their slots
+        dead: a backward from the outputs left gives them no gradient). Returns the
+        inputs the walk goes on to, those y's graph reaches; None when outputs left
+        chained come from Variables eager cuts, which one creator cannot express: then
+        the call is expanded into its eager graph, and the walk goes on from y's
+        creator there."""
+        v = self.variant
+        refs = self.outputs
+        k = next((m for m, r in enumerate(refs) if r() is y), None)
+        if v.cut_sets is None or k is None:
+            self.expand()
+            return None
+        position, ancestry = v.cut_sets
+        cut = ancestry[k] | getattr(self, "cut_vars", frozenset())
+        slots, rest = [k], []
+        for m, r in enumerate(refs):
+            z = r()
+            if m == k or z is None or z.creator is not self:
                 continue
-            f = twin.creator
-            f.outputs = [weakref.ref(mine) if r() is twin else r for r in f.outputs]
-            mine.creator, mine.generation = f, twin.generation
+            (slots if position[m] in cut else rest).append(m)
+        if any(ancestry[m] & cut for m in rest):
+            self.expand()
+            return None
+        self.cut_vars = cut
+        for m in slots:
+            z = refs[m]()
+            refs[m] = _dead_ref
+            z.unchain()
+        reach = v.grad_reach
+        if reach is None:
+            return list(self.inputs)
+        return [x for x, r in zip(self.inputs, reach) if any(m in r for m in slots)]
 
 
 class PartialCompiledFunction(CompiledFunction):
@@ -304,6 +343,7 @@ class Variant:
         # Made results eager gives as Constants (a create_graph seed): indices.
         self.made_constant = frozenset(m for m, c in enumerate(call.made_constant or ()) if c)
         self.grad_reach = call.grad_reach    # trace.call._grad_reach
+        self.cut_sets = call.cut_sets        # trace.call._cut_sets
         user_outs = [v for kind, v, _ in out_leaves if kind == "out"]
         # Effects on live state, replayed after the graph ran and every guard held:
         # (kind, target, output slot of the value written).

@@ -173,6 +173,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         # keep the first call's arguments alive).
         grad_reach = _grad_reach(tr, made, has_creator, boundary) \
             if backward is not None and not isinstance(backward, BackwardEscape) else None
+        cut_sets = _cut_sets(tr, made, has_creator) if any(has_creator) else None
         boundary = made = None
     finally:
         tracing.stop(tr, prev)
@@ -227,7 +228,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         made_grads=made_grads, has_random=bool(tr.random_nodes), has_creator=has_creator,
         grad_alias=grad_alias, grad_same=grad_same, made_grad_effect=made_grad_effect,
         grad_constant=grad_constant, made_constant=made_constant, grad_reach=grad_reach,
-        escapes=escapes,
+        cut_sets=cut_sets, escapes=escapes,
         side_effects=side_effects, result=result, grads_before=grads_before,
         locations=locs, backward=backward, out_views=out_views,
         mutated=frozenset(mutated_inputs(tr)) if backward is not None else frozenset(),
@@ -448,6 +449,33 @@ def _grad_reach(tr, made, has_creator, diff_traced):
     if all(r == every for r in reach):
         return None
     return [frozenset(r) for r in reach]
+
+
+def _cut_sets(tr, made, has_creator):
+    """What unchain_backward cuts inside the call, per output Variable eager gives a
+    creator: (position, ancestry). ancestry[k]: the Variables made in the call (numbered)
+    that are inputs of the Functions output k comes from, the ones eager's walk from k
+    unchains; position[k]: output k's own number among them (None: no Function in the
+    call uses it). A compiled call reached through output k cuts as eager would when
+    no output left chained comes from those Variables (CompiledFunction.cut)."""
+    number = {}
+    ancestry = []
+    for y, c in zip(made, has_creator):
+        if not c:
+            ancestry.append(frozenset())
+            continue
+        found, stack, seen = set(), [y.creator], {id(y.creator)}
+        while stack:
+            f = stack.pop()
+            for x in f.inputs:
+                if x.creator is not None and x.creator in tr.functions:
+                    found.add(number.setdefault(id(x), len(number)))
+                    if id(x.creator) not in seen:
+                        seen.add(id(x.creator))
+                        stack.append(x.creator)
+        ancestry.append(frozenset(found))
+    position = [number.get(id(y)) if c else None for y, c in zip(made, has_creator)]
+    return position, ancestry
 
 
 def _unshare_grads(tr, vars_):

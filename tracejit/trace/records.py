@@ -147,6 +147,8 @@ class TracedCall:
     grad_constant: frozenset  # grad effect indices whose .grad is a Constant
     made_constant: list      # per made result Variable: eager's is a Constant
     grad_reach: Any          # per differentiable input: outputs reaching it; None: all
+    cut_sets: Any            # per made result Variable, what unchain_backward cuts in
+                             # the call (trace.call._cut_sets); None: no creator
     escapes: list            # Escapes: why it must run eagerly, the one reported first
     side_effects: list       # SideEffects: what only runs while tracing
     result: Any              # what the traced call itself returns (for this call)
