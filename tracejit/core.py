@@ -340,24 +340,29 @@ class Variable:
             self.creator.expand()
         seen = {self.creator}
         todo = list(self.creator.inputs)
+        reached = {}        # compiled call -> the output slots the walk reached it by
         while todo:
             x = todo.pop()
             f = x.creator
             if f is None:
                 continue
             if isinstance(f, RegionFunction):
-                # Reached through one of a compiled call's outputs: it cuts itself as
-                # eager's walk would cut what it stands for (CompiledFunction.cut).
-                more = f.cut(x)
-                if more is not None:
+                # Reached through one of a compiled call's outputs: the walk goes on to
+                # the inputs that output comes from; what to cut inside the call waits
+                # for every output the walk reaches it by (RegionFunction.finish_cut).
+                r = f.reach(x)
+                if r is not None:
+                    reached.setdefault(f, []).append(r[0])
                     x.unchain()
-                    todo.extend(more)
+                    todo.extend(r[1])
                     continue
                 f = x.creator            # expanded: x's creator in the call's eager graph
             if f not in seen:
                 seen.add(f)
                 todo.extend(f.inputs)
             x.unchain()
+        for f, slots in reached.items():
+            f.finish_cut(slots)
 
     def backward(self, retain_grad=False, create_graph=False):
         if self.grad is None:
@@ -774,11 +779,15 @@ class RegionFunction(Function):
     def expand(self):
         raise NotImplementedError
 
-    def cut(self, y):
-        """unchain_backward reached this region through its output y: unchain inside
-        it as eager would; the inputs to walk on to, or None after expand()."""
+    def reach(self, y):
+        """unchain_backward's walk reached this region through its output y: (y's slot,
+        the inputs to walk on to), with finish_cut(slots) called after the walk; or
+        None after expand() (the walk goes on from y's creator in its eager graph)."""
         self.expand()
         return None
+
+    def finish_cut(self, slots):
+        pass
 
 
 def _no_data_message(fn, inputs):

@@ -189,7 +189,8 @@ class CompiledFunction(RegionFunction):
 
     def expand(self):
         """Turn this call back into the eager graph it stands for (unchain_backward cuts
-        inside a region, which one CompiledFunction cannot express)."""
+        inside a region, which one CompiledFunction cannot express). Returns the
+        replay's results: this call's own where they were still chained to it."""
         v = self.variant
         g = v.forward_graph
         if v.has_random:
@@ -201,57 +202,77 @@ class CompiledFunction(RegionFunction):
         env = [self.inputs[diff_pos[i]] if i in diff_pos else Constant(self.arrays[i])
                for i in range(len(g.inputs))]
         user = Graph(g.name, g.inputs, g.nodes, g.outputs[:v.n_user_outs], g.input_names)
-        var_slots = [slot for slot, (kind, _, b) in enumerate(
-            [leaf for leaf in v.out_leaves if leaf[0] == "out"]) if b == VAR]
         # This call's outputs still chained to it become the replay's own: the Functions
         # after them in the call read them, so the walk that cuts the replay cuts them
         # (a result that is also used inside the call, `return loss, h`, is unchained as
         # eager's is, not left with a creator of the replay).
         adopt = {}
-        for ref, slot in zip(self.outputs, var_slots):
+        for ref, slot in zip(self.outputs, v.var_slots):
             mine = ref()
             if mine is not None and mine.creator is self:
                 adopt[id(user.outputs[slot])] = mine
         with core.using_config("enable_backprop", True):
-            interpret.run_with_variables(user, env, v.bwd.joint_meta, v.saved_map(self),
-                                         self.instances, adopt=adopt)
+            return interpret.run_with_variables(user, env, v.bwd.joint_meta,
+                                                v.saved_map(self), self.instances,
+                                                adopt=adopt)
 
-    def cut(self, y):
-        """unchain_backward reached this call through its output y, which it unchains:
-        cut the call as eager's walk cuts the Functions it stands for. Eager's walk from
-        y unchains the Variables y comes from inside the call (Variant.cut_sets): the
-        outputs among them are unchained too, and no longer this call's (their slots
-        dead: a backward from the outputs left gives them no gradient). Returns the
-        inputs the walk goes on to, those y's graph reaches; None when outputs left
-        chained come from Variables eager cuts, which one creator cannot express: then
-        the call is expanded into its eager graph, and the walk goes on from y's
-        creator there."""
+    def reach(self, y):
+        """unchain_backward's walk reached this call through its output y (which it
+        unchains): (y's output slot, the inputs y's graph reaches, which the walk goes
+        on to). What else to cut is settled once the walk is done (finish_cut)."""
         v = self.variant
-        refs = self.outputs
-        k = next((m for m, r in enumerate(refs) if r() is y), None)
+        k = next((m for m, r in enumerate(self.outputs) if r() is y), None)
         if v.cut_sets is None or k is None:
             self.expand()
             return None
-        position, ancestry = v.cut_sets
-        cut = ancestry[k] | getattr(self, "cut_vars", frozenset())
-        slots, rest = [k], []
-        for m, r in enumerate(refs):
-            z = r()
-            if m == k or z is None or z.creator is not self:
-                continue
-            (slots if position[m] in cut else rest).append(m)
-        if any(ancestry[m] & cut for m in rest):
-            self.expand()
-            return None
-        self.cut_vars = cut
-        for m in slots:
-            z = refs[m]()
-            refs[m] = _dead_ref
-            z.unchain()
         reach = v.grad_reach
         if reach is None:
-            return list(self.inputs)
-        return [x for x, r in zip(self.inputs, reach) if any(m in r for m in slots)]
+            return k, list(self.inputs)
+        return k, [x for x, r in zip(self.inputs, reach) if k in r]
+
+    def finish_cut(self, slots):
+        """Cut this call as eager's walk cuts the Functions it stands for, the walk
+        having reached it through the outputs at `slots`. Eager's walk unchains the
+        Variables those come from inside the call (Variant.cut_sets): the outputs among
+        them are unchained too, and no longer this call's, like the reached ones
+        (their slots dead: a backward from the outputs left gives them no gradient).
+        Where an output left chained comes from Variables eager cut, one creator cannot
+        express it: the call's eager graph takes its place, cut the same way."""
+        v = self.variant
+        refs = self.outputs
+        position, ancestry = v.cut_sets
+        cut = getattr(self, "cut_vars", frozenset()).union(*[ancestry[k] for k in slots])
+        self.cut_vars = cut
+        for k in slots:
+            refs[k] = _dead_ref
+        rest = []
+        for m, r in enumerate(refs):
+            z = r()
+            if z is None or z.creator is not self:
+                continue
+            if position[m] in cut:
+                refs[m] = _dead_ref
+                z.unchain()
+            else:
+                rest.append(m)
+        if not any(ancestry[m] & cut for m in rest) or not self.inputs:
+            return          # (inputless: a backward from it reaches nothing outside)
+        twins = self.expand()
+        # The replay cut from the reached results, as eager's walk: every input of the
+        # Functions they come from unchained, up to the call's inputs (the walk went
+        # on from those already).
+        stop = {id(x) for x in self.inputs}
+        todo = [twins[v.var_slots[k]].creator for k in slots]
+        seen = set()
+        while todo:
+            f = todo.pop()
+            if f is None or f in seen:
+                continue
+            seen.add(f)
+            for x in f.inputs:
+                if id(x) not in stop and x.creator is not None:
+                    todo.append(x.creator)
+                x.unchain()
 
 
 class PartialCompiledFunction(CompiledFunction):
@@ -399,6 +420,9 @@ class Variant:
                                            + ["saved"] * len(saved_values))
         # Specs of the output Variables, in the order of the creator's outputs.
         self.out_specs = [v.spec for kind, v, b in out_leaves if kind == "out" and b == VAR]
+        # The output slot (among the "out" leaves) of each output Variable.
+        self.var_slots = [slot for slot, (kind, _, b) in enumerate(
+            [leaf for leaf in out_leaves if leaf[0] == "out"]) if b == VAR]
         if backward:
             # What a call keeps for its backward, and what recomputation spared it.
             self.forward_graph.notes["saved_for_backward_bytes"] = backward.saved_bytes
