@@ -169,14 +169,14 @@ def test_recurrent_window_step_jit_matches_eager(cell):
 @pytest.mark.parametrize("cell", [L.RNN, L.LSTM], ids=["RNN", "LSTM"])
 def test_recurrent_state_carried_between_calls_matches_eager(cell):
     """Truncated BPTT as the book writes it: the state carries from one window into the
-    next (unchain_backward between), reset_state every few windows. Today the tracer
-    runs this eagerly (a JitWarning: the call rebinds rnn.h to a new Variable); what
-    this checks is that every call still equals eager, state included."""
+    next (unchain_backward between), reset_state every few windows: the state is
+    threaded through the compiled calls, no fallback; every call equals eager, state
+    included."""
     (me, oe), (mj, oj) = _seq_model(cell), _seq_model(cell)
     estep, jstep = _window_step(me, oe, False), tj.jit(_window_step(mj, oj, False))
     rng = np.random.default_rng(4)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tj.JitWarning)
+        warnings.simplefilter("error", tj.JitWarning)
         for k in range(6):
             if k % 3 == 0:
                 me.reset_state()
@@ -186,6 +186,7 @@ def test_recurrent_state_carried_between_calls_matches_eager(cell):
             np.testing.assert_allclose(mj.rnn.h.data, me.rnn.h.data, rtol=1e-9)
             for pe, pj in zip(me.params(), mj.params()):
                 np.testing.assert_allclose(pj.data, pe.data, rtol=1e-9, atol=1e-12)
+    assert jstep.cache_info()["fallbacks"] == 0
 
 
 # ---------------------------------------------------------------- BatchNorm layer

@@ -128,6 +128,11 @@ class Jitted:
         self._eager_keys = {}        # key -> reason (fallback for good)
         self._warned = set()
         self.stats = dict(trace_seconds=0.0, compile_seconds=0.0)   # under self.lock
+        # State the function rebinds (`self.h = h` in an RNN layer), once a trace found
+        # some: (locations, the Jitted of pystate.threaded(fn, locations)), which then
+        # runs every call (_threaded_call). _owner: the Jitted that threads for this one.
+        self._threading = None
+        self._owner = None
 
     def __get__(self, obj, objtype=None):
         if obj is None:
@@ -151,6 +156,10 @@ class Jitted:
         info["calls"] = hot + _read(self._n_calls)
         info["variants"] = sum(len(v) for v in self._variants.values())
         info["eager_signatures"] = len(self._eager_keys)
+        if self._threading is not None:
+            inner = self._threading[1]
+            info["variants"] += sum(len(v) for v in inner._variants.values())
+            info["eager_signatures"] += len(inner._eager_keys)
         info.update(self.stats)
         return info
 
@@ -182,8 +191,11 @@ class Jitted:
     def _variant_for(self, args, kwargs):
         if _state.trace is not None:
             raise RuntimeError(f"jit({self.__name__}).trace() inside a traced function")
+        if self._threading is not None:
+            return self._threaded_variant(args, kwargs)
         key, leaves = self._call_key(args, kwargs)
         v = self._select(key, leaves)
+        found = None
         if v is None:
             with self.lock:
                 put_back = _StatePutBack(self.fn, leaves)
@@ -211,10 +223,17 @@ class Jitted:
                             self._trace_and_compile(key, args, kwargs)
                         except _TraceDiverged:
                             pass          # eager from now on: the RuntimeError below
+                        except _StateFound as sf:
+                            found = sf.locs
                         self._changed()
                         v = self._select(key, leaves)
                 finally:
                     put_back.restore()
+            if found:
+                if self._owner is not None:
+                    raise _Rethread(found)
+                self._add_state(found)
+                return self._threaded_variant(args, kwargs)
         if v is None:
             reason = self._eager_keys.get(key, "no variant")
             raise RuntimeError(f"jit({self.__name__}): runs eagerly for these arguments "
@@ -347,9 +366,108 @@ class Jitted:
             if _state.trace is not None:
                 return tracing.symbolic_scalars(self.fn)(*args, **kwargs)
             return self.fn(*args, **kwargs)
+        if self._threading is not None:
+            return self._threaded_call(args, kwargs, True)
         next(self._n_calls)
         key, leaves = self._call_key(args, kwargs)
         return self._call(key, leaves, args, kwargs)
+
+    # ---- state threaded through the call (pystate.threaded)
+
+    def _threaded_call(self, args, kwargs, counted):
+        """Read the threaded state, run the threading Jitted on it and the arguments,
+        write the new state back. counted=False: this call was counted already (the
+        call whose trace found the state)."""
+        while True:
+            locs, inner = self._threading
+            state = tuple([loc.read() for loc in locs])
+            for s in state:
+                if s is pystate._MISSING:
+                    return self._state_gone(locs, state, args, kwargs, counted)
+            for loc in locs:
+                pystate.put(loc, pystate.UNSET)
+            try:
+                if counted:
+                    result, new = inner(*state, *args, **kwargs)
+                else:
+                    result, new = inner._call_uncounted(state + args, kwargs)
+            except _Rethread as r:
+                # Its trace found more state: thread that too, and run the call again
+                # (the trace's changes were put back).
+                _put_back_state(locs, state)
+                self._add_state(r.locs)
+                counted = False
+                continue
+            except BaseException:
+                # Raised before the function ran (a bad argument), or by it: the state
+                # as it left it, as eager's.
+                _put_back_state(locs, state)
+                raise
+            for loc, v in zip(locs, new):
+                pystate.write_back(loc, v)
+            return result
+
+    def _state_gone(self, locs, state, args, kwargs, counted):
+        """A threaded location holds nothing now (deleted, an empty cell, a list
+        shorter): the function would see it so, not as state; this call runs eagerly."""
+        loc = next(loc for loc, s in zip(locs, state) if s is pystate._MISSING)
+        if counted:
+            next(self._n_calls)
+        self._count("fallbacks")
+        reason = f"{loc.describe()}, state it threads, holds nothing"
+        self._warn_once(reason, f"jit({self.__name__}): this call runs eagerly: {reason}",
+                        self._def_line())
+        return self.fn(*args, **kwargs)
+
+    def _call_uncounted(self, args, kwargs):
+        key, leaves = self._call_key(args, kwargs)
+        return self._call(key, leaves, args, kwargs)
+
+    def _add_state(self, found):
+        """Thread the state at the locations `found` too, from the next call on: a new
+        threading Jitted over all of them (this one's variants go)."""
+        with self.lock:
+            locs = list(self._threading[0]) if self._threading is not None else []
+            for loc in found:
+                if not any(pystate.same_location(loc, o) for o in locs):
+                    locs.append(loc)
+            n = len(locs)
+            labels = [loc.label for loc in locs]
+            inner = Jitted(pystate.threaded(self.fn, locs, labels, self.__name__),
+                           static_argnums=frozenset(i + n for i in self.static_argnums),
+                           static_argnames=self.static_argnames,
+                           max_variants=self.max_variants, backend=self.backend,
+                           parallel=self.parallel, cache=self.cache, check=self.check,
+                           name=self.__name__)
+            # One set of counters and stats: cache_info() counts each call once.
+            inner._n_hot, inner._n_calls, inner._n = self._n_hot, self._n_calls, self._n
+            inner.stats = self.stats
+            inner._warned = self._warned
+            inner._owner = self
+            self._threading = (tuple(locs), inner)
+            self._variants.clear()
+            self._eager_keys.clear()
+            self._warm.clear()
+            self._changed()
+            log.info("jit(%s): threads %s through each call (state the function rebinds)",
+                     self.__name__, ", ".join(labels))
+
+    def _threaded_variant(self, args, kwargs):
+        """trace() / backward_graph() of a function that threads state: the threading
+        Jitted's variant for the state as it is now (put back afterwards)."""
+        while True:
+            locs, inner = self._threading
+            state = tuple([loc.read() for loc in locs])
+            for loc in locs:
+                pystate.put(loc, pystate.UNSET)
+            try:
+                return inner._variant_for(state + args, kwargs)
+            except _Rethread as r:
+                found = r.locs
+            finally:
+                for loc, v in zip(locs, state):
+                    pystate.put(loc, v)
+            self._add_state(found)
 
     def _hot_dispatch(self, hot, args, failure):
         """The hot signature, but its variant had checks left, saw its Python state
@@ -514,6 +632,15 @@ class Jitted:
         put_back = _StatePutBack(self.fn, self._call_key(args, kwargs)[1])
         try:
             result = self._trace_and_compile(key, args, kwargs)
+        except _StateFound as sf:
+            # The function rebinds Variables it reaches: thread them (the trace's
+            # changes put back), and run this call so.
+            self._changed()
+            put_back.restore()
+            if self._owner is not None:
+                raise _Rethread(sf.locs) from None
+            self._add_state(sf.locs)
+            return self._threaded_call(args, kwargs, False)
         except JitWarning:
             self._count("misses")        # our own warning, raised as an error: as is
             raise
@@ -841,6 +968,10 @@ class Jitted:
         call = trace_call(self.fn, self.__name__, args, kwargs, self.static_argnums,
                           self.static_argnames)
         self.stats["trace_seconds"] += time.perf_counter() - t0
+        if call.rebound:
+            # Before the escapes: threaded, this state may trace without them (a lazy
+            # Layer the traced path first used, created by the threaded warm-up).
+            raise _StateFound(call.rebound)
         if call.escapes:
             reason, line = call.escapes[0]
             self._fallback(key, reason, line)
@@ -1089,6 +1220,29 @@ def _graph_inputs(v, leaves):
             return None
         out.append(a)
     return out
+
+
+class _StateFound(Exception):
+    """A trace found Variables the function rebinds (TracedCall.rebound)."""
+
+    def __init__(self, locs):
+        super().__init__()
+        self.locs = locs
+
+
+class _Rethread(Exception):
+    """Raised by a threading Jitted to its owner: thread these locations too."""
+
+    def __init__(self, locs):
+        super().__init__()
+        self.locs = locs
+
+
+def _put_back_state(locs, state):
+    # Where the call left the placeholder, the state before it.
+    for loc, v in zip(locs, state):
+        if loc.read() is pystate.UNSET:
+            pystate.put(loc, v)
 
 
 class _TraceDiverged(Exception):

@@ -204,13 +204,24 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     # Why it must run eagerly, in the order the reasons are reported: what the tracer
     # saw, then a Python value the function changed, then a backward it cannot compile.
     escapes = [Escape(*e) for e in tr.escapes + tr.late_escapes]
-    mutated = pystate.changed(snap_before)
-    if mutated is not None:
-        loc, old, new = mutated
+    # Python values the function changed: a Variable rebound (an RNN's `self.h = h`)
+    # is state the runtime can thread through the call (pystate.threaded), anything
+    # else compiled calls cannot replay.
+    rebound = []
+    for loc, old, new in pystate.all_changed(snap_before):
+        why = pystate.state_refusal(loc, old, new)
+        if why is None:
+            rebound.append(loc)
+            continue
+        line = tr.line_of.get(new.creator) if isinstance(new, Variable) else None
         escapes.append(Escape(
             f"the function changes the Python value {loc.describe()} "
             f"({pystate.describe_value(old)} -> {pystate.describe_value(new)}); "
-            f"compiled calls would not", None))
+            f"compiled calls would not" +
+            (f" (a rebound Variable is threaded as state, but {why})"
+             if isinstance(old, Variable) or isinstance(new, Variable) else ""), line))
+        rebound = None
+        break
     if isinstance(backward, BackwardEscape):
         escapes.append(Escape(backward.reason, None))
     side_effects = [SideEffect(*e) for e in tr.side_effects]
@@ -231,6 +242,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         cut_sets=cut_sets, escapes=escapes,
         side_effects=side_effects, result=result, grads_before=grads_before,
         locations=locs, backward=backward, out_views=out_views,
+        rebound=rebound or [],
         mutated=frozenset(mutated_inputs(tr)) if backward is not None else frozenset(),
         sources=parts.get("sources", []), effects=parts.get("effects", []),
         grad_effects=parts.get("grad_effects", []), grad_none=parts.get("grad_none", []))

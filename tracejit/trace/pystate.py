@@ -10,7 +10,9 @@ At trace time:
     and every other object by identity: each call compares them, so a changed
     learning rate, a rebound global array or a new `model.l1` retraces;
   - a scalar the function itself changes (`self.t += 1`) cannot be replayed, and a
-    container that grows (`log.append`) is a side effect that runs only while tracing.
+    container that grows (`log.append`) is a side effect that runs only while tracing;
+  - a Variable the function rebinds (`self.h = h_new`, an RNN's state) is state it
+    threads: read at each call, written back after it (`threaded`, below).
 """
 import functools
 import types
@@ -18,6 +20,7 @@ import weakref
 
 import numpy as np
 
+from tracejit import core as _core
 from tracejit.core import Variable
 
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
@@ -105,12 +108,21 @@ def _jitted_fn(obj):
     return obj.fn if getattr(type(obj), "_tracejit_jitted", False) is True else None
 
 
+def _threads(fn):
+    # A state-threading wrapper (threaded()): the user's function it runs. Looked up
+    # on the function's own __dict__, so nothing a user defines is taken for one.
+    d = getattr(fn, "__dict__", None)
+    return d.get("_tracejit_threads") if type(d) is dict else None
+
+
 def _roots(fn, seen_functions):
     """(Location, value) of the names a function reads directly. Callables that are not
     functions are looked through: a nested jit (its function), functools.partial (its
     function and arguments), an object with __call__ (a Model: its attributes, and what
     its class's __call__ and forward read)."""
     inner = _jitted_fn(fn)
+    if inner is None:
+        inner = _threads(fn)
     if inner is not None:
         return _roots(inner, seen_functions)
     if isinstance(fn, functools.partial):
@@ -250,6 +262,17 @@ def changed(snap):
     return None
 
 
+def all_changed(snap):
+    """Every location whose value differs from the snapshot, as (loc, old, new)."""
+    out = []
+    for loc, v, by_identity in snap:
+        cur = loc.read()
+        if cur is not v and (by_identity or type(cur) is not type(v)
+                             or not _same_scalar(cur, v)):
+            out.append((loc, v, cur))
+    return out
+
+
 def compile_check(snap):
     """A function () -> bool, True when some location differs from the snapshot: the
     reads and comparisons of `changed` written out in line (one per location, no loop,
@@ -333,3 +356,147 @@ def unswap(swaps):
     for loc, original, view in reversed(swaps):
         if loc.read() is view:     # the function may have rebound it: keep its value then
             loc.write(original)
+
+
+# ---------------------------------------------------------------- threaded state
+#
+# A function that rebinds a Variable it reaches (`self.h = h_new` in an RNN layer, run
+# by `model(x)`) changes Python state, which a compiled call cannot replay as such. It
+# can thread it: the value at the location is one more argument of the call, read when
+# the call starts, and the value the function leaves there one more result, written
+# back after it. threaded() makes that function of the user's; the runtime calls it
+# with the state read from the locations and writes the results back (runtime.jitted),
+# so a variant sees the state as it sees any argument: its structure (None, or a
+# Variable's shape and dtype) is part of the signature, its gradients flow through the
+# compiled backward into the previous call's, and the new state is a result of the
+# call, a Variable with the compiled call as its creator.
+
+
+class _Unset:
+    """What a threaded location holds while the call runs (no __dict__: pystate
+    neither guards it nor walks into it); the function itself never sees it."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "<state being threaded>"
+
+
+UNSET = _Unset()
+
+
+def state_refusal(loc, old, new):
+    """Why a rebinding of loc (old -> new) cannot be threaded, None when it can: an
+    attribute in an object's own __dict__ (set as its class sets attributes), an item
+    of a dict or list, a closure cell or a module global, holding None or a Variable
+    that is not a Parameter (a Layer registers those: a rebinding changes its params())
+    before and after."""
+    from tracejit.core import Parameter
+    from tracejit.layers import Layer
+    for v in (old, new):
+        if v is not None and (not isinstance(v, Variable) or isinstance(v, Parameter)):
+            return f"{describe_value(v)} is not None or a Variable"
+    if loc.kind == "attr":
+        obj = loc.container
+        if loc.key not in getattr(obj, "__dict__", {}):
+            return "it is not an attribute of the object itself"
+        setattr_ = type(obj).__setattr__
+        if setattr_ is not object.__setattr__ and setattr_ is not Layer.__setattr__:
+            return f"{type(obj).__name__} defines its own __setattr__"
+        if isinstance(obj, Layer) and loc.key in obj.__dict__.get("_params", ()):
+            return "it is a registered Parameter or Layer name"
+        return None
+    if loc.kind in ("cell", "global"):
+        return None
+    if loc.kind == "item" and type(loc.container) in (dict, list):
+        return None
+    return "the location cannot be written"
+
+
+def threaded(fn, locs, labels, name):
+    """fn threading the state at locs: threaded(*state, *args, **kwargs) writes state
+    into the locations, runs fn(*args, **kwargs), and returns (result, state after),
+    leaving UNSET at the locations (so the trace's snapshot of Python state sees no
+    change, and a call's check guards no state by identity). The caller
+    (runtime.jitted) writes UNSET before and the results back after; on an exception
+    the locations keep what fn left there. A value fn leaves that cannot be threaded
+    (a deletion, a Parameter, a number) is an escape while tracing: that signature runs
+    eagerly, and the caller writes back whatever it is."""
+    import inspect
+    n = len(locs)
+    locs = tuple(locs)
+
+    def run(*args, **kwargs):
+        for loc, v in zip(locs, args[:n]):
+            put(loc, v)
+        result = fn(*args[n:], **kwargs)
+        new = tuple(loc.read() for loc in locs)
+        tr = _core._state.trace
+        if tr is not None and hasattr(tr, "escape"):
+            for loc, v, old in zip(locs, new, args[:n]):
+                why = None if v is _MISSING else state_refusal(loc, old, v)
+                if v is _MISSING or why is not None:
+                    tr.escape(f"the function rebinds {loc.describe()}, state it "
+                              f"threads, to {'nothing (deleted)' if v is _MISSING else why}"
+                              f"; compiled calls could not write that back")
+        for loc in locs:
+            put(loc, UNSET)
+        return result, new
+
+    run._tracejit_threads = fn
+    run.__wrapped__ = fn
+    run.__name__ = run.__qualname__ = name
+    # Its signature names the state (graph inputs print as model_rnn_h), then fn's.
+    try:
+        rest = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        rest = [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+                inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
+    taken = {p.name for p in rest}
+    params = []
+    for i, lab in enumerate(labels):
+        pname = _identifier(lab, i)
+        while pname in taken:
+            pname += "_"
+        taken.add(pname)
+        params.append(inspect.Parameter(pname, inspect.Parameter.POSITIONAL_ONLY))
+    run.__signature__ = inspect.Signature(params + rest)
+    run._tracejit_rethread = lambda g: threaded(g, locs, labels, name)
+    return run
+
+
+def _identifier(label, i):
+    s = "".join(c if c.isalnum() else "_" for c in label).strip("_") or f"state{i}"
+    return s if s.isidentifier() else f"state{i}_{s}"
+
+
+def same_location(a, b):
+    return a.kind == b.kind and a.container is b.container and a.key == b.key
+
+
+def put(loc, value):
+    """Write a threaded location as the runtime does (UNSET, the state, the state after
+    the call): not an assignment of the user's, so not through the object's own
+    __setattr__ (a Layer's would unregister a name; state_refusal allows only classes
+    whose __setattr__ does nothing else for these values), and also where the function
+    deleted the attribute."""
+    if loc.kind == "attr":
+        object.__setattr__(loc.container, loc.key, value)
+    elif loc.kind == "cell":
+        loc.container.cell_contents = value
+    else:
+        loc.container[loc.key] = value
+
+
+def write_back(loc, value):
+    """Leave value at a threaded location after the call: what the function left
+    there (_MISSING: it deleted it)."""
+    if value is not _MISSING:
+        put(loc, value)
+        return
+    if loc.kind == "cell":
+        del loc.container.cell_contents
+    elif loc.kind == "attr":
+        object.__delattr__(loc.container, loc.key)
+    else:
+        del loc.container[loc.key]

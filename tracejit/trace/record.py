@@ -32,6 +32,7 @@ from tracejit import core
 from tracejit import functions as F
 from tracejit.core import Variable
 from tracejit.ir import Graph, Lit, Node, Value
+from tracejit.trace import pystate
 from tracejit.trace.values import (_PY_OPS, _PY_UNARY, REDUCE_PRIMS, SCALAR_TYPES, UFUNC_PRIMS,
                               TracedArray, TracedFloat, TracedScalar, is_internal,
                               python_value)
@@ -1597,6 +1598,8 @@ def _user_functions(v):
         v = v.__func__
     if isinstance(v, functools.partial):
         return _user_functions(v.func)
+    if pystate._threads(v) is not None:
+        return _user_functions(pystate._threads(v))
     if type(v) is types.FunctionType:
         mod = getattr(v, "__module__", "") or ""
         return [] if mod.startswith(("tracejit", "numpy", "numba")) else [v]
@@ -1879,6 +1882,11 @@ def symbolic_scalars(fn):
     if isinstance(fn, functools.partial):
         f = symbolic_scalars(fn.func)
         return fn if f is fn.func else functools.partial(f, *fn.args, **fn.keywords)
+    inner = pystate._threads(fn)
+    if inner is not None:
+        # A state-threading wrapper (pystate.threaded): the user's function runs in it.
+        f = symbolic_scalars(inner)
+        return fn if f is inner else fn._tracejit_rethread(f)
     if type(fn) is not types.FunctionType or not _has_intercepts(fn):
         return fn
     code = _patched_code(fn.__code__)

@@ -158,3 +158,5 @@ class TracedCall:
     # result leaf index -> (root, steps): a result eager returns as a view of an input's
     # buffer or of another result (pytree.result_views), rebuilt on it at return time
     out_views: Any = None
+    rebound: list = ()       # Locations of Variables it rebinds (state to thread), when
+                             # that is the only Python state it changes
