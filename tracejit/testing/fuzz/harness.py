@@ -141,10 +141,11 @@ def _grads(targets):
     return {label: (None if v.grad is None else _leaf(v.grad)) for label, v in targets}
 
 
-def observe(f, args, captures, backward, call, plant=None, between=None):
+def observe(f, args, captures, backward, call, plant=None, between=None, state=None):
     """Call f once as a user would, then differentiate; a dict of snapshots.
     `between(call, args)`, if given, runs after the call and before the backward (the
-    caller changing its arguments there)."""
+    caller changing its arguments there). `state`: the program's STATE (the state f
+    rebinds, read after the call), if it has one."""
     rec = dict(raised=None, stage=None)
     targets = [(f"argument {i}", a) for i, a in enumerate(args) if isinstance(a, Variable)]
     targets += [(f"capture {n}", c) for n, c in captures.items() if isinstance(c, Variable)]
@@ -213,6 +214,13 @@ def observe(f, args, captures, backward, call, plant=None, between=None):
             rec["state"][f"capture {n}.grad"] = None if c.grad is None else _leaf(c.grad)
         else:
             rec["state"][f"capture {n}"] = _leaf(c)
+    for n, v in (state() if state is not None else {}).items():
+        rec["state"][f"state {n}"] = None if v is None else _leaf(v)
+        if isinstance(v, Variable):
+            # Compared exactly (repr), not as a number a float32 tolerance could excuse.
+            rec["state"][f"state {n} has a creator"] = dict(
+                kind="bool", dtype=None, shape=None, value=None, ident=None,
+                repr=repr(v.creator is not None))
     for c in captures.values():      # each call starts with clean gradients
         if isinstance(c, Variable):
             c.cleargrad()
@@ -241,7 +249,8 @@ def run_side(source, path, jit, progress=None, plant=None):
             args = ns["args"](call)
             with np.errstate(all="ignore"):
                 rec = observe(jf, args, captures, ns["BACKWARD"], call,
-                              plant if jit else None, ns.get("BETWEEN"))
+                              plant if jit else None, ns.get("BETWEEN"),
+                              ns.get("STATE"))
             records.append(rec)
             if rec["raised"]:
                 break

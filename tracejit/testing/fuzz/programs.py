@@ -932,7 +932,8 @@ VIEWS_STEPS = [(_views_returned, 1)]
 def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     """A random program as source text (see the module docstring); `avoid` names
     constructs to leave out (AVOIDABLE); focus="state" draws mostly STATE_STEPS,
-    focus="nested_grad" mostly NESTED_GRAD_STEPS."""
+    focus="nested_grad" mostly NESTED_GRAD_STEPS;
+    focus="rebound" mostly st_rebound_state (state rebound on a holder across calls)."""
     avoid = frozenset(avoid)
     unknown = avoid - set(AVOIDABLE)
     if unknown:
@@ -981,6 +982,7 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
               for g, w in NESTED_GRAD_STEPS]                         # nested grad block
     table += [(lambda g=g: g(b), w * (12 if focus == "views" else 1))  # returned views
               for g, w in VIEWS_STEPS]
+    table.append((lambda: st_rebound_state(b), 12 if focus == "rebound" else 1))
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
@@ -1085,6 +1087,7 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None):
         out.append(cap_line(c, b.captures.index(c)))
     if glob:
         out += ["", ""]
+    out += _state_module_lines(b)
     params = [n for n, *_ in inputs] + (["s0"] if b.has_float else []) + \
         [n for n, _ in b.extra_args]
     out.append("def make():")
@@ -1097,6 +1100,7 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None):
     for c in b.captures:
         if c[0] in b.rebinds:
             out.append(f"        {'global' if c[4] == 'global' else 'nonlocal'} {c[0]}")
+    out += [f"        global {g}" for g in _state_globals(b)]
     for line in b.lines:
         out.append("    " + line)
     out.append(f"        return {outputs}")
@@ -1115,6 +1119,7 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None):
     out.append("    \"\"\"Fresh arguments for call `call` (new objects, the same values for "
                "eager and jit).\"\"\"")
     out.append("    nb, sign, s = PLAN[call]")
+    out += _state_reset_lines(b)
     out.append(f"    rng = np.random.default_rng({seed} + call)")
     names = []
     for name, kind, shape, dtype, signed in inputs:
@@ -1202,3 +1207,88 @@ def argument_update_programs(draw, avoid=(), focus=None):
 
 # The generators the fuzzer's command line offers (`--generator`).
 GENERATORS = {"programs": source_programs, "argument_updates": argument_update_programs}
+
+
+# ------------------------------------------------------------- rebound state (threaded)
+#
+# State a step rebinds where it reaches it, across calls: an RNN's `self.h = h_new`.
+# The holder is a module global's attribute (a plain object or a tj Layer), a dict
+# item or a module global itself; the state starts as None (the first step after a
+# reset_state() has no h term) and is reset before call 0, before the phase with the
+# new batch side, and sometimes between. The state carries its graph from call to
+# call (the harness's backward after each call reaches the calls before), unless the
+# step unchains it. STATE() gives the harness the state after each call, compared
+# like captures.
+
+_STATE_HOLDERS = ("object", "layer", "dict", "global")
+
+
+def st_rebound_state(b):
+    """Read the state, compute the new one from a value in scope, rebind it."""
+    if not hasattr(b, "states"):
+        b.states = []
+        b.state_resets = sorted({0, 6} | set(b.draw(st.lists(st.integers(1, 9),
+                                                             max_size=2))))
+    v = b.pick(lambda w: w.var)
+    if v is None:
+        return b.st_unary()
+    k = len(b.states)
+    holder = b.draw(st.sampled_from(_STATE_HOLDERS))
+    ref = {"object": f"STATE{k}.h", "layer": f"LAYER{k}.h", "dict": f"STATED{k}['h']",
+           "global": f"H{k}"}[holder]
+    mix = b.draw(st.sampled_from(["add", "param", "add"]))
+    prev, name = b.fresh("p"), b.fresh()
+    if mix == "param":
+        c = b.capture(tuple(1 if d == B else d for d in v.shape[-1:]), "param")
+        term = f"{prev} * {c[0]}"
+    else:
+        term = f"0.5 * {prev}"
+    b.emit(f"{prev} = {ref}")
+    b.emit(f"if {prev} is None:")
+    b.emit(f"    {name} = F.tanh({v.name} * 0.5)")
+    b.emit("else:")
+    b.emit(f"    {name} = F.tanh({v.name} * 0.5 + {term})")
+    b.emit(f"{ref} = {name}")
+    if b.draw(st.integers(0, 3)) == 0:
+        # The window form: the carried state's graph cut inside the step.
+        b.emit(f"{ref}.unchain_backward()")
+        b.features.add("rebound_state_unchained")
+    b.states.append((holder, ref, k))
+    b.features.add(f"rebound_state_{holder}")
+    b.add(name, v.shape, _dt(v), 1.0)
+
+
+def _state_module_lines(b):
+    states = getattr(b, "states", ())
+    if not states:
+        return []
+    out = ["# state f rebinds (an RNN's h), None until its first call",
+           "class Holder:", "    pass", ""]
+    for holder, ref, k in states:
+        if holder == "object":
+            out += [f"STATE{k} = Holder()", f"STATE{k}.h = None"]
+        elif holder == "layer":
+            out += [f"LAYER{k} = tj.layers.Layer()", f"LAYER{k}.h = None"]
+        elif holder == "dict":
+            out.append(f"STATED{k} = {{'h': None}}")
+        else:
+            out.append(f"H{k} = None")
+    out += ["", "", "def STATE():",
+            "    \"\"\"The state after a call (the harness compares it).\"\"\"",
+            "    return {" + ", ".join(f"{ref!r}: {ref}" for _, ref, _ in states) + "}",
+            "", ""]
+    return out
+
+
+def _state_globals(b):
+    return [ref for holder, ref, _ in getattr(b, "states", ()) if holder == "global"]
+
+
+def _state_reset_lines(b):
+    states = getattr(b, "states", ())
+    if not states:
+        return []
+    out = [f"    if call in {b.state_resets!r}:    # reset_state()"]
+    out += [f"        global {g}" for g in _state_globals(b)]
+    out += [f"        {ref} = None" for _, ref, _ in states]
+    return out
