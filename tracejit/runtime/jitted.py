@@ -130,9 +130,11 @@ class Jitted:
         self.stats = dict(trace_seconds=0.0, compile_seconds=0.0)   # under self.lock
         # State the function rebinds (`self.h = h` in an RNN layer), once a trace found
         # some: (locations, the Jitted of pystate.threaded(fn, locations)), which then
-        # runs every call (_threaded_call). _owner: the Jitted that threads for this one.
+        # runs every call (_threaded_call). _threads_for: this one is that Jitted of
+        # another (which it tells about more state by raising _Rethread; a flag, not a
+        # reference: no cycle between the two).
         self._threading = None
-        self._owner = None
+        self._threads_for = False
 
     def __get__(self, obj, objtype=None):
         if obj is None:
@@ -230,7 +232,7 @@ class Jitted:
                 finally:
                     put_back.restore()
             if found:
-                if self._owner is not None:
+                if self._threads_for:
                     raise _Rethread(found)
                 self._add_state(found)
                 return self._threaded_variant(args, kwargs)
@@ -395,7 +397,8 @@ class Jitted:
                 # Its trace found more state: thread that too, and run the call again
                 # (the trace's changes were put back).
                 _put_back_state(locs, state)
-                self._add_state(r.locs)
+                if not self._add_state(r.locs):       # nothing new: never loop
+                    return self._state_gone(locs, None, args, kwargs, counted)
                 counted = False
                 continue
             except BaseException:
@@ -409,12 +412,16 @@ class Jitted:
 
     def _state_gone(self, locs, state, args, kwargs, counted):
         """A threaded location holds nothing now (deleted, an empty cell, a list
-        shorter): the function would see it so, not as state; this call runs eagerly."""
-        loc = next(loc for loc, s in zip(locs, state) if s is pystate._MISSING)
+        shorter): the function would see it so, not as state; this call runs eagerly.
+        (state None: a trace found again state already threaded.)"""
         if counted:
             next(self._n_calls)
         self._count("fallbacks")
-        reason = f"{loc.describe()}, state it threads, holds nothing"
+        if state is None:
+            reason = "its threaded state changes in ways threading cannot follow"
+        else:
+            loc = next(loc for loc, s in zip(locs, state) if s is pystate._MISSING)
+            reason = f"{loc.describe()}, state it threads, holds nothing"
         self._warn_once(reason, f"jit({self.__name__}): this call runs eagerly: {reason}",
                         self._def_line())
         return self.fn(*args, **kwargs)
@@ -425,12 +432,16 @@ class Jitted:
 
     def _add_state(self, found):
         """Thread the state at the locations `found` too, from the next call on: a new
-        threading Jitted over all of them (this one's variants go)."""
+        threading Jitted over all of them (this one's variants go). False when every
+        one is threaded already."""
         with self.lock:
             locs = list(self._threading[0]) if self._threading is not None else []
+            n_before = len(locs)
             for loc in found:
                 if not any(pystate.same_location(loc, o) for o in locs):
                     locs.append(loc)
+            if self._threading is not None and len(locs) == n_before:
+                return False
             n = len(locs)
             labels = [loc.label for loc in locs]
             inner = Jitted(pystate.threaded(self.fn, locs, labels, self.__name__),
@@ -443,7 +454,7 @@ class Jitted:
             inner._n_hot, inner._n_calls, inner._n = self._n_hot, self._n_calls, self._n
             inner.stats = self.stats
             inner._warned = self._warned
-            inner._owner = self
+            inner._threads_for = True
             self._threading = (tuple(locs), inner)
             self._variants.clear()
             self._eager_keys.clear()
@@ -451,6 +462,7 @@ class Jitted:
             self._changed()
             log.info("jit(%s): threads %s through each call (state the function rebinds)",
                      self.__name__, ", ".join(labels))
+            return True
 
     def _threaded_variant(self, args, kwargs):
         """trace() / backward_graph() of a function that threads state: the threading
@@ -458,6 +470,11 @@ class Jitted:
         while True:
             locs, inner = self._threading
             state = tuple([loc.read() for loc in locs])
+            for loc, s in zip(locs, state):
+                if s is pystate._MISSING:
+                    raise RuntimeError(f"jit({self.__name__}): runs eagerly now "
+                                       f"({loc.describe()}, state it threads, holds "
+                                       f"nothing)")
             for loc in locs:
                 pystate.put(loc, pystate.UNSET)
             try:
@@ -467,7 +484,10 @@ class Jitted:
             finally:
                 for loc, v in zip(locs, state):
                     pystate.put(loc, v)
-            self._add_state(found)
+            if not self._add_state(found):
+                raise RuntimeError(f"jit({self.__name__}): runs eagerly for these "
+                                   f"arguments (its threaded state changes in ways "
+                                   f"threading cannot follow)")
 
     def _hot_dispatch(self, hot, args, failure):
         """The hot signature, but its variant had checks left, saw its Python state
@@ -637,7 +657,7 @@ class Jitted:
             # changes put back), and run this call so.
             self._changed()
             put_back.restore()
-            if self._owner is not None:
+            if self._threads_for:
                 raise _Rethread(sf.locs) from None
             self._add_state(sf.locs)
             return self._threaded_call(args, kwargs, False)
