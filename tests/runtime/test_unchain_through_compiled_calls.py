@@ -129,3 +129,35 @@ def test_root_result_used_inside_the_call():
         _same_grads(got[1][0], got[0][0])
         W.data *= 1.1
     assert jf.cache_info()["hits"] >= 3
+
+
+def test_calls_that_draw_random_numbers_cut_without_a_replay():
+    """A cut that unchains every result of a call needs no replay of it: a call that
+    draws (dropout) is cut too, its draws untouched."""
+    def run(jit):
+        np.random.seed(3)
+        W = tj.Parameter(np.random.randn(3, 3) * 0.5)
+
+        def step(x, h):
+            h = F.dropout(F.tanh(F.matmul(h, W) + x), 0.3)
+            return F.sum(h), h
+        if jit:
+            step = tj.jit(step)
+        h = tj.Variable(np.zeros((2, 3)))
+        out = []
+        for w in range(5):
+            np.random.seed(100 + w)
+            loss = 0
+            for i in range(3):
+                lo, h = step(np.full((2, 3), 0.1 * (w + i)), h)
+                loss += lo
+            W.cleargrad()
+            loss.backward()
+            loss.unchain_backward()
+            out.append((float(loss.data), _grad(W), h.creator is None))
+            W.data -= 0.1 * W.grad.data
+        return out
+    for (le, ge, ce), (lj, gj, cj) in zip(run(False), run(True)):
+        np.testing.assert_allclose(lj, le, rtol=1e-12)
+        _same_grads(gj, ge)
+        assert ce and cj
