@@ -346,3 +346,40 @@ def test_state_deleted_between_calls_runs_eagerly(record_jit_warnings):
         _assert_close(jbox.h, ebox.h)
     info = jstep.cache_info()
     assert info["calls"] == info["hits"] + info["misses"] + info["fallbacks"], info
+
+
+def test_a_backward_inside_that_would_go_past_the_state_runs_eagerly(record_jit_warnings):
+    """A window that backpropagates inside but cuts the state only sometimes (a static
+    flag): the state it starts from may carry the graph of the windows before, which
+    eager's backward goes on into; a variant traced with a state that had none is not
+    used for one that has, and such a call runs eagerly, warned."""
+    def make():
+        np.random.seed(12)
+        W = Parameter(np.random.randn(3) * 0.5)
+        box = Box()
+        box.h = Variable(np.zeros((2, 3)))
+
+        def window(xs, cut):
+            loss = 0
+            for x in xs:
+                box.h = F.tanh(x + box.h * W)
+                loss += F.sum(box.h)
+            W.cleargrad()
+            loss.backward()
+            if cut:
+                loss.unchain_backward()
+            W.data -= 0.05 * W.grad.data
+            return loss
+        return window, box, W
+    (ewin, ebox, eW), (jwin, jbox, jW) = make(), make()
+    jwin = tj.jit(jwin, static_argnums=1)
+    rng = np.random.default_rng(13)
+    for cut in [True] * 5 + [False, True, False, False, True, False]:
+        xs = rng.standard_normal((2, 2, 3)) * 0.5
+        _assert_close(jwin(xs, cut), ewin(xs, cut))
+        _assert_close(jW, eW)
+        _assert_close(jbox.h, ebox.h)
+        assert (jbox.h.creator is None) == (ebox.h.creator is None)
+    assert jwin.cache_info()["hits"] >= 2
+    msgs = [str(w.message) for w in record_jit_warnings]
+    assert any("goes on into the graph from before the call" in m for m in msgs), msgs

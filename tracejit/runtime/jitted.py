@@ -1216,6 +1216,12 @@ def _graph_inputs(v, leaves):
             var = leaves[var]._grad
         if var._grad is not None:
             return None
+    for where, var in v.leaf_required:
+        x = var if where == "obj" else leaves[var] if var < len(leaves) else None
+        if where == "leafgrad" and x is not None:
+            x = x._grad
+        if not isinstance(x, Variable) or x.creator is not None:
+            return None
     out = []
     for kind, obj, spec in v.sources:
         if kind == "arg":

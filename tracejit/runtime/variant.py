@@ -372,6 +372,9 @@ class Variant:
         # Variables from outside whose .grad the trace found None: the variant holds
         # while it is None.
         self.grad_none = list(call.grad_none)
+        # Variables from outside a backward inside the call stopped at (leaves when
+        # traced): the variant holds while they have no creator.
+        self.leaf_required = list(call.leaf_required)
         self.effects = []
         for kind, target, v in call.effects:
             self.effects.append((kind, target, len(user_outs) + len(effect_values)))
@@ -825,6 +828,12 @@ def build_runner(v, leaf_kinds, key=None):
         t = f"leaves[{var}]._grad" if where == "leafgrad" else const(var)
         msg = f"the .grad of {_label(var)} was None when traced, is set now"
         body.append(f"if {t}._grad is not None: raise Stale({msg!r})")
+    for where, var in v.leaf_required:
+        t = {"leaf": f"leaves[{var}]", "leafgrad": f"leaves[{var}]._grad"}.get(where) \
+            if where != "obj" else const(var)
+        msg = (f"{_label(var) if where != 'leaf' else f'argument {var}'} had no creator "
+               f"when traced (a backward inside the call stopped at it), has one now")
+        body.append(f"if {t}.creator is not None: raise Stale({msg!r})")
     plan = getattr(v.exe, "plan", None)
     inline = getattr(plan, "inline", None)
     n_outs = len(v.forward_graph.outputs)

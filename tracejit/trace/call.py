@@ -245,7 +245,8 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         rebound=rebound or [],
         mutated=frozenset(mutated_inputs(tr)) if backward is not None else frozenset(),
         sources=parts.get("sources", []), effects=parts.get("effects", []),
-        grad_effects=parts.get("grad_effects", []), grad_none=parts.get("grad_none", []))
+        grad_effects=parts.get("grad_effects", []), grad_none=parts.get("grad_none", []),
+        leaf_required=parts.get("leaf_required", []))
 
 
 def _forward_parts(tr, n_inputs):
@@ -286,6 +287,7 @@ def _forward_parts(tr, n_inputs):
         # it is None. (An argument's is in the signature.)
         grad_none=[target(var) for var, was_none in tr.grad_reads.values() if was_none],
         effects=[Effect(kind, target(obj), v) for kind, obj, v in tr.effects],
+        leaf_required=[target(var) for var in tr.backward_leaves.values()],
         grad_effects=[(target(var), gv) for var, gv in tr.grad_effects])
 
 

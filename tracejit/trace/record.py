@@ -157,6 +157,10 @@ class Trace(core.TraceHooks):
         self.replay_refusal = None   # why the region cannot be replayed on Variables
         self.user_calls = {}         # a user Function with per-call state -> its UserCall
         self.region_backward = False  # tracing the backward of the region (trace_backward)
+        self.in_backprop = False      # a backward inside the function is running
+        self.backward_leaves = {}    # id(Variable) -> Variable from outside that such a
+                                     # backward gave a .grad: a leaf then, and the
+                                     # variant holds while it is one
         # A jitted call's arguments (trace.call fills these; an abstract or nested use of
         # a Trace leaves them empty):
         self.arg_inputs = []         # (leaf index, input Value) per argument leaf
@@ -409,6 +413,14 @@ class Trace(core.TraceHooks):
     def backward_of(self, fn):
         line = self.line_of.get(fn)
         self.bwd_line = f"grad of {line}" if line and not line.startswith("grad of") else line
+        self.in_backprop = fn is not None
+        if fn is not None and not self.region_backward and fn not in self.functions:
+            # Past a Variable from outside that has a creator (the state an earlier
+            # call left, not cut by unchain_backward): eager's backward goes on into
+            # the graph from before the call, a compiled call's stops at its inputs.
+            self.escape("a backward inside the function goes on into the graph from "
+                        "before the call (through an argument or captured Variable "
+                        "with a creator); compiled calls stop at the call's inputs")
 
     def literal(self, var, value):
         var._tv = Lit(value, var.dtype)
@@ -699,6 +711,10 @@ class Trace(core.TraceHooks):
     def write_grad(self, var, value):
         if self.is_live(var) or var._tv is None:     # a live Variable, or one from outside
             self.grad_writes[id(var)] = var
+            if self.in_backprop and not self.region_backward and var.creator is None:
+                # Where this backward stopped: with a creator at call time, eager's
+                # backward would go on past it (backward_of).
+                self.backward_leaves[id(var)] = var
 
     def is_live(self, var):
         return id(var) in self.captured_vars and self.captured_vars[id(var)][0] is var \

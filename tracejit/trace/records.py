@@ -160,3 +160,5 @@ class TracedCall:
     out_views: Any = None
     rebound: list = ()       # Locations of Variables it rebinds (state to thread), when
                              # that is the only Python state it changes
+    leaf_required: list = ()  # Targets a backward inside the call stopped at (no
+                              # creator): the variant holds while they have none
