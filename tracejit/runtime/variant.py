@@ -151,6 +151,12 @@ class CompiledFunction(RegionFunction):
                     f"backward(create_graph=True) through jit({v.forward_graph.name}): "
                     f"{refusal}, which a replay of its graph cannot follow. Run it "
                     f"eagerly (tj.disable_jit()).")
+            if len(gys) > 1 and any(g is None for g in gys):
+                # Some outputs got no gradient (a threaded state nobody used): eager's
+                # backward never walks their part of the call, where the joint graph
+                # would add zeros through it, and the gradients would be differentiable
+                # (a second-order gradient a Variable) where eager's are not.
+                return self._eager_backward(gys)
             if self.rng is None:
                 return v.backward_with_variables(self, gys)
             # The replay draws what the call drew (the same masks), and the global
