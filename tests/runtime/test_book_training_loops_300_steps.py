@@ -10,8 +10,8 @@ compiling it:
     one jitted call.
 For L.LSTM and L.RNN (hidden 8, batch 2), every step's loss, and after every update
 the gradients and the parameters, equal eager's; so do the state left in the layer
-and, in the window form, the state's gradient. And a CNN training step (Conv2d,
-ReLU, max pooling, Linear, softmax cross-entropy, SGD) over 300 steps.
+and, in the window form, the state's gradient. (A CNN training step over 300 steps:
+tests/eager/test_conv_functions.py.)
 """
 import numpy as np
 import pytest
@@ -159,43 +159,3 @@ def test_truncated_bptt_state_in_the_layer_matches_eager(form, cell):
     assert info["variants"] == 2, info
     assert info["hits"] >= info["calls"] - 8, info
 
-
-def test_cnn_training_step_300_steps_matches_eager():
-    """Conv2d-ReLU-pool-Linear, softmax cross-entropy, backward and SGD in one jitted
-    step: every step's loss and the parameters after it equal eager's."""
-    def make():
-        np.random.seed(3)
-        conv = L.Conv2d(4, 3, pad=1)
-        fc = L.Linear(3)
-        # The lazy weights, drawn now from the seed (each twin the same draws).
-        fc(F.reshape(F.pooling(conv(np.zeros((1, 1, 6, 6), np.float32)), 2, 2), (1, -1)))
-
-        def step(x, t):
-            h = F.pooling(F.relu(conv(x)), 2, 2)
-            loss = F.softmax_cross_entropy(fc(F.reshape(h, (x.shape[0], -1))), t)
-            conv.cleargrads()
-            fc.cleargrads()
-            loss.backward()
-            for p in list(conv.params()) + list(fc.params()):
-                p.data -= 0.05 * p.grad.data
-            return loss
-        return step, conv, fc
-
-    rng = np.random.default_rng(4)
-    data = [(rng.standard_normal((2, 1, 6, 6)).astype(np.float32), rng.integers(0, 3, 2))
-            for _ in range(STEPS)]
-    (estep, econv, efc), (jstep, jconv, jfc) = make(), make()
-    jstep = tj.jit(jstep)
-    for n, (x, t) in enumerate(data):
-        le, lj = estep(x, t), jstep(x, t)
-        assert lj.dtype == le.dtype
-        np.testing.assert_allclose(lj.data, le.data, rtol=1e-4, atol=1e-6,
-                                   err_msg=f"step {n}")
-        for pe, pj in zip(list(econv.params()) + list(efc.params()),
-                          list(jconv.params()) + list(jfc.params())):
-            np.testing.assert_allclose(pj.data, pe.data, rtol=1e-4, atol=1e-6,
-                                       err_msg=f"step {n}")
-            np.testing.assert_allclose(pj.grad.data, pe.grad.data, rtol=1e-4, atol=1e-6,
-                                       err_msg=f"step {n}")
-    info = jstep.cache_info()
-    assert info["fallbacks"] == 0 and info["hits"] >= STEPS - 3, info
