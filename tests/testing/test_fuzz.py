@@ -85,6 +85,32 @@ def test_a_program_that_does_not_finish_is_a_hang():
     assert "eager call 0" in res["detail"]
 
 
+def test_a_program_spinning_on_the_cpu_is_a_hang():
+    spinner = _program('''\
+        def f(x0, x1, s0):
+            while True:
+                pass
+            return x0 * 2.0,
+        ''')
+    (res,) = fuzz.run_many([(spinner, False)], jobs=1, timeout=3)
+    assert res["cls"] == "hang"
+
+
+def test_a_starved_runnable_worker_is_not_a_hang(monkeypatch):
+    # A deep run at nice 19 beside other work: past its wall timeout, the worker is
+    # runnable ('R') and has used little CPU: still running, not hung.
+    import time
+    slot = type("Slot", (), {})()
+    slot.t0, slot.proc = time.monotonic() - 500, type("P", (), {"pid": 1})()
+    slot.cpu0 = slot.cpu_last = 1.0
+    monkeypatch.setattr(fuzz, "_cpu_state", lambda pid: (1.5, "R"))
+    assert not fuzz._hung(slot, 120)
+    monkeypatch.setattr(fuzz, "_cpu_state", lambda pid: (1.5, "S"))     # asleep: hung
+    assert fuzz._hung(slot, 120)
+    monkeypatch.setattr(fuzz, "_cpu_state", lambda pid: (130.0, "R"))   # 129 s of CPU
+    assert fuzz._hung(slot, 120)
+
+
 def test_eager_raising_is_an_invalid_program_not_a_jit_bug():
     bad = _program('''\
         def f(x0, x1, s0):

@@ -106,6 +106,7 @@ class _Slot:
         self.proc.start()
         child.close()
         self.idx, self.t0, self.last = None, None, None
+        self.cpu0 = self.cpu_last = None
         self.runs = 0
 
     def retire(self):
@@ -125,6 +126,37 @@ class _Slot:
         self.proc.kill()
         self.proc.join()
         self.conn.close()
+
+
+def _cpu_state(pid):
+    """(CPU seconds used by process pid, its state letter), from /proc; (None, None)
+    where there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS, fields[0]
+    except (OSError, ValueError, IndexError):
+        return None, None
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _hung(s, timeout):
+    """Is slot s's program a hang? Wall-clock time alone misjudges a worker starved by
+    a loaded machine (a nice 19 deep run beside other work: a 3 s program took over
+    120 s of wall time). So: hung when its worker used `timeout` seconds of CPU (a
+    compile that runs away), or when `timeout` seconds of wall time have passed and it
+    is neither runnable nor using CPU (sleeping, deadlocked). Without /proc: wall."""
+    wall = time.monotonic() - s.t0
+    if wall <= timeout:
+        return False
+    cpu, state = _cpu_state(s.proc.pid)
+    if cpu is None or s.cpu0 is None:
+        return True
+    progressing = cpu > s.cpu_last + 0.01 or state == "R"
+    s.cpu_last = cpu
+    return cpu - s.cpu0 >= timeout or not progressing
 
 
 # Programs a worker runs before it is replaced. Each program's kernels stay compiled in
@@ -157,10 +189,13 @@ def run_many(programs, jobs=1, timeout=60.0, plant=None, on_result=None, nice=0,
                 if s.idx is None and todo:
                     s.idx = todo.pop()
                     s.t0, s.last = time.monotonic(), "sent"
+                    s.cpu0 = s.cpu_last = _cpu_state(s.proc.pid)[0]
                     s.conn.send((s.idx,) + items[s.idx])
             busy = [s for s in slots if s.idx is not None]
             left = min(s.t0 + timeout - time.monotonic() for s in busy)
-            ready = wait([s.conn for s in busy], timeout=max(0.0, min(left, 1.0)))
+            # Past a timeout a program may still be running (starved, not hung): poll
+            # once a second then, not in a busy loop.
+            ready = wait([s.conn for s in busy], timeout=1.0 if left <= 0 else min(left, 1.0))
             for s in busy:
                 if s.conn in ready:
                     try:
@@ -190,7 +225,7 @@ def run_many(programs, jobs=1, timeout=60.0, plant=None, on_result=None, nice=0,
                     results[idx] = res
                     if on_result:
                         on_result(idx, res)
-                elif time.monotonic() - s.t0 > timeout:
+                elif _hung(s, timeout):
                     res = dict(cls="hang", detail=f"no result after {timeout:g} s; it was "
                                f"running the {s.last}", warnings=[], cache_info=None,
                                seconds=timeout)
@@ -309,7 +344,9 @@ def main(argv=None):
     ap.add_argument("--programs", type=int, default=100)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per program")
+    ap.add_argument("--timeout", type=float, default=60.0,
+                    help="seconds per program: of CPU time, or of wall time while the worker "
+                    "is neither runnable nor using CPU")
     ap.add_argument("--out", default=None, help="directory for failing programs")
     ap.add_argument("--nice", type=int, default=0, help="niceness added to the workers")
     ap.add_argument("--quiet", action="store_true")
