@@ -239,12 +239,14 @@ def test_function_built_from_a_traced_value_runs_eagerly():
         return F.sum(Scale(F.tanh(x).data.sum())(x))    # c computed from traced data
 
     jf = tj.jit(f)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always", tj.JitWarning)
         for i in range(4):
             xv = np.random.randn(3)
             np.testing.assert_allclose(jf(tj.Variable(xv)).data, f(tj.Variable(xv)).data)
     assert jf.cache_info()["variants"] == 0
+    said = [str(w.message) for w in seen if issubclass(w.category, tj.JitWarning)]
+    assert any("runs eagerly" in m and "return x * self.c" in m for m in said), said
 
 
 @given(st.lists(st.sampled_from([-1.0, 1.0]), min_size=3, max_size=6),
