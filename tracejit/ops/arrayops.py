@@ -2,6 +2,7 @@
 broadcast_to, indexing), matmul and random draws, with their shape rules.
 """
 import builtins
+import re
 
 import numpy as np
 
@@ -303,10 +304,18 @@ def _onnx_index(b, node, x, key, rank):
 INT64_MAX = np.iinfo(np.int64).max
 INT64_MIN = np.iinfo(np.int64).min
 
+_ATOM = re.compile(r"\w+")
+
+
 def affine(c, step, i):
-    """Index source of c + step * i (c, i: index names or integer literals)."""
+    """Index source of c + step * i (c: an index name or integer literal; i: that or
+    the index source of an outer movement op of the chain, e.g. "c0 - i1")."""
     if i == "0":
         return c
+    if not _ATOM.fullmatch(i):
+        # A compound i (x[::-1][::-1] in one kernel: c1 - (c0 - i0)) is one operand:
+        # unparenthesized, "c1 - c0 - i0" reads the wrong element.
+        i = f"({i})"
     term = i if abs(step) == 1 else f"{abs(step)} * {i}"
     if c == "0":
         return term if step > 0 else f"-{term}"
