@@ -559,8 +559,9 @@ class Variant:
         bwd = self.bwd
         saved = bwd.saved
         snaps = bwd.snapshots
-        out = {id(saved[k]): cf.saved[k] for k in bwd.replay_saved}
-        if not snaps:
+        views = bwd.saved_views
+        out = {id(saved[k]): cf.saved[k] for k in bwd.replay_saved if k not in views}
+        if not snaps and not views:
             return out
         # The forward again with NumPy, from what is known as the call saw it: the
         # snapshots, the inputs nothing can change, saved values. NumPy's value wherever
@@ -586,6 +587,10 @@ class Variant:
                 for v in n.outputs:
                     if id(v) in out:
                         known[id(v)] = out[id(v)]
+        # A view eager's backward reads through the buffer (saved_views): the replay's
+        # backward nodes read it as the buffer is now; what the forward computed from
+        # it stays the forward's (known, above).
+        out.update((id(saved[k]), cf.saved[k]) for k in views)
         return out
 
     def backward_with_variables(self, cf, gys):
@@ -721,6 +726,26 @@ def _kernel_difference(v, cf, gys, got, ref):
         if d:
             return d
     return None
+
+
+def saved_views(saved, arrays, bwd):
+    """The saved values with each of bwd.saved_views (index -> (input position,
+    steps)) the view of the call's input array those steps give, as eager's backward
+    holds it: it aliases the buffer. Where NumPy gives a copy (a reshape of a
+    non-contiguous argument, which eager's forward copied too), the forward's saved
+    copy. And each of bwd.saved_unaliased (the forward's values) a copy if the forward
+    gave it as a view of its input's buffer, which the caller may change."""
+    saved = list(saved)
+    for k, (i, steps) in bwd.saved_views.items():
+        val = replay_view(arrays[i], steps)
+        if val is not None:
+            saved[k] = val
+        elif np.may_share_memory(saved[k], arrays[i]):
+            saved[k] = saved[k].copy()
+    for k, i in bwd.saved_unaliased.items():
+        if np.may_share_memory(saved[k], arrays[i]):
+            saved[k] = saved[k].copy()
+    return saved
 
 
 def current_input(v, i, array, inputs=None):
@@ -1015,6 +1040,12 @@ def build_runner(v, leaf_kinds, key=None):
         saved = f"outs[{n_saved_from}:]" if call is not None else \
             f"[{', '.join(out(k) for k in range(n_saved_from, n_outs))}]"
         inner = [f"cf = CompiledFunction(v, {saved}, bwd_arrays)"]
+        if v.bwd.saved_views or v.bwd.saved_unaliased:
+            # Values eager's backward reads through an argument's or a captured buffer
+            # (views of it): rebuilt on the call's buffer, which the caller may change
+            # before the backward (trace.backward._argument_views).
+            env["saved_views"] = saved_views
+            inner.append("cf.saved = saved_views(cf.saved, bwd_arrays, v.bwd)")
         if v.has_random:
             inner.append("cf.rng = rng")      # a create_graph replay draws the same numbers
         inner += [

@@ -5,11 +5,12 @@ rather than saves.
 import numpy as np
 
 from tracejit import core, passes
-from tracejit.core import DictGrads, Variable, backprop
+from tracejit.core import MOVEMENT, DictGrads, Variable, backprop
 from tracejit.ir import Graph, Node, Value
 from tracejit.ops.trace_only import GUARD
 from tracejit.passes import remat
-from tracejit.trace.pytree import FLT, VAR
+from tracejit.trace.pytree import (FLT, VAR, _input_arrays, _overlaps, _plain, _replays,
+                                   _view_step)
 from tracejit.trace.records import BackwardEscape, BackwardPlan
 
 
@@ -117,6 +118,30 @@ def trace_backward(tr, out_raw, out_leaves):
     recompute = recompute_rule(g.nodes[:n_nodes], needed, mutated | live, snapshot=args)
     recomputed = {}
     snap_of = {}          # id(argument input) -> the backward's Value of its snapshot
+    # Values eager's backward reads as views of an argument's or a captured buffer
+    # (F.transpose(x), F.reshape(x)): rebuilt on the call's buffer when it runs.
+    views = _argument_views(tr, g.nodes[:n_nodes], mutated,
+                            {id(u) for n in bwd_nodes for u in n.inputs})
+    if isinstance(views, BackwardEscape):
+        return views, []
+    saved_views = {}      # index into saved -> (forward input position, view steps)
+    live_of = {}          # id(forward value) -> the backward's Value of its live view
+    for n in bwd_nodes:
+        for u in n.inputs:
+            if isinstance(u, Value) and id(u) in views and id(u) not in live_of:
+                live_of[id(u)] = lv = Value(u.shape, u.dtype, f"{u.name or 't'}_view")
+                seen.add(id(lv))
+                bwd_inputs.append(lv)
+                sources.append(("saved", len(saved)))
+                saved_views[len(saved)] = views[id(u)]
+                saved.append(u)    # the forward's copy, for a call whose replay copies
+    if live_of:
+        # The backward's own copies of the nodes that read them (the joint graph, which
+        # a create_graph replay runs, keeps the forward's Values: Variant.saved_map).
+        bwd_nodes = [Node(n.fn, [live_of.get(id(u), u) if isinstance(u, Value) else u
+                                 for u in n.inputs], n.outputs, n.line)
+                     if any(isinstance(u, Value) and id(u) in live_of for u in n.inputs)
+                     else n for n in bwd_nodes]
 
     def need_snapshot(u):
         if id(u) not in snap_of:
@@ -199,6 +224,21 @@ def trace_backward(tr, out_raw, out_leaves):
         if any(isinstance(u, Value) and id(u) in tainted for u in n.inputs):
             tainted.update(id(o) for o in n.outputs)
     saved_pos = {id(v): k for k, v in enumerate(saved)}
+    # The other saved values are the forward's: one the forward's code gives as a view
+    # of an input (a reshape the numba plan does not copy) is copied at call time.
+    unaliased = {}
+    if views is not None:
+        bases = _view_bases(tr, mutated)
+        producer = {id(o): n for n in g.nodes[:n_nodes] for o in n.outputs}
+        for k, v in enumerate(saved):
+            if k in saved_views:
+                continue
+            u = v
+            while id(u) in producer and producer[id(u)].kind == MOVEMENT:
+                u = producer[id(u)].inputs[0]
+            i = pos.get(id(u)) if u is not v else None
+            if i in bases:
+                unaliased[k] = i
     plan = BackwardPlan(
         graph=bgraph, sources=sources, grad_slots=grad_slots, saved=saved,
         saved_bytes=sum(v.nbytes for v in saved), recomputed_bytes=recomputed_bytes,
@@ -206,6 +246,7 @@ def trace_backward(tr, out_raw, out_leaves):
         joint_gy_inputs=joint_gy, joint_grad_slots=grad_slots,
         joint_captures=joint_captures, joint_meta=tr.grad_meta,
         replay_saved=[k for k, v in enumerate(saved) if id(v) in tainted],
+        saved_views=saved_views, saved_unaliased=unaliased,
         snapshots={pos[id(v)]: saved_pos[id(v)] for v in args if id(v) in snap_of},
         fixed_inputs=frozenset(pos[id(v)] for leaf, v in tr.arg_inputs
                                if tr.leaf_kinds[leaf] == FLT),
@@ -290,6 +331,61 @@ def _read_live(tr, bwd_nodes):
                 # What a create_graph replay links this node's operands to: the same.
                 tr.grad_meta[id(n)] = (meta[0], tuple(
                     None if u is None else subst.get(id(u), u) for u in meta[1]))
+
+
+def _argument_views(tr, fwd_nodes, mutated, read):
+    """id(forward value) -> (forward input position, steps) for the values the traced
+    call computed as NumPy views of an argument's or a captured buffer (F.transpose(x),
+    F.reshape(x), a view of a view; not F.get_item, which copies): eager's backward
+    reads such a value (among those `read`) through the buffer, as it is when the backward runs (the
+    caller's `x.data[0] = 5` shows in it; after `x.data = ...` it is still the old
+    buffer's), so the compiled backward rebuilds it on the call's buffer by the same
+    view operations (pytree.replay_view) rather than read a copy the forward saved.
+    Inputs the call updates in place are left to the forward's saved values. A
+    BackwardEscape when a value shares memory with such a buffer but is no chain of
+    view operations from it (a copy would be silently stale)."""
+    bases = _view_bases(tr, mutated)
+    pos = {id(v): i for i, v in enumerate(tr.graph.inputs)}
+    if not bases:
+        return {}
+    producer = {id(o): n for n in fwd_nodes for o in n.outputs}
+    out = {}
+    for n in fwd_nodes:
+        for v in n.outputs:
+            if id(v) not in read:
+                continue
+            var = tr.owner.get(id(v))
+            arr = _plain(var) if isinstance(var, Variable) else None
+            if arr is None or arr.size == 0 or not any(
+                    _overlaps(arr, b) for b in bases.values()):
+                continue
+            steps, u = [], v
+            while id(u) not in pos:
+                m = producer.get(id(u))
+                if m is None or m.kind != MOVEMENT or len(m.inputs) != 1:
+                    break
+                steps.append(_view_step(m))
+                u = m.inputs[0]
+            i = pos.get(id(u))
+            steps = tuple(reversed(steps))
+            if i in bases and steps and _replays(bases[i], steps, arr):
+                out[id(v)] = (i, steps)
+            else:
+                return BackwardEscape(
+                    f"a value the backward reads shares memory with an argument's or a "
+                    f"captured buffer but is no view the compiled backward can rebuild "
+                    f"on it, at {n.line}")
+    return out
+
+
+def _view_bases(tr, mutated):
+    """Forward input position -> the traced call's array, for the arguments' and
+    captured buffers the call does not update in place."""
+    bases = _input_arrays(tr)
+    for i, v in enumerate(tr.graph.inputs):
+        if id(v) in mutated:
+            bases.pop(i, None)
+    return bases
 
 
 def mutated_inputs(tr):

@@ -112,6 +112,10 @@ class BackwardPlan:
     joint_captures: dict     # joint input index -> capture source, read at backward time
     joint_meta: dict         # the trace's grad_meta (what eager autodiff links)
     replay_saved: list       # indices into saved that a replay takes from the call
+    saved_views: dict        # index into saved -> (forward input position, view steps):
+                             # rebuilt on the call's buffer (trace.backward._argument_views)
+    saved_unaliased: dict    # index into saved -> input position: copied if the forward
+                             # gave it as a view of that input's buffer
     snapshots: dict          # forward input position -> index into saved of its copy
                              # (an argument, as the forward saw it: remat's snapshot)
     fixed_inputs: frozenset  # forward input positions nothing outside can change
