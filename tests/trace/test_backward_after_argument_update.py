@@ -268,3 +268,146 @@ def test_an_ndarray_argument_the_call_and_then_the_caller_update():
         a += 1.0
         p.data *= 2.0
     _compare_calls(f, make, update)
+
+
+# Intermediates eager holds as views of an argument's buffer (F.transpose, F.reshape, a
+# view of a view, x.data[...] wrapped): its backward reads them through the buffer, as
+# the caller's update left it (after `x.data = ...`: the old buffer, still aliased). The
+# compiled backward rebuilds them on the call's buffer. F.get_item copies in eager: its
+# result is the forward's, by construction.
+
+def _set_element(x, p):
+    x.data[0, 1] = 5.0          # in place, through the buffer eager's views alias
+
+
+def _rebind_both(x, p):
+    x.data = x.data + 1.0       # eager's views keep the old buffer
+    p.data = p.data * -2.0
+
+
+def _rebind_then_write_the_old_buffer(x, p):
+    old = x.data
+    x.data = old * 2.0
+    old[1, 2] = -3.0            # what eager's views alias
+
+
+VIEW_UPDATES = {"element": _set_element, "x.data += 1": in_place, "rebind": _rebind_both,
+                "rebind, old written": _rebind_then_write_the_old_buffer,
+                "slice write": UPDATES["slice write"]}
+
+
+def view_transpose(x, p):
+    return F.sum(F.tanh(p) / (F.transpose(x, (1, 0)) ** 2 + 1.0))
+
+
+def view_transpose_read_directly(x, p):
+    return F.sum(F.tanh(p) * F.transpose(x))       # Mul's backward reads the view
+
+
+def view_reshape(x, p):
+    return F.sum(F.sin(p) * F.reshape(x, (3, 2)) ** 2)
+
+
+def view_of_a_view(x, p):
+    # transpose of (2, 3) is F-contiguous: reshaping it to its own shape is a view too.
+    return F.sum(F.tanh(p) * F.reshape(F.transpose(x), (3, 2)) * F.transpose(x)[0:3])
+
+
+def view_of_data_wrapped(x, p):
+    # x.data.T is NumPy's view; the Variable wrapping it is a leaf Mul's backward reads.
+    return F.sum(F.tanh(p) * Variable(x.data.T) * F.transpose(x) ** 2)
+
+
+def view_get_item(x, p):
+    # F.get_item copies (eager's GetItem.forward): not a view, the forward's value.
+    return F.sum(F.tanh(p) * F.transpose(x[0:2, :]) ** 2 * F.transpose(x)[0:3, 0:2])
+
+
+def view_also_returned(x, p):
+    t = F.transpose(x)
+    return F.sum(F.tanh(p) * t * t), t
+
+
+VIEW_PROGRAMS = [view_transpose, view_transpose_read_directly, view_reshape,
+                 view_of_a_view, view_of_data_wrapped, view_get_item, view_also_returned]
+
+
+@pytest.mark.parametrize("update", VIEW_UPDATES.values(), ids=VIEW_UPDATES.keys())
+@pytest.mark.parametrize("fn", VIEW_PROGRAMS)
+@pytest.mark.parametrize("second_order", [False, True], ids=["first", "create_graph"])
+def test_views_of_arguments_then_update_then_backward(fn, update, second_order):
+    _compare_calls(fn, _vars((2, 3), (3, 2)), update, second_order)
+
+
+def test_a_returned_view_still_aliases_the_argument():
+    f = tj.jit(view_also_returned)
+    for i in range(4):
+        x, p = _vars((2, 3), (3, 2))(np.random.RandomState(i))
+        y, t = f(x, p)
+        assert np.shares_memory(t.data, x.data)
+        y.backward()
+
+
+def test_views_of_a_non_contiguous_argument():
+    # A reshape of a non-contiguous argument copies in eager (and in the replay); a
+    # transpose of it is a view again.
+    def make(rng):
+        return [Variable(np.asfortranarray(rng.randn(2, 3))), Variable(rng.randn(3, 2))]
+
+    for fn in (view_reshape, view_transpose, view_of_a_view):
+        for update in (_set_element, _rebind_both):
+            _compare_calls(fn, make, update)
+            _compare_calls(fn, make, update, second_order=True)
+
+
+def test_views_of_float32_and_parameter_arguments():
+    _compare_calls(view_transpose, _vars((2, 3), (3, 2), dtype=np.float32), _set_element)
+    _compare_calls(view_of_a_view, _vars((2, 3), (3, 2), cls=tj.Parameter), _rebind_both,
+                   second_order=True)
+
+
+def test_a_view_of_a_captured_parameter_updated_before_the_backward():
+    # An optimizer step on W between the call and its backward: eager's W.T aliases W.
+    W = tj.Parameter(np.linspace(-1.0, 1.0, 6).reshape(2, 3))
+
+    def f(x):
+        h = F.tanh(F.matmul(x, F.transpose(W)))          # (2, 2)
+        return F.sum(h) + F.sum(F.tanh(F.transpose(x)) * F.transpose(W) ** 2)
+
+    def make(rng):
+        W.data[...] = rng.randn(2, 3)
+        return [Variable(rng.randn(2, 3))]
+
+    def update(x):
+        W.data -= 0.5 * W.data + 0.25
+        x.data[0, 1] = 5.0
+    for second_order in (False, True):
+        _compare_calls(f, make, update, second_order)
+
+
+class _UserTranspose(tj.Function):
+    # A view the trace cannot name: the user's forward returns NumPy's x.T.
+    def forward(self, x):
+        return x.T
+
+    def backward(self, gy):
+        return F.transpose(gy)
+
+
+def test_a_view_the_backward_cannot_rebuild_runs_eagerly(record_jit_warnings):
+    def f(x, p):
+        return F.sum(F.tanh(p) * _UserTranspose()(x))
+
+    f_j = tj.jit(f)
+    for i in range(4):
+        got = []
+        for g in (f, f_j):
+            x, p = _vars((2, 3), (3, 2))(np.random.RandomState(i))
+            y = g(x, p)
+            _set_element(x, p)
+            y.backward()
+            got.append(p.grad.data.copy())
+        np.testing.assert_allclose(*got, rtol=1e-12)
+    msgs = [str(w.message) for w in record_jit_warnings]
+    assert any("no view the compiled backward can rebuild" in m and
+               "_UserTranspose()(x)" in m for m in msgs), msgs

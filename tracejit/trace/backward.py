@@ -374,7 +374,7 @@ def _argument_views(tr, fwd_nodes, mutated, read):
                 return BackwardEscape(
                     f"a value the backward reads shares memory with an argument's or a "
                     f"captured buffer but is no view the compiled backward can rebuild "
-                    f"on it, at {n.line}")
+                    f"on it (it would read a stale copy)", n.line)
     return out
 
 

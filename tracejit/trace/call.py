@@ -223,7 +223,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         rebound = None
         break
     if isinstance(backward, BackwardEscape):
-        escapes.append(Escape(backward.reason, None))
+        escapes.append(Escape(backward.reason, backward.line))
     side_effects = [SideEffect(*e) for e in tr.side_effects]
     if not escapes:
         grown = pystate.grown(sizes_before)

@@ -89,6 +89,7 @@ class BackwardEscape:
     """The region's backward cannot be compiled: the signature runs eagerly."""
 
     reason: str
+    line: Any = None         # the user's line it is about (None: the function's)
 
 
 @dataclass(frozen=True, eq=False)
