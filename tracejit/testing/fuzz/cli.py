@@ -353,14 +353,16 @@ def main(argv=None):
     ap.add_argument("--avoid", default="", help="comma-separated constructs to leave out, "
                     "to look past known bugs: " + "; ".join(
                         f"{k}: {v}" for k, v in sorted(AVOIDABLE.items())))
-    ap.add_argument("--focus", default=None, choices=["state", "nested_grad", "views", "rebound"],
+    ap.add_argument("--focus", default=None,
+                    choices=["state", "nested_grad", "views", "rebound", "argument_views"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
                     "nested_grad (grad, value_and_grad and grad of grad inside f); "
                     "views (results that are views of arguments, captures, other values); "
                     "rebound (state a step rebinds on a captured holder across calls, "
-                    "an RNN's h)")
+                    "an RNN's h); "
+                    "argument_views (intermediates that are views of arguments)")
     ap.add_argument("--generator", default="programs", choices=sorted(GENERATORS),
                     help="programs: the general generator; argument_updates: its programs "
                     "with the caller changing the arguments between call and backward")

@@ -928,6 +928,50 @@ VIEWS_STEPS = [(_views_returned, 1)]
 # ---------------------------------------------------------------- end of returned views
 
 
+# ---------------------------------------------------------- argument views (helper
+# "argviews"). An intermediate eager holds as a view of an argument's buffer
+# (F.transpose(x), F.reshape(x), a view of a view, x.data.T wrapped), read by the
+# backward of what consumes it: a caller's update between the call and the backward
+# (argument_update_programs) reaches it through the buffer. Drawn only with
+# focus="argument_views", which argument_update_programs picks for half its programs.
+
+def _argument_view(b):
+    args = [v for _, _, v in b.args if v is not None and len(v.shape) > 0]
+    if not args:
+        return b.st_unary()
+    v = b.draw(st.sampled_from(args))
+    nd = len(v.shape)
+    x = v.name
+    forms = [(f"F.reshape({x}, {x}.shape + (1,))", v.shape + (1,))]
+    if nd >= 2:
+        rev = tuple(reversed(v.shape))
+        forms += [(f"F.transpose({x})", rev),
+                  (f"F.reshape(F.transpose({x}), {x}.shape[::-1])", rev)]
+        if v.var:
+            forms.append((f"tj.Variable({x}.data.T)", rev))
+    if B not in v.shape:
+        forms.append((f"F.reshape({x}, (-1,))", (int(np.prod(v.shape)),)))
+    form, shape = b.draw(st.sampled_from(forms))
+    t = b.fresh("av")
+    b.emit(f"{t} = {form}")
+    name = b.fresh()
+    use = b.draw(st.sampled_from(["pow", "div", "mul", "tanh_mul"]))
+    other = b.pick(lambda w: w.var and w.shape == shape and w.name != t)
+    o = other.name if other is not None else "1.5"
+    b.emit(f"{name} = " + {"pow": f"{t} ** 2",
+                           "div": f"{o} / ({t} * {t} + 1)",
+                           "mul": f"{o} * {t}",
+                           "tanh_mul": f"F.tanh({o}) * {t}"}[use])
+    bound = max(v.bound, other.bound if other is not None else 1.5)
+    b.add(name, shape, v.dtype, bound * bound if use == "pow" else
+          bound if use == "div" else bound * v.bound)
+    b.features.add("argument_view")
+
+
+ARGUMENT_VIEW_STEPS = [(_argument_view, 1)]
+# ------------------------------------------------------------ end of argument views
+
+
 @st.composite
 def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     """A random program as source text (see the module docstring); `avoid` names
@@ -983,6 +1027,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     table += [(lambda g=g: g(b), w * (12 if focus == "views" else 1))  # returned views
               for g, w in VIEWS_STEPS]
     table.append((lambda: st_rebound_state(b), 12 if focus == "rebound" else 1))
+    table += [(lambda g=g: g(b), w * (8 if focus == "argument_views" else 0))
+              for g, w in ARGUMENT_VIEW_STEPS]                       # argument views
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
@@ -1170,6 +1216,8 @@ def argument_update_programs(draw, avoid=(), focus=None):
     """A `source_programs` program with a backward, whose caller updates its arguments
     after each call and before the backward (harness: `BETWEEN(call, args)`): in place
     (`x.data += c`, an entry, a fill), or rebinding `x.data`, per argument and call."""
+    if focus is None and draw(st.booleans()):
+        focus = "argument_views"       # argument views block: half the programs
     p = draw(source_programs(avoid=avoid, focus=focus))
     backward = draw(st.sampled_from(["plain", "create_graph"]))
     if backward == "create_graph" and "create_graph_inplace" in avoid:
