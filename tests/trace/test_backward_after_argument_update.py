@@ -411,3 +411,18 @@ def test_a_view_the_backward_cannot_rebuild_runs_eagerly(record_jit_warnings):
     msgs = [str(w.message) for w in record_jit_warnings]
     assert any("no view the compiled backward can rebuild" in m and
                "_UserTranspose()(x)" in m for m in msgs), msgs
+
+
+def test_traced_on_a_non_contiguous_argument_then_contiguous_ones():
+    # The traced call's reshape copied (eager's too); on later contiguous arguments it
+    # is a view again, which the caller's update reaches.
+    def make(rng):
+        a = rng.randn(2, 3)
+        make.k += 1
+        return [Variable(np.asfortranarray(a) if make.k <= 4 else a),
+                Variable(rng.randn(3, 2))]
+
+    for fn in (view_reshape, view_of_a_view):
+        for second_order in (False, True):
+            make.k = 0
+            _compare_calls(fn, make, _set_element, second_order, n=6)

@@ -9,8 +9,8 @@ from tracejit.core import MOVEMENT, DictGrads, Variable, backprop
 from tracejit.ir import Graph, Node, Value
 from tracejit.ops.trace_only import GUARD
 from tracejit.passes import remat
-from tracejit.trace.pytree import (FLT, VAR, _input_arrays, _overlaps, _plain, _replays,
-                                   _view_step)
+from tracejit.trace.pytree import (FLT, VAR, _BasicIndex, _input_arrays, _overlaps, _plain,
+                                   _replays, _view_step)
 from tracejit.trace.records import BackwardEscape, BackwardPlan
 
 
@@ -356,9 +356,9 @@ def _argument_views(tr, fwd_nodes, mutated, read):
                 continue
             var = tr.owner.get(id(v))
             arr = _plain(var) if isinstance(var, Variable) else None
-            if arr is None or arr.size == 0 or not any(
-                    _overlaps(arr, b) for b in bases.values()):
+            if arr is None or arr.size == 0:
                 continue
+            shared = any(_overlaps(arr, b) for b in bases.values())
             steps, u = [], v
             while id(u) not in pos:
                 m = producer.get(id(u))
@@ -368,9 +368,18 @@ def _argument_views(tr, fwd_nodes, mutated, read):
                 u = m.inputs[0]
             i = pos.get(id(u))
             steps = tuple(reversed(steps))
-            if i in bases and steps and _replays(bases[i], steps, arr):
-                out[id(v)] = (i, steps)
-            else:
+            if i in bases and steps:
+                if _replays(bases[i], steps, arr):
+                    out[id(v)] = (i, steps)
+                    continue
+                # A copy in the traced call (a reshape of a non-contiguous argument) is
+                # a view on calls whose argument's layout allows one, as eager's op
+                # decides per call: so does the replay. Not through a basic index:
+                # F.get_item copies where NumPy's x.data[k] is a view, the same node.
+                if not shared and not any(isinstance(st, _BasicIndex) for st in steps):
+                    out[id(v)] = (i, steps)
+                    continue
+            if shared:
                 return BackwardEscape(
                     f"a value the backward reads shares memory with an argument's or a "
                     f"captured buffer but is no view the compiled backward can rebuild "
