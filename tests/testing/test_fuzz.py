@@ -203,3 +203,14 @@ def test_the_state_focus_draws_each_of_its_constructs():
         assert f in features, features
     for p in progs:
         compile(p.source, "<program>", "exec")
+
+
+def test_argument_update_programs_draw_views_of_arguments():
+    # The argument views block: intermediates that are views of an argument's buffer,
+    # changed by the caller before the backward.
+    progs = fuzz.generate(12, seed=3, generator="argument_updates")
+    with_views = [p for p in progs if "argument_view" in p.features]
+    assert with_views and len(with_views) < len(progs)
+    assert any("F.transpose(x" in p.source or "F.reshape(x" in p.source for p in with_views)
+    for p in progs:
+        compile(p.source, "<program>", "exec")
