@@ -337,13 +337,13 @@ def _argument_views(tr, fwd_nodes, mutated, read):
     """id(forward value) -> (forward input position, steps) for the values the traced
     call computed as NumPy views of an argument's or a captured buffer (F.transpose(x),
     F.reshape(x), a view of a view; not F.get_item, which copies): eager's backward
-    reads such a value (among those `read`) through the buffer, as it is when the backward runs (the
-    caller's `x.data[0] = 5` shows in it; after `x.data = ...` it is still the old
-    buffer's), so the compiled backward rebuilds it on the call's buffer by the same
-    view operations (pytree.replay_view) rather than read a copy the forward saved.
-    Inputs the call updates in place are left to the forward's saved values. A
-    BackwardEscape when a value shares memory with such a buffer but is no chain of
-    view operations from it (a copy would be silently stale)."""
+    reads such a value (among those `read`) through the buffer, as it is when the
+    backward runs (the caller's `x.data[0] = 5` shows in it; after `x.data = ...` it is
+    still the old buffer's), so the compiled backward rebuilds it on the call's buffer
+    by the same view operations (pytree.replay_view) rather than read a copy the
+    forward saved. Inputs the call updates in place are left to the forward's saved
+    values. A BackwardEscape when a value shares memory with such a buffer but is no
+    chain of view operations from it (a copy would be silently stale)."""
     bases = _view_bases(tr, mutated)
     pos = {id(v): i for i, v in enumerate(tr.graph.inputs)}
     if not bases:
