@@ -426,3 +426,35 @@ def test_traced_on_a_non_contiguous_argument_then_contiguous_ones():
         for second_order in (False, True):
             make.k = 0
             _compare_calls(fn, make, _set_element, second_order, n=6)
+
+
+def test_a_view_of_a_captured_array_and_of_an_argument_written_before_the_backward():
+    K = np.linspace(-1.0, 1.0, 6).reshape(2, 3)
+
+    def f(x):
+        return F.sum(F.tanh(x) * F.transpose(K) ** 2 + F.reshape(F.transpose(x), (3, 2)) ** 2)
+
+    def make(rng):
+        K[...] = rng.randn(2, 3)
+        return [Variable(rng.randn(3, 2))]
+
+    def update(x):
+        K[0, 1] = 7.0
+        x.data[1, 1] = -4.0
+    for second_order in (False, True):
+        _compare_calls(f, make, update, second_order)
+
+
+def test_a_returned_view_written_by_the_caller_before_the_backward():
+    # Writing the returned view writes the argument's buffer: both backwards see it.
+    f_j = tj.jit(view_also_returned)
+    for i in range(4):
+        got = []
+        for g in (view_also_returned, f_j):
+            x, p = _vars((2, 3), (3, 2))(np.random.RandomState(i))
+            y, t = g(x, p)
+            t.data[2, 0] = 3.0
+            y.backward()
+            got.append((x.grad.data.copy(), p.grad.data.copy()))
+        for a, b in zip(*got):
+            np.testing.assert_allclose(a, b, rtol=1e-9)
