@@ -458,3 +458,34 @@ def test_a_returned_view_written_by_the_caller_before_the_backward():
             got.append((x.grad.data.copy(), p.grad.data.copy()))
         for a, b in zip(*got):
             np.testing.assert_allclose(a, b, rtol=1e-9)
+
+
+def test_a_view_of_an_argument_the_call_updates_in_place():
+    # Eager's view shows the call's update and then the caller's.
+    def f(x, p):
+        t = F.transpose(x)
+        y = F.sum(F.tanh(p) * t)
+        x.data *= 0.5
+        return y + F.sum(p * F.transpose(x))
+
+    for update in (lambda x, p: None, _set_element, _rebind_then_write_the_old_buffer):
+        _compare_calls(f, _vars((2, 3), (3, 2)), update)
+        _compare_calls(f, _vars((2, 3), (3, 2)), update, second_order=True)
+
+
+def test_a_view_of_a_captured_parameter_the_call_updates():
+    W = tj.Parameter(np.linspace(-1.0, 1.0, 6).reshape(2, 3))
+
+    def f(x):
+        y = F.sum(F.tanh(x) * F.transpose(W) ** 2)
+        W.data -= 0.25 * W.data
+        return y
+
+    def make(rng):
+        W.data[...] = rng.randn(2, 3)
+        return [Variable(rng.randn(3, 2))]
+
+    def update(x):
+        W.data[0, 1] = 3.0
+    for second_order in (False, True):
+        _compare_calls(f, make, update, second_order)

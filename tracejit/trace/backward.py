@@ -75,7 +75,7 @@ def trace_backward(tr, out_raw, out_leaves):
         # A guard: the backward branches on values. (An escape: the call runs eagerly
         # for its own reason, which comes first.)
         return BackwardEscape("the backward pass inspects values"), []
-    _read_live(tr, bwd_nodes)
+    in_place_states = _read_live(tr, bwd_nodes)
     grad_values = []
     diff_sources = []
     for src, var in boundary:
@@ -121,7 +121,7 @@ def trace_backward(tr, out_raw, out_leaves):
     # Values eager's backward reads as views of an argument's or a captured buffer
     # (F.transpose(x), F.reshape(x)): rebuilt on the call's buffer when it runs.
     views = _argument_views(tr, g.nodes[:n_nodes], mutated,
-                            {id(u) for n in bwd_nodes for u in n.inputs})
+                            {id(u) for n in bwd_nodes for u in n.inputs}, in_place_states)
     if isinstance(views, BackwardEscape):
         return views, []
     saved_views = {}      # index into saved -> (forward input position, view steps)
@@ -321,8 +321,12 @@ def _read_live(tr, bwd_nodes):
             if obj._tv is not val or tr.owner.get(id(val)) not in (None, obj):
                 continue
         subst[id(val)] = inp
+    # The states of a buffer updated in place (not a rebound Variable's new array): a
+    # view of one is a view of the call's buffer (_argument_views).
+    states = {k: v for k, v in subst.items()
+              if k not in {id(val) for kind, _, val in tr.effects if kind == "rebind"}}
     if not subst:
-        return
+        return states
     for n in bwd_nodes:
         if any(id(u) in subst for u in n.inputs):
             n.inputs = tuple(subst.get(id(u), u) for u in n.inputs)
@@ -331,9 +335,10 @@ def _read_live(tr, bwd_nodes):
                 # What a create_graph replay links this node's operands to: the same.
                 tr.grad_meta[id(n)] = (meta[0], tuple(
                     None if u is None else subst.get(id(u), u) for u in meta[1]))
+    return states
 
 
-def _argument_views(tr, fwd_nodes, mutated, read):
+def _argument_views(tr, fwd_nodes, mutated, read, states=None):
     """id(forward value) -> (forward input position, steps) for the values the traced
     call computed as NumPy views of an argument's or a captured buffer (F.transpose(x),
     F.reshape(x), a view of a view; not F.get_item, which copies): eager's backward
@@ -341,10 +346,14 @@ def _argument_views(tr, fwd_nodes, mutated, read):
     backward runs (the caller's `x.data[0] = 5` shows in it; after `x.data = ...` it is
     still the old buffer's), so the compiled backward rebuilds it on the call's buffer
     by the same view operations (pytree.replay_view) rather than read a copy the
-    forward saved. Inputs the call updates in place are left to the forward's saved
-    values. A BackwardEscape when a value shares memory with such a buffer but is no
-    chain of view operations from it (a copy would be silently stale)."""
-    bases = _view_bases(tr, mutated)
+    forward saved. A buffer the call updates in place too: `states` (_read_live) maps
+    the Values of its states to the input, so a view taken after the update (the
+    tracer's new Value) is one of the buffer, which shows the call's update and the
+    caller's. A BackwardEscape when a value shares memory with a buffer the call does
+    not update but is no chain of view operations from it (a copy would be silently
+    stale); memory shared with an updated buffer is not checked (as before: saved)."""
+    bases = _view_bases(tr, frozenset())
+    unchanged = _view_bases(tr, mutated)
     pos = {id(v): i for i, v in enumerate(tr.graph.inputs)}
     if not bases:
         return {}
@@ -358,9 +367,12 @@ def _argument_views(tr, fwd_nodes, mutated, read):
             arr = _plain(var) if isinstance(var, Variable) else None
             if arr is None or arr.size == 0:
                 continue
-            shared = any(_overlaps(arr, b) for b in bases.values())
+            shared = any(_overlaps(arr, b) for b in unchanged.values())
             steps, u = [], v
             while id(u) not in pos:
+                if states and id(u) in states:
+                    u = states[id(u)]       # a state of the buffer: the buffer
+                    continue
                 m = producer.get(id(u))
                 if m is None or m.kind != MOVEMENT or len(m.inputs) != 1:
                     break
