@@ -109,11 +109,6 @@ def test_containers_made_by_init_are_fresh_per_call():
                              **SECOND_ORDER)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: under jit a per-call-state user Function's backward (UserBackward, "
-    "trace/record.py input_grads) gives gradients with no history, so a create_graph "
-    "pass loses their dependence on gy: jit's d/dx is 3kx where eager's is 4kx; the "
-    "check catches it and falls back. Hidden until grad() stopped cutting x off."))
 def test_stateful_function_inside_grad_inside_jit():
     def f(x):
         g = tj.grad(lambda z: F.sum(SignScale()(z) * z))(x)

@@ -185,6 +185,13 @@ def _replay_backward(ub, xs, bound):
     inst = bound.get(ub.call)
     if inst is None:
         raise RuntimeError(f"tracejit: replaying {ub.op_name} without its forward call")
+    if getattr(ub, "level", 0):
+        # A derivative of the user's backward (UserGrad): called as a Function on the
+        # replay's Variables, so its outputs have a history too.
+        op = ub.node_op()
+        op.inst = inst
+        ys = op(*xs)
+        return ys if isinstance(ys, list) else [ys]
     gxs = _input_grads(inst, xs[ub.n_in + ub.n_out:])
     ub.results([None if g is None else getattr(g, "data", g) for g in gxs])   # checks
     return [g for g in gxs if g is not None]

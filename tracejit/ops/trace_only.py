@@ -280,3 +280,101 @@ class UserBackward(Function):
 
     def shape_rule(self, *specs):
         return self.specs if len(self.specs) != 1 else self.specs[0]
+
+
+class UserGrad(UserBackward):
+    """A UserBackward with a history, for create_graph (grad of grad, a backward with
+    create_graph=True inside the function): a Function call whose outputs' creator
+    it is, so its own backward exists. Level 0 runs the user's backward on the
+    call's instance; level k+1 is the vector-Jacobian product of level k (inputs: level
+    k's inputs, then the cotangents of its outputs; outputs: the gradients of the
+    inputs marked in `mask`), computed by running level k eagerly with backprop on,
+    so the user's backward is differentiated exactly as eager does (a `.data` read in
+    it is detached). `inst` is the instance while tracing or replaying; a graph node
+    holds none (node_op) and finds the call's instance when it runs."""
+
+    def __init__(self, call, n_in, n_out, level=0, n_args=None, inst=None):
+        super().__init__(call, n_in, n_out, (), ())
+        self.level = level
+        self.n_args = n_in + 2 * n_out if n_args is None else n_args   # level k's inputs
+        self.inst = inst
+        self.mask = None              # set by the first (traced) forward
+        if level:
+            self.op_name = f"{call.op_name}.backward^{level + 1}"
+
+    def node_op(self):
+        op = copy.copy(self)
+        for attr in ("inputs", "outputs", "generation"):
+            op.__dict__.pop(attr, None)
+        op.inst = None
+        return op
+
+    def _instance(self):
+        return self.inst if self.inst is not None else _instance_of(self.call)[0]
+
+    def forward(self, *arrays):
+        from tracejit.core import Variable, no_grad, set_trace
+        prev = set_trace(None)     # while tracing: run for real, unrecorded
+        try:
+            with no_grad():
+                gxs = self.grads(self._instance(),
+                                 [Variable(np.asarray(a)) for a in arrays])
+        finally:
+            set_trace(prev)
+        if self.mask is None:
+            self.mask = tuple(g is not None for g in gxs)
+            self.specs = tuple(_spec(g) for g in gxs if g is not None)
+        return self.results(gxs)
+
+    def grads(self, inst, xs):
+        """Level k on Variables xs, with a history if backprop is enabled: one entry
+        (a Variable or None) per argument of level k."""
+        from tracejit.core import _input_grads
+        if self.level == 0:
+            n, m = self.n_in, self.n_out
+            saved = {a: inst.__dict__[a] for a in ("inputs", "outputs", "generation")
+                     if a in inst.__dict__}
+            keep = self.bind(inst, xs[:n], xs[n:n + m])    # noqa: F841
+            try:
+                return _input_grads(inst, xs[n + m:])
+            finally:
+                # Tracing or replaying, the instance is also the graph's creator.
+                inst.__dict__.update(saved)
+        return _vjp(self.below, inst, xs[:self.n_args], xs[self.n_args:])
+
+    def backward(self, *cts):
+        up = UserGrad(self.call, self.n_in, self.n_out, self.level + 1,
+                      len(self.inputs), self.inst)
+        up.below = self.node_op()
+        ys = up(*self.inputs, *cts)
+        ys = ys if isinstance(ys, (list, tuple)) else [ys]
+        it = iter(ys)
+        return tuple(next(it) if want else None for want in up.mask)
+
+
+def _spec(g):
+    from tracejit.core import ShapeDtype
+    a = np.asarray(getattr(g, "data", g))
+    return ShapeDtype(a.shape, a.dtype)
+
+
+def _vjp(low, inst, primals, cts):
+    """The gradients of sum(<low(primals)_i, cts_i>) with respect to primals, by
+    eager backprop on fresh leaves (a history through them if backprop is enabled)."""
+    from tracejit.core import DictGrads, Variable, _state, as_variable, backprop, \
+        using_config
+    create = _state.enable_backprop
+    leaves = [Variable(p.data) for p in primals]
+    with using_config("enable_backprop", True):
+        outs = [g for g in low.grads(inst, leaves) if g is not None]
+    store = DictGrads()
+    roots = []
+    for y, ct in zip(outs, cts):
+        y = as_variable(y)
+        old = store.get(y)
+        store.set(y, ct if old is None else old + ct)
+        if y.creator is not None and all(r is not y for r in roots):
+            roots.append(y)
+    if roots:
+        backprop(roots, create_graph=create, grads=store)
+    return [store.get(leaf) for leaf in leaves]

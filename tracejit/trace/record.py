@@ -36,7 +36,7 @@ from tracejit.trace import pystate
 from tracejit.trace.values import (_PY_OPS, _PY_UNARY, REDUCE_PRIMS, SCALAR_TYPES, UFUNC_PRIMS,
                               TracedArray, TracedFloat, TracedScalar, is_internal,
                               python_value)
-from tracejit.ops.trace_only import Guard, NumpyCall, UserBackward, UserCall
+from tracejit.ops.trace_only import Guard, NumpyCall, UserBackward, UserCall, UserGrad
 
 log = logging.getLogger("tracejit")
 
@@ -300,7 +300,10 @@ class Trace(core.TraceHooks):
             y._tv = v
             self.own(y._data)
             self.owner[id(v)] = y
-        op = _detached(fn) if before is None else self._user_op(fn, before, outs)
+        if isinstance(fn, UserGrad):
+            op = fn.node_op()        # finds the call's instance when it runs
+        else:
+            op = _detached(fn) if before is None else self._user_op(fn, before, outs)
         node = Node(op, ins, outs, self.bwd_line or user_line(3))
         for y in outputs:
             if isinstance(y._data, np.ndarray) and y._data.base is not None:
@@ -375,6 +378,10 @@ class Trace(core.TraceHooks):
         if entry is None:
             return core._input_grads(fn, gys)
         call, fwd_outs = entry
+        if not self.region_backward:
+            call.backward_in_forward = True
+        if core._state.enable_backprop:
+            return self._user_grad(fn, call, fwd_outs, gys)
         prev = core.set_trace(None)    # run it for real, unrecorded: which inputs get grads
         try:
             with core.no_grad():
@@ -397,8 +404,6 @@ class Trace(core.TraceHooks):
             outs.append(v)
             specs.append(core.ShapeDtype(a.shape, a.dtype))
             result.append(var)
-        if not self.region_backward:
-            call.backward_in_forward = True
         if outs:
             op = UserBackward(call, len(fn.inputs), len(fwd_outs),
                               [g is not None for g in gxs], specs)
@@ -409,6 +414,17 @@ class Trace(core.TraceHooks):
                 self._link(g, v) for g, v in zip(gys, ins[n_fwd:])))
             self.graph.nodes.append(node)
         return tuple(result)
+
+    def _user_grad(self, fn, call, fwd_outs, gys):
+        """input_grads under create_graph: the gradients with a history (a UserGrad
+        call on the forward's inputs, outputs and gys), so a grad of grad or a second
+        backward differentiates the user's backward as eager does."""
+        # The outputs as eager's graph has them (the recorded Variable if it died).
+        ys = [self.owner[id(v)] if r() is None else r() for r, v in zip(fn.outputs, fwd_outs)]
+        gxs = UserGrad(call, len(fn.inputs), len(fwd_outs), inst=fn)(*fn.inputs, *ys, *gys)
+        gxs = gxs if isinstance(gxs, list) else [gxs]
+        it = iter(gxs)
+        return tuple(next(it) if want else None for want in self.graph.nodes[-1].fn.mask)
 
     def backward_of(self, fn):
         line = self.line_of.get(fn)
