@@ -118,6 +118,109 @@ def test_stateful_function_inside_grad_inside_jit():
                              **SECOND_ORDER)
 
 
+# --- create_graph through a stateful user backward: its gradients have a history
+
+
+def _second_backward_inside(x):
+    # backward(create_graph=True) inside the function, then a second backward (by the
+    # caller) through x.grad: it differentiates SignScale's backward, `gy * self.k`,
+    # whose gy (= x, from the product) depends on x.
+    x.cleargrad()
+    y = F.sum(SignScale()(F.tanh(x)) * x)
+    y.backward(create_graph=True)
+    gx = x.grad
+    x.cleargrad()
+    return F.sum(gx ** 2)
+
+
+def _second_backward_known(xv):
+    # gx = k (sech^2(x) x + tanh x); d/dx sum(gx^2) = 2 gx k (2 sech^2 x - 2 sech^2 x tanh x x)
+    k = 2.0 if np.tanh(xv).sum() > 0 else -3.0
+    t = np.tanh(xv)
+    s2 = 1 - t ** 2
+    gx = k * (s2 * xv + t)
+    return 2 * gx * k * (2 * s2 - 2 * s2 * t * xv)
+
+
+def test_second_backward_through_a_stateful_backward_matches_eager():
+    assert_jit_matches_eager(_second_backward_inside,
+                             make_args=lambda i: _variables(_signed(i)), calls=4,
+                             **SECOND_ORDER)
+
+
+def test_second_backward_through_a_stateful_backward_is_the_known_derivative():
+    from tracejit.testing import gradcheck
+    jf = tj.jit(_second_backward_inside)
+    for i in range(6):             # the sign, so self.k, flips from call to call
+        xv = _signed(i)
+        x = tj.Variable(xv.copy())
+        jf(x).backward()
+        np.testing.assert_allclose(x.grad.data, _second_backward_known(xv), rtol=1e-9)
+        assert gradcheck(_second_backward_inside, xv.copy(), jit=True)
+    assert jf.cache_info()["hits"] >= 4
+
+
+class DataSquare(tj.Function):
+    """Per-call state, and a backward that reads `.data`: detached, so eager's second
+    derivative misses the term through x. jit must miss it too."""
+
+    def forward(self, x):
+        self.k = 2.0 if x.sum() > 0 else -3.0
+        return self.k * x ** 2
+
+    def backward(self, gy):
+        return gy * (2 * self.k) * self.inputs[0].data
+
+
+def test_data_read_in_a_stateful_backward_stays_detached():
+    # Compared with eager, not with numerical derivatives: eager's answer is wrong on
+    # purpose (g = 2kx with x detached, so d/dx sum(g * x) is 2kx, not 4kx), and the
+    # compiled call must differentiate exactly what eager differentiates.
+    def f(x):
+        g = tj.grad(lambda z: F.sum(DataSquare()(z)))(x)
+        return F.sum(g * x)
+
+    assert_jit_matches_eager(f, make_args=lambda i: _variables(_signed(i)), calls=4,
+                             **SECOND_ORDER)
+    jf = tj.jit(f)
+    for i in range(4):
+        xv = _signed(i)
+        x = tj.Variable(xv.copy())
+        jf(x).backward()
+        k = 2.0 if xv.sum() > 0 else -3.0
+        np.testing.assert_allclose(x.grad.data, 2 * k * xv, rtol=1e-12)   # not 4kx
+
+
+class SignCube(tj.Function):
+    def forward(self, x):
+        self.k = 2.0 if x.sum() > 0 else -3.0
+        return self.k * x ** 3
+
+    def backward(self, gy):
+        x, = self.inputs
+        return gy * (3 * self.k) * x ** 2
+
+
+def test_third_derivative_through_a_stateful_backward():
+    # grad of grad inside, the caller's backward outside: the derivative of the
+    # derivative of the user's backward (UserGrad levels 1 and 2).
+    def f(x):
+        inner = lambda w: F.sum(SignCube()(w) * w)              # noqa: E731
+        g = tj.grad(lambda z: F.sum(tj.grad(inner)(z) * z))(x)
+        return F.sum(g * x)
+
+    assert_jit_matches_eager(f, make_args=lambda i: _variables(_signed(i)), calls=4,
+                             **SECOND_ORDER)
+    jf = tj.jit(f)
+    for i in range(4):
+        xv = _signed(i)
+        x = tj.Variable(xv.copy())
+        jf(x).backward()
+        k = 2.0 if xv.sum() > 0 else -3.0
+        # inner' = 4k w^3; h = sum(4k z^4), h' = 16k z^3; f = sum(16k x^4), f' = 64k x^3
+        np.testing.assert_allclose(x.grad.data, 64 * k * xv ** 3, rtol=1e-9)
+
+
 def test_constructor_argument_kept_in_a_create_graph_replay():
     # The replay of a user Function copies the node's instance: calling its class with
     # no arguments would have taken the default c=1.0.

@@ -360,11 +360,12 @@ def _spec(g):
 
 def _vjp(low, inst, primals, cts):
     """The gradients of sum(<low(primals)_i, cts_i>) with respect to primals, by
-    eager backprop on fresh leaves (a history through them if backprop is enabled)."""
-    from tracejit.core import DictGrads, Variable, _state, as_variable, backprop, \
-        using_config
+    eager backprop (with a history if backprop is enabled)."""
+    from tracejit.core import DictGrads, _state, as_variable, backprop, using_config
     create = _state.enable_backprop
-    leaves = [Variable(p.data) for p in primals]
+    # primals are leaves already (a forward's Variables of its arrays, or the leaves
+    # of the _vjp one level up): kept, so a nested level's result has its history.
+    leaves = list(primals)
     with using_config("enable_backprop", True):
         outs = [g for g in low.grads(inst, leaves) if g is not None]
     store = DictGrads()
