@@ -403,6 +403,33 @@ def test_stateful_function_graph_is_freed_by_refcounting(order):
     assert jf.cache_info()["fallbacks"] == 0
 
 
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_create_graph_through_a_stateful_backward_is_freed_by_refcounting(create_graph):
+    # The UserGrad calls (their instances and the leaves of their VJPs) make no cycle.
+    import gc
+    import weakref
+
+    from test_no_reference_cycles import _graph_refs
+
+    jf = tj.jit(_second_backward_inside)
+    gc.collect()
+    gc.disable()
+    try:
+        for k in range(5):       # warm-up, trace, checked call, compiled calls
+            x = tj.Variable(_signed(k))
+            y = jf(x)
+            y.backward(create_graph=create_graph)
+            refs = _graph_refs(y) + _graph_refs(x.grad)
+            probe = weakref.ref(y.creator)
+            del y
+            x.cleargrad()
+            alive = [type(r()).__name__ for r in refs if r() is not None and r() is not x]
+            assert alive == [] and probe() is None, (k, alive)
+    finally:
+        gc.enable()
+    assert jf.cache_info()["fallbacks"] == 0
+
+
 def test_function_built_from_python_numbers_of_traced_values_compiles():
     # float() of traced data and a float argument given to __init__: the NumPy forward
     # sees numbers, as in eager; each is guarded by its value.

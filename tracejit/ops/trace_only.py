@@ -314,17 +314,19 @@ class UserGrad(UserBackward):
 
     def forward(self, *arrays):
         from tracejit.core import Variable, no_grad, set_trace
-        prev = set_trace(None)     # while tracing: run for real, unrecorded
+        # While tracing: run for real, unrecorded (the gradients' .data too: read
+        # under the trace, each would be captured as a constant of the variant).
+        prev = set_trace(None)
         try:
             with no_grad():
                 gxs = self.grads(self._instance(),
                                  [Variable(np.asarray(a)) for a in arrays])
+            if self.mask is None:
+                self.mask = tuple(g is not None for g in gxs)
+                self.specs = tuple(_spec(g) for g in gxs if g is not None)
+            return self.results(gxs)
         finally:
             set_trace(prev)
-        if self.mask is None:
-            self.mask = tuple(g is not None for g in gxs)
-            self.specs = tuple(_spec(g) for g in gxs if g is not None)
-        return self.results(gxs)
 
     def grads(self, inst, xs):
         """Level k on Variables xs, with a history if backprop is enabled: one entry
