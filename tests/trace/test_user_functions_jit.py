@@ -221,6 +221,27 @@ def test_third_derivative_through_a_stateful_backward():
         np.testing.assert_allclose(x.grad.data, 64 * k * xv ** 3, rtol=1e-9)
 
 
+class StateOnlyGrad(tj.Function):
+    """A backward that depends on nothing traced (only on the state): its own
+    derivative gives no input a gradient."""
+
+    def forward(self, x):
+        self.k = 2.0 if x.sum() > 0 else -3.0
+        return x * self.k
+
+    def backward(self, gy):
+        return tj.Variable(np.full(gy.shape, self.k))
+
+
+def test_derivative_of_a_backward_that_depends_on_no_input():
+    def f(x):
+        g = tj.grad(lambda z: F.sum(StateOnlyGrad()(z) * z))(x)
+        return F.sum(g * x)
+
+    assert_jit_matches_eager(f, make_args=lambda i: _variables(_signed(i)), calls=4,
+                             **SECOND_ORDER)
+
+
 def test_constructor_argument_kept_in_a_create_graph_replay():
     # The replay of a user Function copies the node's instance: calling its class with
     # no arguments would have taken the default c=1.0.

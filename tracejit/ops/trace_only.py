@@ -323,8 +323,11 @@ class UserGrad(UserBackward):
                                  [Variable(np.asarray(a)) for a in arrays])
             if self.mask is None:
                 self.mask = tuple(g is not None for g in gxs)
-                self.specs = tuple(_spec(g) for g in gxs if g is not None)
-            return self.results(gxs)
+                self.specs = tuple(_spec(g) for g in gxs if g is not None) or \
+                    (ShapeDtype((), np.dtype(np.float64)),)
+            out = self.results(gxs)
+            # No gradient at all: one dead 0-d output (a Function call has at least one).
+            return np.zeros(()) if isinstance(out, tuple) and not out else out
         finally:
             set_trace(prev)
 
@@ -348,10 +351,12 @@ class UserGrad(UserBackward):
         up = UserGrad(self.call, self.n_in, self.n_out, self.level + 1,
                       len(self.inputs), self.inst)
         up.below = self.node_op()
-        ys = up(*self.inputs, *cts)
-        ys = ys if isinstance(ys, (list, tuple)) else [ys]
-        it = iter(ys)
-        return tuple(next(it) if want else None for want in up.mask)
+        return up.per_input(up(*self.inputs, *cts))
+
+    def per_input(self, ys):
+        """The outputs of a call of this op, one entry (or None) per argument."""
+        it = iter(ys if isinstance(ys, (list, tuple)) else [ys])
+        return tuple(next(it) if want else None for want in self.mask)
 
 
 def _spec(g):

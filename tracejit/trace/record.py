@@ -421,10 +421,8 @@ class Trace(core.TraceHooks):
         backward differentiates the user's backward as eager does."""
         # The outputs as eager's graph has them (the recorded Variable if it died).
         ys = [self.owner[id(v)] if r() is None else r() for r, v in zip(fn.outputs, fwd_outs)]
-        gxs = UserGrad(call, len(fn.inputs), len(fwd_outs), inst=fn)(*fn.inputs, *ys, *gys)
-        gxs = gxs if isinstance(gxs, list) else [gxs]
-        it = iter(gxs)
-        return tuple(next(it) if want else None for want in self.graph.nodes[-1].fn.mask)
+        op = UserGrad(call, len(fn.inputs), len(fwd_outs), inst=fn)
+        return op.per_input(op(*fn.inputs, *ys, *gys))
 
     def backward_of(self, fn):
         line = self.line_of.get(fn)
