@@ -890,6 +890,52 @@ def _st_nested_grad(b):
 
 NESTED_GRAD_STEPS = [(_st_nested_grad, 1)]
 
+
+# ---- nested grad through user Functions (block: nested grad of user Functions) ----------
+# grad and grad of grad inside f through a user Function: one with per-call state
+# (SignScale; the compiled create_graph backward must keep each call's own self.k), one
+# whose backward reads .data (TanhData: detached, eager misses a term and so must jit).
+
+# form -> (source template with {a} the argument, bound given a's bound, its class)
+NESTED_GRAD_USER = {
+    "grad_signscale": ("tj.grad(lambda z: F.sum(SignScale()(z) * z))({a})",
+                       lambda b: 6 * b, "SignScale"),
+    "grad_grad_signscale": ("tj.grad(lambda z: F.sum(tj.grad(lambda u: F.sum(SignScale()(u)"
+                            " * u))(z) * z))({a})", lambda b: 12 * b, "SignScale"),
+    "grad_tanhdata": ("tj.grad(lambda z: F.sum(TanhData()(z) * z))({a})",
+                      lambda b: 1 + b, "TanhData"),
+    "grad_grad_cube": ("tj.grad(lambda z: F.sum(tj.grad(lambda u: F.sum(Cube()(u)))(z)"
+                       " * z))({a})", lambda b: 9 * b * b, "Cube"),
+}
+
+
+# the avoidable construct (AVOIDABLE) each class is
+_NESTED_GRAD_USER_AVOID = {"SignScale": "user_state", "TanhData": "data_backward"}
+
+
+def _st_nested_grad_user(b):
+    a = b.pick()
+    if a is None:
+        return b.st_unary()
+    # SignScale only on a signed value (one whose sum is away from 0, its sign flipping
+    # between calls), as st_user_function does.
+    forms = [f for f, (_, bf, kind) in NESTED_GRAD_USER.items()
+             if bf(a.bound) <= _MAX_BOUND and _NESTED_GRAD_USER_AVOID.get(kind) not in b.avoid
+             and (kind != "SignScale" or a.signed)]
+    if not forms:
+        return b.st_unary()
+    form = b.draw(st.sampled_from(sorted(forms)))
+    tmpl, bf, kind = NESTED_GRAD_USER[form]
+    name = b.fresh()
+    b.emit(f"{name} = {tmpl.format(a=a.name)}")
+    b.add(name, a.shape, a.dtype, bf(a.bound))
+    b.classes.add(kind)
+    b.features.add(f"nested_grad_{form}")
+
+
+NESTED_GRAD_STEPS.append((_st_nested_grad_user, 1))
+# ---- end of block: nested grad of user Functions -----------------------------------------
+
 # ==================================================== end of nested grad (grad of grad)
 
 
