@@ -131,8 +131,11 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         n_nodes = len(tr.graph.nodes)
         backward = None
         boundary = []
+        cut = _cut_in_call(tr, n_nodes)
         if grad_mode:
             backward, boundary = trace_backward(tr, out_leaves_raw, out_leaves)
+        if cut:
+            _unlink_cut(tr, cut)
         made = [x for x, leaf in zip(out_leaves_raw, out_leaves)
                 if leaf[0] == "out" and leaf[2] == VAR]
         # Which result Variables eager gives a creator (computed by a recorded op, not
@@ -490,6 +493,32 @@ def _cut_sets(tr, made, has_creator):
         ancestry.append(frozenset(found))
     position = [number.get(id(y)) if c else None for y, c in zip(made, has_creator)]
     return position, ancestry
+
+
+def _cut_in_call(tr, n_nodes):
+    """ids of the forward Values whose Variable the function unchained (unchain_backward
+    from something after it, unchain(), `creator = None`): made by a differentiable
+    node, they have no creator when the call returns. Eager's graph stops there."""
+    cut = set()
+    for n in tr.graph.nodes[:n_nodes]:
+        meta = tr.grad_meta.get(id(n))
+        if meta is None or not meta[0]:
+            continue
+        for v in n.outputs:
+            y = tr.owner.get(id(v))
+            if y is not None and y.creator is None:
+                cut.add(id(v))
+    return cut
+
+
+def _unlink_cut(tr, cut):
+    """A create_graph replay links each node's operands as eager's graph does after the
+    call: an operand whose Variable was unchained is a leaf there (the compiled backward
+    is traced on the cut graph already; the replay reads grad_meta, recorded before)."""
+    for key, (grad, links) in list(tr.grad_meta.items()):
+        if any(u is not None and id(u) in cut for u in links):
+            tr.grad_meta[key] = (grad, tuple(None if u is not None and id(u) in cut else u
+                                             for u in links))
 
 
 def _unshare_grads(tr, vars_):
