@@ -213,6 +213,12 @@ class TraceHooks:
         gradient (or None) per input of fn, as core._input_grads does eagerly."""
         raise NotImplementedError
 
+    def unchaining(self, var, backward):
+        """var.unchain_backward() (backward) or var.unchain() is about to run while
+        tracing: a cut of Variables from outside the call is an effect on the caller's
+        graph that compiled calls repeat. Returns nothing."""
+        raise NotImplementedError
+
 
 # Kinds of primitive, read by the optimizer and the code generator.
 ELEMENTWISE = "elementwise"
@@ -329,40 +335,22 @@ class Variable:
         self.grad = None
 
     def unchain(self):
+        tr = _state.trace
+        if tr is not None:
+            tr.unchaining(self, False)
         self.creator = None
 
     def unchain_backward(self):
+        tr = _state.trace
+        if tr is not None:
+            tr.unchaining(self, True)
         if self.creator is None:
             return
         if isinstance(self.creator, RegionFunction):
             # A compiled call: the root keeps its creator, whose inputs eager unchains,
             # inside the call: its eager graph takes its place.
             self.creator.expand()
-        seen = {self.creator}
-        todo = list(self.creator.inputs)
-        reached = {}        # compiled call -> the output slots the walk reached it by
-        while todo:
-            x = todo.pop()
-            f = x.creator
-            if f is None:
-                continue
-            if isinstance(f, RegionFunction):
-                # Reached through one of a compiled call's outputs: the walk goes on to
-                # the inputs that output comes from; what to cut inside the call waits
-                # for every output the walk reaches it by (RegionFunction.finish_cut).
-                r = f.reach(x)
-                if r is not None:
-                    reached.setdefault(f, []).append(r[0])
-                    x.unchain()
-                    todo.extend(r[1])
-                    continue
-                f = x.creator            # expanded: x's creator in the call's eager graph
-            if f not in seen:
-                seen.add(f)
-                todo.extend(f.inputs)
-            x.unchain()
-        for f, slots in reached.items():
-            f.finish_cut(slots)
+        _unchain_walk(list(self.creator.inputs), {self.creator})
 
     def backward(self, retain_grad=False, create_graph=False):
         if self.grad is None:
@@ -425,6 +413,51 @@ class Variable:
     def to_gpu(self):
         from tracejit import cuda
         raise cuda.no_gpu("Variable.to_gpu")
+
+
+def _unchain_walk(todo, seen):
+    """unchain_backward's walk: unchain every Variable in todo and every one upstream of
+    them (the inputs of the Functions they come from, recursively), compiled calls cut
+    as the Functions they stand for. (Also a compiled call's repeat of a cut that an
+    unchain_backward inside the function made of the caller's Variables.)"""
+    reached = {}        # compiled call -> the output slots the walk reached it by
+    while todo:
+        x = todo.pop()
+        f = x.creator
+        if f is None:
+            continue
+        if isinstance(f, RegionFunction):
+            # Reached through one of a compiled call's outputs: the walk goes on to
+            # the inputs that output comes from; what to cut inside the call waits
+            # for every output the walk reaches it by (RegionFunction.finish_cut).
+            r = f.reach(x)
+            if r is not None:
+                reached.setdefault(f, []).append(r[0])
+                x.creator = None
+                todo.extend(r[1])
+                continue
+            f = x.creator            # expanded: x's creator in the call's eager graph
+        if f not in seen:
+            seen.add(f)
+            todo.extend(f.inputs)
+        # Not x.unchain(): under a trace that is a cut the function asked for itself.
+        x.creator = None
+    for f, slots in reached.items():
+        f.finish_cut(slots)
+
+
+def repeat_cut(kind, xs):
+    """A compiled call repeats a cut its function made of the caller's Variables (the
+    trace's unchain events, in their order): "root", xs[0].unchain_backward(); "walk",
+    the Variables an unchain_backward inside the function reached through the call's
+    own graph, unchained with everything upstream; "unchain", x.unchain() each."""
+    if kind == "root":
+        xs[0].unchain_backward()
+    elif kind == "walk":
+        _unchain_walk(list(xs), set())
+    else:
+        for x in xs:
+            x.creator = None
 
 
 def wrap_array(data, creator=None):

@@ -381,6 +381,9 @@ class Variant:
         # Variables from outside a backward inside the call stopped at (leaves when
         # traced): the variant holds while they have no creator.
         self.leaf_required = list(call.leaf_required)
+        # Cuts of the caller's graph the function made (unchain_backward inside it
+        # reaching an argument), repeated after the graph ran: (kind, [Targets]).
+        self.cuts = list(call.cuts)
         self.effects = []
         for kind, target, v in call.effects:
             self.effects.append((kind, target, len(user_outs) + len(effect_values)))
@@ -1092,6 +1095,10 @@ def build_runner(v, leaf_kinds, key=None):
             body.append(f"{made[m][0]}._grad = " +
                         ("Constant(val)" if mg[2] else "wrap(val)"))
             env["Constant"] = core.Constant
+    if v.cuts:
+        env["repeat_cut"] = core.repeat_cut
+        for kind, ts in v.cuts:
+            body.append(f"repeat_cut({kind!r}, [{', '.join(target(*t) for t in ts)}])")
     body += late
     body.append(f"return {structure}")
     # args/kwargs: the call's own, for a result that is an argument's container.

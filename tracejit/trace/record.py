@@ -158,6 +158,9 @@ class Trace(core.TraceHooks):
         self.user_calls = {}         # a user Function with per-call state -> its UserCall
         self.region_backward = False  # tracing the backward of the region (trace_backward)
         self.in_backprop = False      # a backward inside the function is running
+        self.unchain_events = []     # (kind, [Variables from outside]): cuts of the
+                                     # caller's graph compiled calls repeat (unchaining)
+        self.backward_ran = False    # a backward inside the function has run
         self.backward_leaves = {}    # id(Variable) -> Variable from outside that such a
                                      # backward gave a .grad: a leaf then, and the
                                      # variant holds while it is one
@@ -428,6 +431,8 @@ class Trace(core.TraceHooks):
         line = self.line_of.get(fn)
         self.bwd_line = f"grad of {line}" if line and not line.startswith("grad of") else line
         self.in_backprop = fn is not None
+        if fn is not None and not self.region_backward:
+            self.backward_ran = True
         if fn is not None and not self.region_backward and fn not in self.functions:
             # Past a Variable from outside that has a creator (the state an earlier
             # call left, not cut by unchain_backward): eager's backward goes on into
@@ -435,6 +440,43 @@ class Trace(core.TraceHooks):
             self.escape("a backward inside the function goes on into the graph from "
                         "before the call (through an argument or captured Variable "
                         "with a creator); compiled calls stop at the call's inputs")
+
+    def unchaining(self, var, backward):
+        """An unchain_backward (backward) or unchain() of var inside the function: the
+        Variables from outside it cuts (an argument, a captured Variable) are recorded
+        as an event the compiled call repeats on the caller's graph at call time; which
+        ones the walk reaches through the call's own graph is fixed by the trace."""
+        if self.region_backward:
+            return
+        if not backward:
+            event = ("unchain", [var]) if self.is_live(var) else None
+        elif self.is_live(var):
+            event = ("root", [var])
+        else:
+            found, seen = [], set()
+            stack = [var.creator] if var.creator in self.functions else []
+            while stack:
+                f = stack.pop()
+                for x in f.inputs:
+                    if self.is_live(x):
+                        if not any(x is y for y in found):
+                            found.append(x)
+                    elif x.creator is not None and x.creator in self.functions and \
+                            id(x.creator) not in seen:
+                        seen.add(id(x.creator))
+                        stack.append(x.creator)
+            event = ("walk", found) if found else None
+        if event is None:
+            return
+        if self.backward_ran or self.in_backprop:
+            # The compiled call repeats the cut after its graph ran: a backward inside
+            # the function before it would see the caller's graph cut too early.
+            self.escape(f"{'unchain_backward' if backward else 'unchain'}() after a "
+                        f"backward inside the function cuts Variables from outside the "
+                        f"call (an argument or captured Variable and their graph); "
+                        f"compiled calls cannot order the two")
+            return
+        self.unchain_events.append(event)
 
     def literal(self, var, value):
         var._tv = Lit(value, var.dtype)

@@ -167,3 +167,5 @@ class TracedCall:
                              # that is the only Python state it changes
     leaf_required: list = ()  # Targets a backward inside the call stopped at (no
                               # creator): the variant holds while they have none
+    cuts: list = ()          # (kind, [Targets]): cuts of the caller's graph the
+                             # function made (Trace.unchain_events), in order
