@@ -354,7 +354,8 @@ def main(argv=None):
                     "to look past known bugs: " + "; ".join(
                         f"{k}: {v}" for k, v in sorted(AVOIDABLE.items())))
     ap.add_argument("--focus", default=None,
-                    choices=["state", "nested_grad", "views", "rebound", "argument_views"],
+                    choices=["state", "nested_grad", "views", "rebound", "argument_views",
+                             "unchain"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
@@ -362,7 +363,8 @@ def main(argv=None):
                     "views (results that are views of arguments, captures, other values); "
                     "rebound (state a step rebinds on a captured holder across calls, "
                     "an RNN's h); "
-                    "argument_views (intermediates that are views of arguments)")
+                    "argument_views (intermediates that are views of arguments); "
+                    "unchain (unchain_backward inside f reaching an argument with a creator)")
     ap.add_argument("--generator", default="programs", choices=sorted(GENERATORS),
                     help="programs: the general generator; argument_updates: its programs "
                     "with the caller changing the arguments between call and backward")

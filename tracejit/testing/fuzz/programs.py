@@ -1020,12 +1020,52 @@ ARGUMENT_VIEW_STEPS = [(_argument_view, 1)]
 # ------------------------------------------------------------ end of argument views
 
 
+# ---------------------------------------------------------------- unchain inside f (helper
+# "unchain"). An argument with a creator (u = F.tanh(x0 * 0.5), made by the caller in
+# args()) and an unchain_backward() or unchain() inside f on a value that depends on it
+# and the other values in scope: eager's walk goes on through u into the caller's graph
+# and cuts it, so the harness's backward gives x0 no gradient through u; every compiled
+# call must cut the same (and its own graph, for the backward and create_graph).
+
+UNCHAIN_FORMS = ("of_a_later_value", "of_the_value", "of_the_argument", "unchain_argument")
+
+
+def _unchain_inside(b):
+    x0 = b.args[0][2]
+    v = b.pick()
+    if v is None or not x0.var:
+        return b.st_unary()
+    u = f"u{len(b.extra_args)}"
+    b.extra_args.append((u, "F.tanh(x0 * 0.5)"))
+    b.add(u, x0.shape, x0.dtype, 1.0)
+    shape = bcast(v.shape, x0.shape)
+    name = b.fresh()
+    if shape is None:
+        b.emit(f"{name} = F.sin({u}) * 2.0")
+        shape, dtype = x0.shape, x0.dtype
+    else:
+        b.emit(f"{name} = F.sin({v.name} * {u})")
+        dtype = _dt(v, x0)
+    form = b.draw(st.sampled_from(UNCHAIN_FORMS))
+    b.emit({"of_a_later_value": f"F.tanh({name}).unchain_backward()",
+            "of_the_value": f"{name}.unchain_backward()",
+            "of_the_argument": f"{u}.unchain_backward()",
+            "unchain_argument": f"{u}.unchain()"}[form])
+    b.add(name, shape, dtype, 1.0)
+    b.features.add(f"unchain_inside_{form}")
+
+
+UNCHAIN_STEPS = [(_unchain_inside, 1)]
+# ---------------------------------------------------------------- end of unchain inside f
+
+
 @st.composite
 def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     """A random program as source text (see the module docstring); `avoid` names
     constructs to leave out (AVOIDABLE); focus="state" draws mostly STATE_STEPS,
     focus="nested_grad" mostly NESTED_GRAD_STEPS;
-    focus="rebound" mostly st_rebound_state (state rebound on a holder across calls)."""
+    focus="rebound" mostly st_rebound_state (state rebound on a holder across calls);
+    focus="unchain" mostly UNCHAIN_STEPS (unchain_backward inside f)."""
     avoid = frozenset(avoid)
     unknown = avoid - set(AVOIDABLE)
     if unknown:
@@ -1077,6 +1117,10 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     table.append((lambda: st_rebound_state(b), 12 if focus == "rebound" else 1))
     table += [(lambda g=g: g(b), w * (8 if focus == "argument_views" else 0))
               for g, w in ARGUMENT_VIEW_STEPS]                       # argument views
+
+
+    table += [(lambda g=g: g(b), w * (12 if focus == "unchain" else 1))  # unchain inside
+              for g, w in UNCHAIN_STEPS]
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
