@@ -76,6 +76,14 @@ def in_a_loop(h, g):
     return s
 
 
+def cut_then_backward(h, g):
+    a = h * W
+    F.sin(a).unchain_backward()     # h cut: the backward below stops at it, as eager's
+    loss = F.sum(a * a)             # (not g: eager's backward would go on into its graph)
+    loss.backward()
+    return loss + F.sum(g * 2.0)
+
+
 def after_the_cut_only(h, g):
     y = F.sum(h * W)                # y's graph keeps h; the cut is of a later value
     F.sin(g).unchain_backward()
@@ -83,7 +91,7 @@ def after_the_cut_only(h, g):
 
 
 PROGRAMS = [reproducer_1, reproducer_2, argument_itself, argument_unchain, two_arguments,
-            one_of_two, in_a_loop, after_the_cut_only]
+            one_of_two, in_a_loop, cut_then_backward, after_the_cut_only]
 
 
 def _run(fn, seed, create_graph):
@@ -134,23 +142,31 @@ def test_compiled_calls_cut_what_eager_cuts(fn, create_graph):
     assert info["hits"] >= 2 and info["fallbacks"] == 0, info
 
 
-def test_a_cut_after_a_backward_inside_runs_eagerly(record_jit_warnings):
-    """unchain_backward reaching the caller's graph after a backward inside the function:
-    the runner repeats cuts after the graph ran and cannot put one after the backward,
-    so the call runs eagerly, warned with the line, and gives eager's results."""
+def test_a_backward_inside_then_a_cut():
+    """backward inside the function, then unchain_backward reaching the argument: with
+    a leaf argument the backward stops at it and compiled calls cut after it (nothing to
+    cut); with a chained one eager's backward goes on into the caller's graph, which
+    compiled calls cannot: that call runs eagerly, warned, with eager's results."""
     def f(h):
         y = F.sum(h * W)
         y.backward()
         y.unchain_backward()
         return y
     jf = tj.jit(f)
-    with pytest.warns(tj.JitWarning, match="after a backward inside") as rec:
-        for i in range(3):      # (the first call runs eagerly untraced)
-            jf(tj.Variable(np.random.randn(3)))     # a leaf: the backward stops at it
-    assert any("y.unchain_backward()" in str(w.message) for w in rec)
-    for i in range(4):
-        x = tj.Variable(np.random.randn(3))
-        h = x * 2.0
-        W.cleargrad()
-        jf(h)
-        assert h.creator is None and _grad(x) is not None     # eager's: backward, then cut
+    for i in range(5):
+        got = []
+        for fn in (f, jf):
+            h = tj.Variable(np.random.RandomState(i).randn(3))
+            W.cleargrad()
+            fn(h)
+            got.append((_grad(h), _grad(W)))
+        for a, b in zip(*got):
+            _same(a, b)
+        W.data = W.data + 0.1
+    assert jf.cache_info()["hits"] >= 2
+    with pytest.warns(tj.JitWarning, match="goes on into the graph from before"):
+        for i in range(2):
+            x = tj.Variable(np.random.randn(3))
+            h = x * 2.0
+            jf(h)
+            assert h.creator is None and _grad(x) is not None     # eager's: backward, cut

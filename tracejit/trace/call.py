@@ -283,7 +283,6 @@ def _forward_parts(tr, n_inputs):
         leaf = arg_grad_leaf.get(id(obj))
         return Target("leafgrad", leaf) if leaf is not None else Target("obj", obj)
 
-    cut_ids = {id(x) for kind, xs in tr.unchain_events if kind != "root" for x in xs}
     return dict(
         sources=sources,
         # Variables from outside whose .grad the trace found None (backward set it
@@ -291,10 +290,7 @@ def _forward_parts(tr, n_inputs):
         # it is None. (An argument's is in the signature.)
         grad_none=[target(var) for var, was_none in tr.grad_reads.values() if was_none],
         effects=[Effect(kind, target(obj), v) for kind, obj, v in tr.effects],
-        # A Variable the function cut itself before its backward (every cut precedes
-        # every backward inside: Trace.unchaining) is a leaf then, whatever it was.
-        leaf_required=[target(var) for var in tr.backward_leaves.values()
-                       if id(var) not in cut_ids],
+        leaf_required=[target(var) for var in tr.backward_leaves.values()],
         cuts=[(kind, [target(x) for x in xs]) for kind, xs in tr.unchain_events],
         grad_effects=[(target(var), gv) for var, gv in tr.grad_effects])
 

@@ -160,7 +160,7 @@ class Trace(core.TraceHooks):
         self.in_backprop = False      # a backward inside the function is running
         self.unchain_events = []     # (kind, [Variables from outside]): cuts of the
                                      # caller's graph compiled calls repeat (unchaining)
-        self.backward_ran = False    # a backward inside the function has run
+        self.cut_ids = set()         # ids of the Variables from outside those cut
         self.backward_leaves = {}    # id(Variable) -> Variable from outside that such a
                                      # backward gave a .grad: a leaf then, and the
                                      # variant holds while it is one
@@ -431,8 +431,6 @@ class Trace(core.TraceHooks):
         line = self.line_of.get(fn)
         self.bwd_line = f"grad of {line}" if line and not line.startswith("grad of") else line
         self.in_backprop = fn is not None
-        if fn is not None and not self.region_backward:
-            self.backward_ran = True
         if fn is not None and not self.region_backward and fn not in self.functions:
             # Past a Variable from outside that has a creator (the state an earlier
             # call left, not cut by unchain_backward): eager's backward goes on into
@@ -468,14 +466,18 @@ class Trace(core.TraceHooks):
             event = ("walk", found) if found else None
         if event is None:
             return
-        if self.backward_ran or self.in_backprop:
-            # The compiled call repeats the cut after its graph ran: a backward inside
-            # the function before it would see the caller's graph cut too early.
-            self.escape(f"{'unchain_backward' if backward else 'unchain'}() after a "
-                        f"backward inside the function cuts Variables from outside the "
-                        f"call (an argument or captured Variable and their graph); "
-                        f"compiled calls cannot order the two")
+        if self.in_backprop:
+            # (A user backward that unchains: no place in the runner's order.)
+            self.escape(f"{'unchain_backward' if backward else 'unchain'}() inside a "
+                        f"backward cuts Variables from outside the call; compiled calls "
+                        f"cannot order the two")
             return
+        # The runner repeats it after the graph ran, whatever backward the function ran
+        # before or after it: such a backward stops at Variables from outside that are
+        # leaves (else the call escapes, backward_of), which a cut of them leaves as
+        # they are; one that the cut made a leaf needs not be one at call time.
+        if event[0] != "root":
+            self.cut_ids.update(id(x) for x in event[1])
         self.unchain_events.append(event)
 
     def literal(self, var, value):
@@ -767,7 +769,8 @@ class Trace(core.TraceHooks):
     def write_grad(self, var, value):
         if self.is_live(var) or var._tv is None:     # a live Variable, or one from outside
             self.grad_writes[id(var)] = var
-            if self.in_backprop and not self.region_backward and var.creator is None:
+            if self.in_backprop and not self.region_backward and var.creator is None \
+                    and id(var) not in self.cut_ids:
                 # Where this backward stopped: with a creator at call time, eager's
                 # backward would go on past it (backward_of).
                 self.backward_leaves[id(var)] = var
