@@ -1117,10 +1117,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     table.append((lambda: st_rebound_state(b), 12 if focus == "rebound" else 1))
     table += [(lambda g=g: g(b), w * (8 if focus == "argument_views" else 0))
               for g, w in ARGUMENT_VIEW_STEPS]                       # argument views
-
-
-    table += [(lambda g=g: g(b), w * (12 if focus == "unchain" else 1))  # unchain inside
-              for g, w in UNCHAIN_STEPS]
+    if focus == "unchain":      # (only then: the default profile's draws stay as they were)
+        table += [(lambda g=g: g(b), w * 12) for g, w in UNCHAIN_STEPS]  # unchain inside
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
