@@ -37,7 +37,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     grads_before = {id(x): x._grad for x in leaves if isinstance(x, Variable)}
     rng_before = np.random.get_state()
     py_rng_before = random.getstate()
-    locs = pystate.locations(fn)
+    locs = pystate.locations(fn, pystate.argument_objects(args, kwargs))
     snap_before = pystate.snapshot(locs)
     for loc in locs:
         val = loc.read()
@@ -227,6 +227,18 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         break
     if isinstance(backward, BackwardEscape):
         escapes.append(Escape(backward.reason, backward.line))
+    # A captured Variable at no location the variant guards (deeper than pystate walks,
+    # behind a custom __getattr__ or a property, in a set): a later call would use it
+    # even after the user rebinds the path it came by. Eager reads the path anew.
+    captured = {id(var): var for _, (kind, var) in tr.captures if kind == "var"}
+    for var in pystate.unguarded_captures(snap_before + pystate.snapshot(locs), captured):
+        label = tr.name_of(var) or var.name or "unnamed"
+        escapes.append(Escape(
+            f"the function reads a captured Variable ({label}, shape {var.shape}) through a path jit does not guard (deeper "
+            f"than {pystate._MAX_DEPTH} attribute/item levels, a custom __getattr__, a "
+            f"property or a set); compiled calls would not see it rebound",
+            tr.capture_lines.get(id(var))))
+        break
     side_effects = [SideEffect(*e) for e in tr.side_effects]
     if not escapes:
         grown = pystate.grown(sizes_before)

@@ -1,8 +1,10 @@
 """What a jitted function reads from Python outside its arguments, and how it is kept live.
 
 A location is a closure cell, a module global the function names, a default argument,
-or (up to two levels below those) an attribute (instance or class), a dict item or a
-list/tuple item. Module-level helper functions the function calls are followed too.
+or (up to _MAX_DEPTH levels below those) an attribute (instance or class), a dict item
+or a list/tuple item. A captured Variable the trace uses that is at none of these
+locations (deeper, behind a custom __getattr__ or a property) is not guarded: the
+signature runs eagerly (trace.call, `unguarded_captures`) rather than read it stale. Module-level helper functions the function calls are followed too.
 At trace time:
   - ndarrays at those locations are swapped for traced views, so NumPy on them
     (`x * c + c ** 2` with a closure array c) is recorded, not frozen;
@@ -25,7 +27,10 @@ from tracejit.core import Variable
 
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
 _MISSING = object()
-_MAX_DEPTH = 2            # levels below a root (obj.cfg.scale is two)
+# Levels below a root (obj.cfg.scale is two). Deep enough for configs and nested models
+# (cfg.model.enc.l1.W is four); whatever is deeper and used as a Variable is refused
+# (unguarded_captures), a Python number deeper is still read as traced.
+_MAX_DEPTH = 6
 _MAX_LOCATIONS = 400      # bounds the per-call check on very large object graphs
 _MAX_ITEMS = 64           # items of one list, tuple or dict
 
@@ -183,10 +188,37 @@ def _names(code):
     return names
 
 
-def locations(fn):
-    """The locations fn can read (breadth first, bounded)."""
+def argument_objects(args, kwargs):
+    """The objects among a call's arguments (in its lists, tuples and dicts) that the
+    signature keys by identity (static, default hash and ==): what the function reads in
+    them is Python state as a closure's is, so (label, object) roots of locations."""
+    out = []
+
+    def walk(x, label, depth):
+        t = type(x)
+        if t in (list, tuple) and depth < 4:
+            for i, y in enumerate(x[:_MAX_ITEMS]):
+                walk(y, f"{label}[{i}]", depth + 1)
+        elif t is dict and depth < 4:
+            for k in list(x)[:_MAX_ITEMS]:
+                walk(x[k], f"{label}[{k!r}]", depth + 1)
+        elif _is_namespace_object(x) and not isinstance(x, Variable) \
+                and t.__hash__ is object.__hash__ and t.__eq__ is object.__eq__:
+            out.append((label, x))
+
+    for i, a in enumerate(args):
+        walk(a, f"argument {i}", 0)
+    for k, a in kwargs.items():
+        walk(a, f"argument {k}", 0)
+    return out
+
+
+def locations(fn, arg_objects=()):
+    """The locations fn can read (breadth first, bounded); arg_objects: (label, object)
+    of argument_objects, walked as the roots are."""
     seen_functions = set()
     frontier = [(loc, obj, name, 0) for loc, obj, name in _roots(fn, seen_functions)]
+    frontier += [(None, obj, label, 0) for label, obj in arg_objects]
     out = []
     seen = set()
     while frontier and len(out) < _MAX_LOCATIONS:
@@ -225,6 +257,13 @@ def locations(fn):
             frontier += [(Location("attr", obj, k, f"{label}.{k}"), None, None, depth + 1)
                          for k in names]
     return out
+
+
+def unguarded_captures(snap, captured):
+    """The captured Variables (id -> Variable) at no location the snapshot guards by
+    identity: a rebinding of theirs would go unseen and the call use the traced one."""
+    guarded = {id(v) for _, v, by_identity in snap if by_identity}
+    return [var for k, var in captured.items() if k not in guarded]
 
 
 def snapshot(locs):

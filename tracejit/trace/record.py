@@ -122,6 +122,7 @@ class Trace(core.TraceHooks):
         self.functions = set()       # Functions this trace called (the region to walk)
         self.created = []            # Variables whose _tv must be cleared afterwards
         self.captures = []           # (Value, source) for inputs read from outside the args
+        self.capture_lines = {}      # id(Variable) -> the user's line that first used it
         self.captured_vars = {}      # id(Variable) -> (Variable, Value)
         self.captured_arrays = {}    # id(ndarray) -> (ndarray, current Value)
         self.effects = []            # (kind, target, Value) replayed after a run
@@ -220,6 +221,7 @@ class Trace(core.TraceHooks):
         self.own(var._data)
         self.captured_vars[id(var)] = (var, v)
         self.captures.append((v, ("var", var)))
+        self.capture_lines[id(var)] = user_line(3)
         var._tv = v
         self.created.append(var)
         return v
