@@ -211,11 +211,19 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     # is state the runtime can thread through the call (pystate.threaded), anything
     # else compiled calls cannot replay.
     rebound = []
+    refused = None
     for loc, old, new in pystate.all_changed(snap_before):
         why = pystate.state_refusal(loc, old, new)
         if why is None:
             rebound.append(loc)
             continue
+        if refused is None:
+            refused = (loc, old, new, why)
+    if refused is not None:
+        # Reported whether or not some other state is threadable: the runtime threads
+        # that first (call.rebound), and its warm-up may make this change (a lazy
+        # Layer's in_size, set by its first call) before the threaded trace.
+        loc, old, new, why = refused
         line = tr.line_of.get(new.creator) if isinstance(new, Variable) else None
         escapes.append(Escape(
             f"the function changes the Python value {loc.describe()} "
@@ -223,8 +231,6 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             f"compiled calls would not" +
             (f" (a rebound Variable is threaded as state, but {why})"
              if isinstance(old, Variable) or isinstance(new, Variable) else ""), line))
-        rebound = None
-        break
     if isinstance(backward, BackwardEscape):
         escapes.append(Escape(backward.reason, backward.line))
     # A captured Variable at no location the variant guards (deeper than pystate walks,
@@ -234,7 +240,8 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     for var in pystate.unguarded_captures(snap_before + pystate.snapshot(locs), captured):
         label = tr.name_of(var) or var.name or "unnamed"
         escapes.append(Escape(
-            f"the function reads a captured Variable ({label}, shape {var.shape}) through a path jit does not guard (deeper "
+            f"the function reads a captured Variable ({label}, shape {var.shape}) "
+            f"through a path jit does not guard (deeper "
             f"than {pystate._MAX_DEPTH} attribute/item levels, a custom __getattr__, a "
             f"property or a set); compiled calls would not see it rebound",
             tr.capture_lines.get(id(var))))

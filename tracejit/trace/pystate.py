@@ -4,7 +4,9 @@ A location is a closure cell, a module global the function names, a default argu
 or (up to _MAX_DEPTH levels below those) an attribute (instance or class), a dict item
 or a list/tuple item. A captured Variable the trace uses that is at none of these
 locations (deeper, behind a custom __getattr__ or a property) is not guarded: the
-signature runs eagerly (trace.call, `unguarded_captures`) rather than read it stale. Module-level helper functions the function calls are followed too.
+signature runs eagerly (trace.call, `unguarded_captures`) rather than read it stale.
+Module-level helper functions the function calls are followed too. The objects among
+the arguments (keyed by identity in the signature) are roots too.
 At trace time:
   - ndarrays at those locations are swapped for traced views, so NumPy on them
     (`x * c + c ** 2` with a closure array c) is recorded, not frozen;

@@ -1430,3 +1430,120 @@ def _state_reset_lines(b):
     out += [f"        global {g}" for g in _state_globals(b)]
     out += [f"        {ref} = None" for _, ref, _ in states]
     return out
+
+
+# ------------------------------------------------------- deep captures, rebound between calls
+#
+# A value the function reads through a path of attributes, dict items and list items
+# (one to six levels below a module global, a closure cell or an argument object), which
+# the caller rebinds between calls (harness: `BETWEEN(call, args)`, here acting on the
+# program's own globals): the leaf (a Variable, a Parameter, an ndarray or a float), or a
+# level in between (`ROOT.a = <a new subtree>`). Eager reads the path anew on each call;
+# a compiled call must too, select another variant, or run eagerly with a warning.
+
+_DEEP_LEAVES = ("variable", "parameter", "array", "float")
+
+
+def _deep_leaf_src(kind, k):
+    v = f"np.full(SHAPE, {0.5 + 0.25 * k!r})"
+    return {"variable": f"tj.Variable({v})", "parameter": f"tj.Parameter({v})",
+            "array": v, "float": f"{0.5 + 0.25 * k!r}"}[kind]
+
+
+def _deep_tree_src(steps, leaf):
+    """Source of the object at a path's start, holding leaf at the path's end."""
+    if not steps:
+        return leaf
+    inner = _deep_tree_src(steps[1:], leaf)
+    s = steps[0]
+    if s == "a":
+        return f"_deep_obj(n={inner})"
+    if s == "d":
+        return f"{{'n': {inner}}}"
+    return f"[{inner}]"
+
+
+def _deep_ref(steps):
+    return "".join(".n" if s == "a" else "['n']" if s == "d" else "[0]" for s in steps)
+
+
+@st.composite
+def deep_capture_programs(draw, avoid=(), focus=None):
+    """One value read through a deep path, rebound (leaf or a level between) between
+    calls; the function combines it with its argument (and its gradient is compared)."""
+    depth = draw(st.integers(1, 6))
+    steps = "".join(draw(st.lists(st.sampled_from("adl"), min_size=depth,
+                                  max_size=depth)))
+    if steps[0] != "a" and draw(st.booleans()):
+        steps = "a" + steps[1:]
+    kinds = draw(st.lists(st.sampled_from(_DEEP_LEAVES), min_size=1, max_size=2,
+                          unique=True))
+    root = draw(st.sampled_from(["global", "closure", "argument"]))
+    if root == "argument" and steps[0] != "a":
+        steps = "a" + steps[1:]      # an argument object: a dict or list would be a pytree
+    op = draw(st.sampled_from(["mul", "tanh", "both"]))
+    n_calls = draw(st.integers(5, 8))
+    # Per call after the first: None (no change), or (level, leaf kind) to rebind.
+    table = [None] + [draw(st.one_of(st.none(), st.tuples(st.integers(0, depth - 1),
+                                                          st.sampled_from(kinds))))
+                      for _ in range(n_calls - 1)]
+    assume(any(t is not None for t in table[1:]))
+    backward = draw(st.sampled_from([None, "plain"]))
+    ref = "ROOT" + _deep_ref(steps)
+    if root == "argument":
+        ref = "c" + _deep_ref(steps)
+    body = {"mul": f"F.sum(x * {ref})", "tanh": f"F.sum(F.tanh(x + {ref}))",
+            "both": f"F.sum(F.tanh(x * {ref}) * {ref})"}[op]
+    out = ["import numpy as np", "import tracejit as tj", "import tracejit.functions as F",
+           "", "", "SHAPE = (3,)", "", "",
+           "class _deep_obj:", "    def __init__(self, **kw):", "        self.__dict__.update(kw)",
+           "", "", f"STEPS = {steps!r}   # a: attribute, d: dict item, l: list item",
+           f"ROOT = {_deep_tree_src(steps, _deep_leaf_src(kinds[0], 0))}",
+           "CAPTURES = {}", f"PLAN = [None] * {n_calls}",
+           f"BACKWARD = {backward!r}   # the harness's backward after each call",
+           f"REBIND = {table!r}   # per call: (level, leaf kind) or None", "", ""]
+    if root == "closure":
+        # The closure holds ROOT's object; every rebinding is at a level below it.
+        out += ["def _make():", "    root = ROOT", "",
+                "    def f(x):", f"        return {body.replace('ROOT', 'root')}", "",
+                "    return f", "", "", "f = _make()"]
+    elif root == "argument":
+        out += ["def f(c, x):", f"    return {body}"]
+    else:
+        out += ["def f(x):", f"    return {body}"]
+    out += ["", "", "def args(call):",
+            "    rng = np.random.default_rng(100 + call)",
+            "    x = tj.Variable(rng.uniform(-1.0, 1.0, SHAPE))",
+            "    return (ROOT, x)" if root == "argument" else "    return (x,)", "", "",
+            "def _node(level):",
+            "    v = ROOT",
+            "    for s in STEPS[:level]:",
+            "        v = v.n if s == 'a' else v['n'] if s == 'd' else v[0]",
+            "    return v", "", "",
+            "_SUBTREES = {"]
+    for k, t in enumerate(table):
+        if t is not None:
+            level, kind = t
+            tree = _deep_tree_src(steps[level + 1:], _deep_leaf_src(kind, k))
+            out.append(f"    {k}: lambda: {tree},")
+    out += ["}", "", "",
+            "def BETWEEN(call, args):",
+            "    \"\"\"The caller rebinds the path's leaf or a level of it for the next "
+            "call.\"\"\"",
+            "    nxt = call + 1",
+            "    if nxt >= len(REBIND) or REBIND[nxt] is None:",
+            "        return",
+            "    level = REBIND[nxt][0]",
+            "    h, s, v = _node(level), STEPS[level], _SUBTREES[nxt]()",
+            "    if s == 'a':",
+            "        h.n = v",
+            "    elif s == 'd':",
+            "        h['n'] = v",
+            "    else:",
+            "        h[0] = v"]
+    features = sorted({"deep_capture", f"deep_capture_{root}", f"depth_{depth}"}
+                      | {f"deep_leaf_{k}" for k in kinds})
+    return SourceProgram("\n".join(out) + "\n", n_calls, False, features)
+
+
+GENERATORS["deep_captures"] = deep_capture_programs
