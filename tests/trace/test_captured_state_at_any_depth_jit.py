@@ -121,8 +121,31 @@ def test_rebound_inside_an_argument_object(steps):
                                    fn(holders[0], tj.Variable(x)).data, rtol=1e-12)
 
 
+@pytest.mark.parametrize("steps", ["a" * 9, "adl" * 3 + "a", "l" * 11])
+def test_a_variable_past_the_first_walk_is_guarded_along_its_path(steps):
+    # Deeper than pystate's per-call walk: found by the wider one, guarded at every level.
+    holders = _build(steps, tj.Variable(np.ones(3)))
+    root = holders[0]
+
+    def fn(x):
+        return F.sum(x * _read(root, steps))
+
+    f = tj.jit(fn)
+    for k in range(1, 13):
+        if k % 4 == 0 and k % 8:
+            fresh = _build(steps[2:], tj.Variable(np.full(3, float(k))))
+            _put(holders[1], steps[1], fresh[0])
+            holders[2:] = fresh
+        elif k % 4 == 0:
+            _put(holders[-1], steps[-1], tj.Variable(np.full(3, float(k))))
+        x = np.random.randn(3)
+        np.testing.assert_allclose(f(tj.Variable(x)).data, fn(tj.Variable(x)).data,
+                                   rtol=1e-12)
+    assert f.cache_info()["hits"] > 0
+
+
 def test_a_variable_past_the_depth_bound_runs_eagerly_with_a_warning():
-    steps = "a" * 9
+    steps = "a" * 16
     holders = _build(steps, tj.Variable(np.ones(3)))
     root = holders[0]
     f = tj.jit(lambda x: F.sum(x * _read(root, steps)))

@@ -37,7 +37,8 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     grads_before = {id(x): x._grad for x in leaves if isinstance(x, Variable)}
     rng_before = np.random.get_state()
     py_rng_before = random.getstate()
-    locs = pystate.locations(fn, pystate.argument_objects(args, kwargs))
+    arg_objects = pystate.argument_objects(args, kwargs)
+    locs = pystate.locations(fn, arg_objects)
     snap_before = pystate.snapshot(locs)
     for loc in locs:
         val = loc.read()
@@ -237,7 +238,12 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     # behind a custom __getattr__ or a property, in a set): a later call would use it
     # even after the user rebinds the path it came by. Eager reads the path anew.
     captured = {id(var): var for _, (kind, var) in tr.captures if kind == "var"}
-    for var in pystate.unguarded_captures(snap_before + pystate.snapshot(locs), captured):
+    unguarded = pystate.unguarded_captures(snap_before + pystate.snapshot(locs), captured)
+    if unguarded:
+        # Found further out: guarded along their paths (the variant's snapshot).
+        locs = locs + pystate.paths_to(fn, arg_objects, {id(v): v for v in unguarded})
+        unguarded = pystate.unguarded_captures(pystate.snapshot(locs), captured)
+    for var in unguarded:
         label = tr.name_of(var) or var.name or "unnamed"
         escapes.append(Escape(
             f"the function reads a captured Variable ({label}, shape {var.shape}) "

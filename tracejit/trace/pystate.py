@@ -38,13 +38,14 @@ _MAX_ITEMS = 64           # items of one list, tuple or dict
 
 
 class Location:
-    __slots__ = ("kind", "container", "key", "label")
+    __slots__ = ("kind", "container", "key", "label", "parent")
 
-    def __init__(self, kind, container, key, label):
+    def __init__(self, kind, container, key, label, parent=None):
         self.kind = kind            # "cell", "global", "default", "attr", "item"
         self.container = container
         self.key = key
         self.label = label          # how the user names it: "k", "opt.lr", "cfg['k']"
+        self.parent = parent        # the location container was read from (None: a root)
 
     def describe(self):
         if self.kind == "attr":
@@ -215,7 +216,7 @@ def argument_objects(args, kwargs):
     return out
 
 
-def locations(fn, arg_objects=()):
+def locations(fn, arg_objects=(), max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATIONS):
     """The locations fn can read (breadth first, bounded); arg_objects: (label, object)
     of argument_objects, walked as the roots are."""
     seen_functions = set()
@@ -223,7 +224,7 @@ def locations(fn, arg_objects=()):
     frontier += [(None, obj, label, 0) for label, obj in arg_objects]
     out = []
     seen = set()
-    while frontier and len(out) < _MAX_LOCATIONS:
+    while frontier and len(out) < max_locations:
         loc, obj, name, depth = frontier.pop(0)
         if loc is not None:
             out.append(loc)
@@ -242,22 +243,40 @@ def locations(fn, arg_objects=()):
             # A module-level helper the function calls: what it reads counts too.
             frontier += [(l, o, n, 0) for l, o, n in _roots(obj, seen_functions)]
             continue
-        if depth >= _MAX_DEPTH + (loc is None):
+        if depth >= max_depth + (loc is None):
             continue
         label = name or (loc.label if loc is not None else "?")
+        items = _MAX_ITEMS if max_locations <= _MAX_LOCATIONS else max_locations
         if type(obj) is dict:
-            frontier += [(Location("item", obj, k, f"{label}[{k!r}]"), None, None, depth + 1)
-                         for k in list(obj)[:_MAX_ITEMS] if isinstance(k, (str, int))]
+            frontier += [(Location("item", obj, k, f"{label}[{k!r}]", loc), None, None,
+                          depth + 1)
+                         for k in list(obj)[:items] if isinstance(k, (str, int))]
         elif type(obj) in (list, tuple):
-            frontier += [(Location("item", obj, i, f"{label}[{i}]"), None, None, depth + 1)
-                         for i in range(min(len(obj), _MAX_ITEMS))]
+            frontier += [(Location("item", obj, i, f"{label}[{i}]", loc), None, None,
+                          depth + 1)
+                         for i in range(min(len(obj), items))]
         elif _is_namespace_object(obj):
             names = list(vars(obj))
             for klass in type(obj).__mro__[:-1]:
                 names += [k for k, v in vars(klass).items() if not k.startswith("__")
                           and type(v) in _SCALARS and k not in names]
-            frontier += [(Location("attr", obj, k, f"{label}.{k}"), None, None, depth + 1)
-                         for k in names]
+            frontier += [(Location("attr", obj, k, f"{label}.{k}", loc), None, None,
+                          depth + 1) for k in names]
+    return out
+
+
+def paths_to(fn, arg_objects, targets):
+    """Locations that guard the objects in targets (id -> object) where the bounded walk
+    did not reach them (a big model, a deep config): each one found, with every level
+    above it, by a wider walk (12 levels, 20000 locations), run only when needed."""
+    out, have = [], set()
+    for loc in locations(fn, arg_objects, max_depth=12, max_locations=20000):
+        if id(loc.read()) not in targets:
+            continue
+        while loc is not None and id(loc) not in have:
+            have.add(id(loc))
+            out.append(loc)
+            loc = loc.parent
     return out
 
 
