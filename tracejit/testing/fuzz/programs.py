@@ -1482,11 +1482,12 @@ def deep_capture_programs(draw, avoid=(), focus=None):
     if root == "argument" and steps[0] != "a":
         steps = "a" + steps[1:]      # an argument object: a dict or list would be a pytree
     op = draw(st.sampled_from(["mul", "tanh", "both"]))
-    n_calls = draw(st.integers(5, 8))
-    # Per call after the first: None (no change), or (level, leaf kind) to rebind.
-    table = [None] + [draw(st.one_of(st.none(), st.tuples(st.integers(0, depth - 1),
-                                                          st.sampled_from(kinds))))
-                      for _ in range(n_calls - 1)]
+    n_calls = draw(st.integers(6, 9))
+    # Per call after the first: None (no change), or (level, leaf kind) to rebind; mostly
+    # None, so compiled calls run between the rebindings (each one retraces).
+    rebind = st.tuples(st.integers(0, depth - 1), st.sampled_from(kinds))
+    table = [None] + [draw(st.sampled_from([None, None, "r"])) for _ in range(n_calls - 1)]
+    table = [t and draw(rebind) for t in table]
     assume(any(t is not None for t in table[1:]))
     backward = draw(st.sampled_from([None, "plain"]))
     ref = "ROOT" + _deep_ref(steps)
@@ -1499,7 +1500,8 @@ def deep_capture_programs(draw, avoid=(), focus=None):
            "class _deep_obj:", "    def __init__(self, **kw):", "        self.__dict__.update(kw)",
            "",
            "    def __repr__(self):   # the harness compares an argument's state by repr",
-           "        return '_deep_obj'", "", "", f"STEPS = {steps!r}   # a: attribute, d: dict item, l: list item",
+           "        return '_deep_obj'", "", "",
+           f"STEPS = {steps!r}   # a: attribute, d: dict item, l: list item",
            f"ROOT = {_deep_tree_src(steps, _deep_leaf_src(kinds[0], 0))}",
            "CAPTURES = {}", f"PLAN = [None] * {n_calls}",
            f"BACKWARD = {backward!r}   # the harness's backward after each call",
