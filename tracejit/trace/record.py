@@ -400,7 +400,9 @@ class Trace(core.TraceHooks):
             if gx is None:
                 result.append(None)
                 continue
-            a = np.asarray(gx.data if isinstance(gx, Variable) else gx)
+            # ._data: the user backward's result, computed for real above; .data would
+            # capture it as an input of the call (a Variable no location holds).
+            a = np.asarray(gx._data if isinstance(gx, Variable) else gx)
             v = self.new_value(a.shape, a.dtype)
             self.own(a)
             var = Variable(a)
