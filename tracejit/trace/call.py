@@ -45,6 +45,11 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         if isinstance(val, (Variable, np.ndarray)) and id(val) not in tr.names:
             tr.names[id(val)] = (val, loc.label)   # breadth first: the shortest path
     sizes_before = pystate.sizes(locs)
+    # State reached through the arguments (a model passed as `m`, a method's `self`):
+    # a rebinding there is not threaded (the Jitted threads captured state only), so
+    # a change there is an escape, never a variant that leaves it undone.
+    arg_snap = pystate.snapshot(pystate.argument_locations(
+        list(enumerate(args)) + list(kwargs.items())))
     grad_mode = Config.enable_backprop
     prev = tracing.start(tr)
     swaps = pystate.swap_arrays(locs, tr.capture_view)
@@ -232,6 +237,14 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             f"compiled calls would not" +
             (f" (a rebound Variable is threaded as state, but {why})"
              if isinstance(old, Variable) or isinstance(new, Variable) else ""), line))
+    for loc, old, new in pystate.all_changed(arg_snap)[:1]:
+        line = tr.line_of.get(new.creator) if isinstance(new, Variable) else None
+        escapes.append(Escape(
+            f"the function changes the Python value {loc.describe()}, reached "
+            f"through an argument ({pystate.describe_value(old)} -> "
+            f"{pystate.describe_value(new)}); compiled calls would not (state is "
+            f"threaded where the function captures it, not through an argument)",
+            line))
     if isinstance(backward, BackwardEscape):
         escapes.append(Escape(backward.reason, backward.line))
     # A captured Variable at no location the variant guards (deeper than pystate walks,

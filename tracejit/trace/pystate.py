@@ -220,8 +220,21 @@ def locations(fn, arg_objects=(), max_depth=_MAX_DEPTH, max_locations=_MAX_LOCAT
     """The locations fn can read (breadth first, bounded); arg_objects: (label, object)
     of argument_objects, walked as the roots are."""
     seen_functions = set()
-    frontier = [(loc, obj, name, 0) for loc, obj, name in _roots(fn, seen_functions)]
-    frontier += [(None, obj, label, 0) for label, obj in arg_objects]
+    roots = list(_roots(fn, seen_functions)) + [(None, obj, label) for label, obj in arg_objects]
+    return _walk(roots, seen_functions, max_depth, max_locations)
+
+
+def argument_locations(args, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATIONS):
+    """The locations reached through the objects a call is passed (a model passed as
+    `m`, a method's `self`), labelled from the argument ("argument 0.rnn.h"): state the
+    function may change that locations(fn) does not see."""
+    roots = [(None, a, f"argument {name}") for name, a in args
+             if not _is_scalar_config(a) and not isinstance(a, (np.ndarray, Variable))]
+    return _walk(roots, set(), max_depth, max_locations)
+
+
+def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATIONS):
+    frontier = [(loc, obj, name, 0) for loc, obj, name in roots]
     out = []
     seen = set()
     while frontier and len(out) < max_locations:
