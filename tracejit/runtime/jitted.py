@@ -200,7 +200,7 @@ class Jitted:
         found = None
         if v is None:
             with self.lock:
-                put_back = _StatePutBack(self.fn, leaves)
+                put_back = _StatePutBack(self._reach(args, kwargs), leaves)
                 try:
                     v = self._select(key, leaves)
                     if v is None and key not in self._eager_keys:
@@ -220,7 +220,7 @@ class Jitted:
                                 self._count("misses")
                             else:
                                 put_back.restore()
-                            put_back = _StatePutBack(self.fn, leaves)
+                            put_back = _StatePutBack(self._reach(args, kwargs), leaves)
                         try:
                             self._trace_and_compile(key, args, kwargs)
                         except _TraceDiverged:
@@ -649,7 +649,8 @@ class Jitted:
         if log.isEnabledFor(logging.INFO):
             log.info("jit(%s): trace: %s", self.__name__, self._why_new(key))
         # What the trace may change, kept to put back should the trace raise.
-        put_back = _StatePutBack(self.fn, self._call_key(args, kwargs)[1])
+        put_back = _StatePutBack(self._reach(args, kwargs),
+                                  self._call_key(args, kwargs)[1])
         try:
             result = self._trace_and_compile(key, args, kwargs)
         except _StateFound as sf:
@@ -782,6 +783,9 @@ class Jitted:
         # What existed before the call: eager returning one of these, compiled must too.
         known = _known_objects(p_leaves, state)
         np_state, py_state = np.random.get_state(), random.getstate()
+        # What the runs can change through the arguments (a model passed as `m`): put
+        # back before the compiled run and after, as the call left it.
+        passed = _StatePutBack(self._reach(args, kwargs), leaves)
         twin = []                     # the float64 twin's run, once it is needed
 
         def get_twin():
@@ -794,6 +798,7 @@ class Jitted:
                 with np.errstate(all="ignore"):
                     expected = self.fn(*p_args, **p_kwargs)
             eager_state = state.capture()
+            passed.restore()
             state.restore(perturbed)
             np.random.set_state(np_state)
             with np.errstate(all="ignore"):
@@ -811,6 +816,7 @@ class Jitted:
             return None
         finally:
             v.check_backward = False
+            passed.restore()
             state.restore_initial()
             originals.restore_initial()
             np.random.set_state(np_state)
@@ -825,6 +831,8 @@ class Jitted:
         twin's do not line up with them, the twin's leaves); None if the twin cannot
         run (a function that insists on float32): the difference then stands."""
         now = state.capture()
+        # (The twin shares the objects passed as arguments: their state is put back.)
+        passed = _StatePutBack(self._reach(*rebuild(leaves)), leaves)
         state.restore_initial()
         py_state = random.getstate()
         np.random.set_state(np_state)
@@ -843,6 +851,7 @@ class Jitted:
         finally:
             if t_state is not None:
                 t_state.restore_initial()
+            passed.restore()
             state.restore(now)
             random.setstate(py_state)
         aligned = len(t_state.vars) == len(state.vars) and \
@@ -884,6 +893,14 @@ class Jitted:
                 out.append((f"{what} {name or '?'}", var))
         return out
 
+    def _reach(self, args, kwargs):
+        """self.fn with the objects it is passed as roots of pystate's walk (as
+        eval_shape's sandbox does): what a check's rerun can change through them."""
+        passed = [a for a in list(args) + list(kwargs.values())
+                  if not isinstance(a, (Variable, np.ndarray)) and
+                  not pystate._is_scalar_config(a)]
+        return functools.partial(self.fn, *passed) if passed else self.fn
+
     def _run_checked(self, key, v, args, kwargs, leaves):
         """Run eager and compiled side by side from the same state; keep eager's on a
         mismatch. Every variant's first call does this (check=True: its first three),
@@ -893,6 +910,11 @@ class Jitted:
         state = LiveState(v, leaves)
         known = _known_objects(leaves, state)
         rng = np.random.get_state()
+        # State reached through the arguments (LiveState holds the variant's sources):
+        # the compiled run starts from it as it was, and where eager's result is kept,
+        # eager's is put back, so the call leaves what one eager call leaves.
+        reach = self._reach(args, kwargs)
+        before = _StatePutBack(reach, leaves)
         try:
             with disable_jit():
                 expected = self.fn(*args, **kwargs)
@@ -904,16 +926,20 @@ class Jitted:
             raise
         eager_state = state.capture()
         rng_after = np.random.get_state()
+        after = _StatePutBack(reach, leaves)
+        before.restore()
         state.restore_initial()
         np.random.set_state(rng)
         try:
             got = self._run(v, leaves, *((args, kwargs) if v.needs_argv else ()))
         except (GuardFailure, Stale, InplaceAlias):
+            after.restore()
             state.restore(eager_state)
             np.random.set_state(rng_after)
             self._count("misses")      # the variant did not apply: eager's result
             return expected
         except Exception as e:  # noqa: BLE001 - never a backend traceback for the user
+            after.restore()
             state.restore(eager_state)
             np.random.set_state(rng_after)
             variants = self._variants.get(key, [])
@@ -952,6 +978,7 @@ class Jitted:
         if v in variants:
             variants.remove(v)
             self._changed()
+        after.restore()
         state.restore(eager_state)
         np.random.set_state(rng_after)
         if grad_diff is not None:
