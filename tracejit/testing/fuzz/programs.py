@@ -1358,7 +1358,9 @@ GENERATORS = {"programs": source_programs, "argument_updates": argument_update_p
 # step unchains it. STATE() gives the harness the state after each call, compared
 # like captures.
 
-_STATE_HOLDERS = ("object", "layer", "dict", "global")
+_STATE_HOLDERS = ("object", "layer", "dict", "global", "arg")
+# "arg": the holder object is passed to f as an argument (a model passed as `m`), the
+# same object on every call: such state runs eagerly, warned, and must match eager.
 
 
 def st_rebound_state(b):
@@ -1373,7 +1375,11 @@ def st_rebound_state(b):
     k = len(b.states)
     holder = b.draw(st.sampled_from(_STATE_HOLDERS))
     ref = {"object": f"STATE{k}.h", "layer": f"LAYER{k}.h", "dict": f"STATED{k}['h']",
-           "global": f"H{k}"}[holder]
+           "global": f"H{k}", "arg": f"STATE{k}.h"}[holder]
+    inner = ref                   # the state as f names it
+    if holder == "arg":
+        inner = f"hold{k}.h"
+        b.extra_args.append((f"hold{k}", f"STATE{k}"))
     mix = b.draw(st.sampled_from(["add", "param", "add"]))
     prev, name = b.fresh("p"), b.fresh()
     if mix == "param":
@@ -1381,15 +1387,15 @@ def st_rebound_state(b):
         term = f"{prev} * {c[0]}"
     else:
         term = f"0.5 * {prev}"
-    b.emit(f"{prev} = {ref}")
+    b.emit(f"{prev} = {inner}")
     b.emit(f"if {prev} is None:")
     b.emit(f"    {name} = F.tanh({v.name} * 0.5)")
     b.emit("else:")
     b.emit(f"    {name} = F.tanh({v.name} * 0.5 + {term})")
-    b.emit(f"{ref} = {name}")
+    b.emit(f"{inner} = {name}")
     if b.draw(st.integers(0, 3)) == 0:
         # The window form: the carried state's graph cut inside the step.
-        b.emit(f"{ref}.unchain_backward()")
+        b.emit(f"{inner}.unchain_backward()")
         b.features.add("rebound_state_unchained")
     b.states.append((holder, ref, k))
     b.features.add(f"rebound_state_{holder}")
@@ -1403,7 +1409,7 @@ def _state_module_lines(b):
     out = ["# state f rebinds (an RNN's h), None until its first call",
            "class Holder:", "    pass", ""]
     for holder, ref, k in states:
-        if holder == "object":
+        if holder in ("object", "arg"):
             out += [f"STATE{k} = Holder()", f"STATE{k}.h = None"]
         elif holder == "layer":
             out += [f"LAYER{k} = tj.layers.Layer()", f"LAYER{k}.h = None"]
