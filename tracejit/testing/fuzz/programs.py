@@ -1407,7 +1407,9 @@ def _state_module_lines(b):
     if not states:
         return []
     out = ["# state f rebinds (an RNN's h), None until its first call",
-           "class Holder:", "    pass", ""]
+           "class Holder:",
+           "    def __repr__(self):     # passed as an argument: compared by repr",
+           "        return 'Holder()'   # (its h: by STATE())", ""]
     for holder, ref, k in states:
         if holder in ("object", "arg"):
             out += [f"STATE{k} = Holder()", f"STATE{k}.h = None"]
