@@ -141,3 +141,46 @@ def test_first_call_check_leaves_argument_state_as_one_eager_call():
         np.testing.assert_allclose(b.data, a.data, rtol=1e-12)
         assert vars(hj) == vars(he)
         W.data += 0.1
+
+
+class _Buffers:
+    pass
+
+
+@pytest.mark.usefixtures("jit_warnings_are_errors")
+def test_array_updated_in_place_through_an_argument_compiles():
+    """`hold.buf += 1.0` (NumPy on an array of an object passed in): an effect of
+    every compiled call, as of every eager one."""
+    def f(hold, x):
+        hold.buf += 1.0
+        return F.sum(x * 2.0)
+    jf = tj.jit(f)
+    he, hj = _Buffers(), _Buffers()
+    he.buf, hj.buf = np.zeros(3), np.zeros(3)
+    rng = np.random.default_rng(4)
+    for k in range(6):
+        x = rng.standard_normal(3)
+        np.testing.assert_allclose(jf(hj, x).data, f(he, x).data, rtol=1e-12)
+        np.testing.assert_array_equal(hj.buf, he.buf)
+    assert jf.cache_info()["hits"] >= 2
+
+
+@pytest.mark.usefixtures("jit_warnings_are_errors")
+def test_attribute_the_caller_rebinds_on_an_argument_is_guarded():
+    """The caller rebinds `hold.buf` (or a number on it) between calls: the variant
+    that read the old one does not run (the argument's state is guarded, as a
+    capture's is)."""
+    def f(hold, x):
+        return F.sum(x * hold.buf) * hold.scale
+    jf = tj.jit(f)
+    hold = _Buffers()
+    hold.buf, hold.scale = np.ones(3), 1.0
+    rng = np.random.default_rng(6)
+    for k in range(6):
+        x = rng.standard_normal(3)
+        if k % 2:
+            hold.buf = np.full(3, float(k))       # rebound, not updated in place
+        else:
+            hold.buf[...] = k + 0.5
+        hold.scale = 1.0 + (k % 3)
+        np.testing.assert_allclose(jf(hold, x).data, f(hold, x).data, rtol=1e-12)

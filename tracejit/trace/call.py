@@ -48,11 +48,12 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     # State reached through the arguments (a model passed as `m`, a method's `self`):
     # a rebinding there is not threaded (the Jitted threads captured state only), so
     # a change there is an escape, never a variant that leaves it undone.
-    arg_snap = pystate.snapshot(pystate.argument_locations(
-        list(enumerate(args)) + list(kwargs.items())))
+    arg_locs = pystate.argument_locations(list(enumerate(args)) + list(kwargs.items()))
+    arg_snap = pystate.snapshot(arg_locs)
     grad_mode = Config.enable_backprop
     prev = tracing.start(tr)
-    swaps = pystate.swap_arrays(locs, tr.capture_view)
+    # (An argument's arrays too: an in-place update of `m.buf` is an effect of the call.)
+    swaps = pystate.swap_arrays(locs + arg_locs, tr.capture_view)
     # float()/int() in the function's own code, and in the user functions it reads
     # (helpers, a Model's forward), give traced Python numbers.
     code_swaps = tracing.swap_scalar_code(locs, fn)
@@ -282,7 +283,9 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         grad_constant=grad_constant, made_constant=made_constant, grad_reach=grad_reach,
         cut_sets=cut_sets, escapes=escapes,
         side_effects=side_effects, result=result, grads_before=grads_before,
-        locations=locs, backward=backward, out_views=out_views,
+        # (With the arguments': an object argument keys the variant by identity, and
+        # what the caller rebinds on it between calls (`m.buf = new`) is guarded.)
+        locations=locs + arg_locs, backward=backward, out_views=out_views,
         rebound=rebound or [],
         mutated=frozenset(mutated_inputs(tr)) if backward is not None else frozenset(),
         sources=parts.get("sources", []), effects=parts.get("effects", []),
