@@ -785,7 +785,7 @@ class Jitted:
         np_state, py_state = np.random.get_state(), random.getstate()
         # What the runs can change through the arguments (a model passed as `m`): put
         # back before the compiled run and after, as the call left it.
-        passed = _StatePutBack(self._reach(args, kwargs), leaves)
+        passed = self._passed_state(args, kwargs, leaves)
         twin = []                     # the float64 twin's run, once it is needed
 
         def get_twin():
@@ -832,7 +832,7 @@ class Jitted:
         run (a function that insists on float32): the difference then stands."""
         now = state.capture()
         # (The twin shares the objects passed as arguments: their state is put back.)
-        passed = _StatePutBack(self._reach(*rebuild(leaves)), leaves)
+        passed = self._passed_state(*rebuild(leaves), leaves)
         state.restore_initial()
         py_state = random.getstate()
         np.random.set_state(np_state)
@@ -893,13 +893,20 @@ class Jitted:
                 out.append((f"{what} {name or '?'}", var))
         return out
 
-    def _reach(self, args, kwargs):
-        """self.fn with the objects it is passed as roots of pystate's walk (as
-        eval_shape's sandbox does): what a check's rerun can change through them."""
+    def _reach(self, args, kwargs, fn=None):
+        """fn (default self.fn) with the objects it is passed as roots of pystate's
+        walk (as eval_shape's sandbox does): what a rerun can change through them."""
         passed = [a for a in list(args) + list(kwargs.values())
                   if not isinstance(a, (Variable, np.ndarray)) and
                   not pystate._is_scalar_config(a)]
-        return functools.partial(self.fn, *passed) if passed else self.fn
+        fn = self.fn if fn is None else fn
+        return functools.partial(fn, *passed) if passed else fn
+
+    def _passed_state(self, args, kwargs, leaves):
+        """What a check's rerun changes through the objects the call is passed, to put
+        back (its LiveState holds the variant's sources; what the function captures is
+        that state's, and a side effect's, as before)."""
+        return _StatePutBack(self._reach(args, kwargs, _reads_nothing), leaves)
 
     def _run_checked(self, key, v, args, kwargs, leaves):
         """Run eager and compiled side by side from the same state; keep eager's on a
@@ -913,8 +920,7 @@ class Jitted:
         # State reached through the arguments (LiveState holds the variant's sources):
         # the compiled run starts from it as it was, and where eager's result is kept,
         # eager's is put back, so the call leaves what one eager call leaves.
-        reach = self._reach(args, kwargs)
-        before = _StatePutBack(reach, leaves)
+        before = self._passed_state(args, kwargs, leaves)
         try:
             with disable_jit():
                 expected = self.fn(*args, **kwargs)
@@ -926,7 +932,7 @@ class Jitted:
             raise
         eager_state = state.capture()
         rng_after = np.random.get_state()
-        after = _StatePutBack(reach, leaves)
+        after = self._passed_state(args, kwargs, leaves)
         before.restore()
         state.restore_initial()
         np.random.set_state(rng)
@@ -1273,6 +1279,11 @@ def _graph_inputs(v, leaves):
             return None
         out.append(a)
     return out
+
+
+def _reads_nothing(*args):
+    # The root of _passed_state's walk: only the objects bound to it.
+    pass
 
 
 class _StateFound(Exception):

@@ -44,12 +44,13 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         val = loc.read()
         if isinstance(val, (Variable, np.ndarray)) and id(val) not in tr.names:
             tr.names[id(val)] = (val, loc.label)   # breadth first: the shortest path
-    sizes_before = pystate.sizes(locs)
     # State reached through the arguments (a model passed as `m`, a method's `self`):
     # a rebinding there is not threaded (the Jitted threads captured state only), so
     # a change there is an escape, never a variant that leaves it undone.
     arg_locs = pystate.argument_locations(list(enumerate(args)) + list(kwargs.items()))
     arg_snap = pystate.snapshot(arg_locs)
+    # (A list of an argument's the function appends to: a side effect, as a capture's.)
+    sizes_before = pystate.sizes(locs + arg_locs)
     grad_mode = Config.enable_backprop
     prev = tracing.start(tr)
     # (An argument's arrays too: an in-place update of `m.buf` is an effect of the call.)
