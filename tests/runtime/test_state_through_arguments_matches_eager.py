@@ -67,9 +67,13 @@ def test_model_passed_as_argument(lazy):
     np.random.seed(0)
     mj = _RNNModel(lazy)
     f = lambda m, x: F.sum(m(x))             # noqa: E731
-    msgs = _run(f, tj.jit(f), me, mj)
+    jf = tj.jit(f)
+    msgs = _run(f, jf, me, mj)
     if not lazy:
-        assert any("argument 0.rnn.h" in m for m in msgs), msgs
+        # The model is a plain object argument: pystate walks it (keyed by identity),
+        # so its rnn.h is threaded as captured state is, and the calls compile.
+        assert msgs == [], msgs
+        assert jf.cache_info()["hits"] > 0
 
 
 class _Trainer:
@@ -97,7 +101,9 @@ def test_jitted_method_rebinding_state_on_self():
             np.testing.assert_allclose(b.data, a.data, rtol=1e-12, atol=1e-14)
             _same_state(_state(tj_.model), _state(te.model))
     msgs = [str(w.message) for w in caught if issubclass(w.category, JitWarning)]
-    assert any("model.rnn.h" in m for m in msgs), msgs
+    # self is a plain object argument: self.model.rnn.h is threaded, the calls compile.
+    assert msgs == [], msgs
+    assert tj_.jstep.cache_info()["hits"] > 0
 
 
 def test_variable_rebound_in_a_dict_argument():
