@@ -24,6 +24,7 @@ import numpy as np
 from tracejit import core
 from tracejit.trace import pystate
 from tracejit.trace import record as tracing
+from tracejit.trace.abstract import _set_stream_state, _stream_state   # random streams
 from tracejit.trace.call import trace_call
 from tracejit.runtime.checking import (NOREF, LiveState, first_difference,
                                        gradient_difference, identity_difference, twin_copy)
@@ -1388,20 +1389,6 @@ class _StatePutBack:
         for gen, state in self.streams:
             _set_stream_state(gen, state)
 
-
-def _stream_state(gen):
-    if isinstance(gen, np.random.Generator):
-        return gen.bit_generator.state
-    return gen.get_state() if isinstance(gen, np.random.RandomState) else gen.getstate()
-
-
-def _set_stream_state(gen, state):
-    if isinstance(gen, np.random.Generator):
-        gen.bit_generator.state = state
-    elif isinstance(gen, np.random.RandomState):
-        gen.set_state(state)
-    else:
-        gen.setstate(state)
 
 
 def _optimize(g):
