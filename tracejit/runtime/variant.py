@@ -564,7 +564,16 @@ class Variant:
         snaps = bwd.snapshots
         views = bwd.saved_views
         out = {id(saved[k]): cf.saved[k] for k in bwd.replay_saved if k not in views}
+        if bwd.replay_live:
+            # A state of a buffer the call updated in place: the buffer as it is now, as
+            # eager's graph holds it (BackwardPlan.replay_live); never fed to the NumPy
+            # recompute below (what the forward computed from it is the forward's).
+            live = {k: current_input(self, i, cf.arrays[i], cf.inputs)
+                    for k, i in bwd.replay_live.items()}
+        else:
+            live = {}
         if not snaps and not views:
+            out.update(live)
             return out
         # The forward again with NumPy, from what is known as the call saw it: the
         # snapshots, the inputs nothing can change, saved values. NumPy's value wherever
@@ -594,6 +603,7 @@ class Variant:
         # backward nodes read it as the buffer is now; what the forward computed from
         # it stays the forward's (known, above).
         out.update((id(saved[k]), cf.saved[k]) for k in views)
+        out.update(live)
         return out
 
     def backward_with_variables(self, cf, gys):

@@ -75,7 +75,7 @@ def trace_backward(tr, out_raw, out_leaves):
         # A guard: the backward branches on values. (An escape: the call runs eagerly
         # for its own reason, which comes first.)
         return BackwardEscape("the backward pass inspects values"), []
-    in_place_states = _read_live(tr, bwd_nodes)
+    in_place_states, live_states = _read_live(tr, bwd_nodes)
     grad_values = []
     diff_sources = []
     for src, var in boundary:
@@ -251,7 +251,15 @@ def trace_backward(tr, out_raw, out_leaves):
         fixed_inputs=frozenset(pos[id(v)] for leaf, v in tr.arg_inputs
                                if tr.leaf_kinds[leaf] == FLT),
         grad_dtypes=_grad_dtypes(tr, roots, out_index, boundary),
-        replay_refusal=tr.replay_refusal)
+        replay_refusal=tr.replay_refusal,
+        # The states of a buffer the call updates in place, which the backward reads as
+        # the buffer (_read_live): the replay's forward nodes too. Eager's graph holds
+        # each such operand as the buffer itself (`view = W1.data` before `W1.data *=
+        # 0.9`, a Constant aliasing it; the Parameter), so at backward time its
+        # Functions read the buffer as it is then; recomputing the state from the
+        # already-updated buffer would apply the update twice. What was computed from
+        # a state keeps the forward's value where the backward reads it (replay_saved).
+        replay_live={k: pos[id(inp)] for k, inp in live_states.items()})
     # The trace's own Variables at the boundary (a .grad source names its owner).
     return plan, [var for _, var in boundary]
 
@@ -326,7 +334,7 @@ def _read_live(tr, bwd_nodes):
     states = {k: v for k, v in subst.items()
               if k not in {id(val) for kind, _, val in tr.effects if kind == "rebind"}}
     if not subst:
-        return states
+        return states, subst
     for n in bwd_nodes:
         if any(id(u) in subst for u in n.inputs):
             n.inputs = tuple(subst.get(id(u), u) for u in n.inputs)
@@ -335,7 +343,7 @@ def _read_live(tr, bwd_nodes):
                 # What a create_graph replay links this node's operands to: the same.
                 tr.grad_meta[id(n)] = (meta[0], tuple(
                     None if u is None else subst.get(id(u), u) for u in meta[1]))
-    return states
+    return states, subst
 
 
 def _argument_views(tr, fwd_nodes, mutated, read, states=None):

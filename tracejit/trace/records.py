@@ -122,6 +122,10 @@ class BackwardPlan:
     fixed_inputs: frozenset  # forward input positions nothing outside can change
     grad_dtypes: Any         # per output, per input: eager's gradient dtype; None: one
     replay_refusal: Any      # why a create_graph replay cannot follow it, or None
+    # id(joint Value) -> joint input position: a state of a buffer the call updates
+    # (W1.data *= 0.9), which eager's graph holds as that buffer (a Constant of a .data
+    # view, the Parameter): a replay reads the buffer as it is then (trace.backward).
+    replay_live: dict = None
 
 
 @dataclass(frozen=True, eq=False)
