@@ -81,7 +81,7 @@ class CompiledFunction(RegionFunction):
         v = self.variant
         g = v.forward_graph
         create = bool(Config.enable_backprop)
-        diff_pos = {i: k for k, i in enumerate(v.bwd.joint_diff_inputs)}
+        diff_pos = v.bwd.joint_diff_position
         leaves = list(self.inputs) if create else [Variable(x._data) for x in self.inputs]
         env = [leaves[diff_pos[i]] if i in diff_pos else
                Constant(current_input(v, i, self.arrays[i])) for i in range(len(g.inputs))]
@@ -204,7 +204,7 @@ class CompiledFunction(RegionFunction):
                 f"unchain_backward() on the output of jit({g.name}), which draws random "
                 f"numbers: the region cannot be replayed with the same draws. Unchain an "
                 f"eager Variable instead, or run the function eagerly (tj.disable_jit()).")
-        diff_pos = {i: k for k, i in enumerate(v.bwd.joint_diff_inputs)}
+        diff_pos = v.bwd.joint_diff_position
         env = [self.inputs[diff_pos[i]] if i in diff_pos else Constant(self.arrays[i])
                for i in range(len(g.inputs))]
         user = Graph(g.name, g.inputs, g.nodes, g.outputs[:v.n_user_outs], g.input_names)
@@ -614,7 +614,7 @@ class Variant:
         inputs, arrays = cf.inputs, cf.arrays
         j = self.joint_graph
         env_vars = []
-        diff_pos = {i: k for k, i in enumerate(self.bwd.joint_diff_inputs)}
+        diff_pos = self.bwd.joint_diff_position
         for idx, v in enumerate(j.inputs):
             if idx in diff_pos:
                 env_vars.append(inputs[diff_pos[idx]])

@@ -8,6 +8,7 @@ attributes a Variant copies out of them. Tuples (NamedTuple) where the consumers
 positionally, frozen dataclasses where they read fields by name.
 """
 import enum
+import functools
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -126,6 +127,12 @@ class BackwardPlan:
     # (W1.data *= 0.9), which eager's graph holds as that buffer (a Constant of a .data
     # view, the Parameter): a replay reads the buffer as it is then (trace.backward).
     replay_live: dict = None
+
+    @functools.cached_property
+    def joint_diff_position(self):
+        """joint input index -> position among the differentiable inputs (the replays
+        build their environment from it: computed once per plan, not per backward)."""
+        return {i: k for k, i in enumerate(self.joint_diff_inputs)}
 
 
 @dataclass(frozen=True, eq=False)
