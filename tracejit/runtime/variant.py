@@ -13,7 +13,7 @@ import numpy as np
 
 from tracejit import core
 from tracejit.ir import interpret
-from tracejit.core import Config, Constant, Function, RegionFunction, Variable
+from tracejit.core import Config, Constant, RegionFunction, Variable
 from tracejit.ir import Graph, Lit
 from tracejit.trace.pytree import (FLT, PYTHON_SCALAR, SCALAR, VAR, replay_view,
                                    structure_source)
@@ -1100,8 +1100,8 @@ def build_runner(v, leaf_kinds, key=None):
         elif mg is not None:
             # A new array: the graph may give an input or constant (the seed's ones) here.
             body.append(f"val = {out(mg[1])}")
-            body.append(f"val = val.copy() if any(val is x for x in arrays) or not "
-                        f"val.flags.owndata else val")
+            body.append("val = val.copy() if any(val is x for x in arrays) or not "
+                        "val.flags.owndata else val")
             body.append(f"{made[m][0]}._grad = " +
                         ("Constant(val)" if mg[2] else "wrap(val)"))
             env["Constant"] = core.Constant
