@@ -970,8 +970,27 @@ def build_runner(v, leaf_kinds, key=None):
             env["Constant"] = core.Constant
     # Outputs: each leaf's expression, then the user's structure around them.
     leaves_ = v.out_leaves
+    # The arrays of the results' retained .grads and of returned `Variable(np.ones(3))`
+    # made before the views, which may be views of them (pytree.result_views).
+    made_grad_arrays, copies = {}, {}
+    for m, mg in enumerate(v.made_grads or ()):
+        if mg is not None and mg[0] == "out":
+            # A new array: the graph may give an input or constant (the seed's ones) here.
+            body.append(f"val = {out(mg[1])}")
+            body.append("val = val.copy() if any(val is x for x in arrays) or not "
+                        "val.flags.owndata else val")
+            body.append(f"mg{m} = val")
+            made_grad_arrays[m] = f"mg{m}"
+    for j, (kind, a, _) in enumerate(leaves_):
+        if kind == "wrap" and a[0] == "constcopy":
+            # An array the call made: new every call, laid out as eager's.
+            body.append(f"c{j} = {const(a[1])}.copy(order='K')")
+            copies[j] = f"c{j}"
+    for r in sorted({r for (where, r), _ in v.out_views.values() if where == "copy"}):
+        body.append(f"cp{r} = {names[r]}.copy(order='K')")   # views of one such array
     if v.out_views:
-        body += _view_lines(v, out, names, dest, const, env, call is not None)
+        body += _view_lines(v, out, names, dest, const, env, call is not None,
+                            target, made_grad_arrays, copies)
     exprs, made = [None] * len(leaves_), []
     k = 0
     for i, (kind, a, b) in enumerate(leaves_):
@@ -1014,7 +1033,7 @@ def build_runner(v, leaf_kinds, key=None):
         if kind == "const":
             return const(a)
         if kind == "constcopy":           # an array the call made: new every call
-            return f"{const(a)}.copy()"
+            return f"{const(a)}.copy(order='K')"
         return f"{expr_of(a)}._data"      # vardata: a made or returned Variable's
 
     def expr_of(i):
@@ -1023,7 +1042,7 @@ def build_runner(v, leaf_kinds, key=None):
             if kind == "vardata":
                 exprs[i] = array_expr(kind, a)
             elif kind == "wrap":          # Variable(y.data): a new Variable, y's array
-                exprs[i] = f"wrap({array_expr(*a[:2])})"
+                exprs[i] = f"wrap({copies[i] if i in copies else array_expr(*a[:2])})"
         return exprs[i]
     for i in range(len(leaves_)):
         expr_of(i)
@@ -1098,12 +1117,8 @@ def build_runner(v, leaf_kinds, key=None):
         elif mg is not None and mg[0] == "effect":
             body.append(f"{made[m][0]}._grad = {target(*v.grad_effects[mg[1]][0])}._grad")
         elif mg is not None:
-            # A new array: the graph may give an input or constant (the seed's ones) here.
-            body.append(f"val = {out(mg[1])}")
-            body.append("val = val.copy() if any(val is x for x in arrays) or not "
-                        "val.flags.owndata else val")
             body.append(f"{made[m][0]}._grad = " +
-                        ("Constant(val)" if mg[2] else "wrap(val)"))
+                        (f"Constant(mg{m})" if mg[2] else f"wrap(mg{m})"))
             env["Constant"] = core.Constant
     if v.cuts:
         env["repeat_cut"] = core.repeat_cut
@@ -1120,13 +1135,14 @@ def build_runner(v, leaf_kinds, key=None):
     return run
 
 
-def _view_lines(v, out, names, dest, const, env, listed):
+def _view_lines(v, out, names, dest, const, env, listed, target, made_grad_arrays,
+                copies):
     """Each result eager returns as a view (v.out_views) replaces the graph's copy of
     it: the same NumPy view operations replayed on the live buffer, after the call's
-    effects, so it aliases that buffer as eager's does and holds what it holds. A
-    replay NumPy answers with a copy (a reshape of a non-contiguous argument, as eager
-    copies it) keeps the graph's value, computed from the inputs before the effects
-    (as eager's copy was)."""
+    effects and grad effects, so it aliases that buffer as eager's does and holds what
+    it holds. A replay NumPy answers with a copy (a reshape of a non-contiguous
+    argument, as eager copies it) keeps the graph's value, computed from the inputs
+    before the effects (as eager's copy was)."""
     env["replay_view"] = replay_view
     slot, k = {}, 0
     for i, (kind, _, _) in enumerate(v.out_leaves):
@@ -1135,7 +1151,16 @@ def _view_lines(v, out, names, dest, const, env, listed):
             k += 1
     lines = ["outs = list(outs)"] if listed else []
     # A view of another result after that result: its own replay first.
-    order = sorted(v.out_views, key=lambda i: (v.out_views[i][0][0] == "leaf", i))
+    order, done = [], set()
+    pending = sorted(v.out_views)
+    while pending:
+        ready = [i for i in pending if v.out_views[i][0][0] != "leaf"
+                 or v.out_views[i][0][1] not in v.out_views or v.out_views[i][0][1] in done]
+        if not ready:
+            break           # (a cycle cannot be traced: each is a view of an earlier one)
+        order += ready
+        done.update(ready)
+        pending = [i for i in pending if i not in done]
     for i in order:
         (where, r), steps = v.out_views[i]
         if where == "input":
@@ -1146,6 +1171,16 @@ def _view_lines(v, out, names, dest, const, env, listed):
             if r not in dest:
                 continue
             base = dest[r]          # the buffer effect r wrote into
+        elif where == "grad":       # the .grad grad effect r set (a seed's copy, ...)
+            base = f"{target(*v.grad_effects[r][0])}._grad._data"
+        elif where == "copy":       # this call's copy of an array the function made
+            base = f"cp{r}"
+        elif where == "madegrad":   # the retained .grad of result Variable r
+            if r not in made_grad_arrays:
+                continue
+            base = made_grad_arrays[r]
+        elif r in copies:           # a returned Variable(np.ones(3)): this call's copy
+            base = copies[r]
         else:
             base = out(slot[r])
         dst = out(slot[i])

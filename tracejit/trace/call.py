@@ -129,6 +129,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         # copy, the array the traced call's .grad now holds.
         result_objects = [copied[id(o)][1] if id(o) in copied and copied[id(o)][0] is o
                           else o for o in result_objects]
+        _rebuild_owned_views(tr, out_leaves_raw, out_leaves, out_views, result_objects)
         if _unreturned_grad_graph(tr, out_leaves_raw):
             tr.escapes.append((
                 "backward(create_graph=True) inside the function leaves a .grad with "
@@ -578,6 +579,57 @@ def _unshare_grads(tr, vars_):
             g._data = old.copy()
             copied[id(old)] = (old, g._data)
     return copied
+
+
+def _rebuild_owned_views(tr, raw, leaves, views, objects):
+    """The traced call's own results that are views of a .grad the call set, of a
+    result's retained .grad or of a returned `Variable(np.ones(3))` (result_views'
+    "grad", "madegrad" and made "leaf" roots), or of an array the function made
+    ("copy"), and views of those, rebuilt on the array that object holds now (on a
+    copy, for "copy"): _unshare_grads and result_leaves gave it a copy of the
+    graph's constant, which the views the trace took still point into (a write into
+    one would change the constant every later call reads)."""
+    grads = list(tr.grad_writes.values())
+    made = [x for x, leaf in zip(raw, leaves) if leaf[0] == "out" and leaf[2] == VAR]
+
+    copies = {}
+    inputs = tr.graph.inputs
+    made_arrays = {id(v): a for a, v in tr.captured_arrays.values()}
+
+    def owned(i):
+        (where, r), _ = views[i]
+        if where in ("grad", "madegrad", "copy"):
+            return True
+        return where == "leaf" and (leaves[r][0] != "out" or (r in views and owned(r)))
+    todo, done = sorted(i for i in views if owned(i)), set()
+    while todo:
+        later = []
+        for i in todo:
+            (where, r), steps = views[i]
+            if where == "leaf" and r in views and owned(r) and r not in done:
+                later.append(i)     # a view of a view: its base rebuilt first
+                continue
+            done.add(i)
+            if where == "copy":     # one new array per made array, as variant's cp{r}
+                if r not in copies:
+                    a = made_arrays[id(inputs[r])]
+                    copies[r] = (a.view(np.ndarray) if type(a) is not np.ndarray
+                                 else a).copy(order="K")
+                base = copies[r]
+            else:
+                base = grads[r]._grad if where == "grad" else \
+                    made[r]._grad if where == "madegrad" else objects[r]
+            base = base._data if isinstance(base, Variable) else base
+            view = replay_view(base, steps) if isinstance(base, np.ndarray) else None
+            if view is None:
+                continue
+            if isinstance(objects[i], Variable):
+                objects[i]._data = view
+            else:
+                objects[i] = view
+        if len(later) == len(todo):
+            break
+        todo = later
 
 
 def _unreturned_grad_graph(tr, results):

@@ -354,7 +354,7 @@ def _wrapped_array(tr, inner, raw):
     if kind == "const":
         return a
     if kind == "constcopy":
-        return a.copy()
+        return a.copy(order="K")      # (eager's is laid out as the function made it)
     return raw[a]._data
 
 
@@ -432,12 +432,19 @@ def result_views(tr, raw, leaves):
 
     Returns ({leaf index: (root, steps)}, unexpressed): root ("input", i) (forward graph
     input i: an argument's or a capture's array as the call reads it), ("effect", e)
-    (the buffer in-place effect e writes into) or ("leaf", j) (computed result leaf
-    j's array); steps: the NumPy view operations, replayed at
-    return time so that the result aliases the buffer as eager's does (and holds what
-    the call's in-place effects left in it). unexpressed: leaf indices whose traced
-    array shares memory with such a buffer but no replay rebuilds it (the call runs
-    eagerly: a copy would be silently unaliased)."""
+    (the buffer in-place effect e writes into), ("copy", i) (a copy, new every call, of
+    forward graph input i, an array the function made: eager's is new every call),
+    ("leaf", j) (result leaf j's array: a
+    computed one, or the new array of a returned `Variable(np.ones(3))`), ("grad", g)
+    (the array of the .grad the call's g-th grad effect sets: a seed passed through,
+    `y = x + 1.0; y.backward(); F.transpose(x.grad)`, is a constant of the graph the
+    runner copies, a computed one is a graph output) or ("madegrad", m) (the array of
+    the .grad the m-th result Variable keeps, retain_grad); steps: the NumPy view
+    operations, replayed at return time so that the result aliases the buffer as
+    eager's does (and holds what the call's in-place effects left in it); () when the
+    result is that array object itself (`x.grad.data`). unexpressed: leaf indices whose
+    traced array shares memory with such a buffer but no replay rebuilds it (the call
+    runs eagerly: a copy would be silently unaliased)."""
     producer = {}
     for n in tr.graph.nodes:
         for o in n.outputs:
@@ -457,6 +464,9 @@ def result_views(tr, raw, leaves):
         if isinstance(buf, np.ndarray):
             effect_pos.setdefault(id(v), e)
             effect_arrays[e] = buf.view(np.ndarray) if type(buf) is not np.ndarray else buf
+    owned = _owned_buffers(tr, raw, leaves)
+    made_inputs = {input_pos[id(v)]: a for a, v in tr.captured_arrays.values()
+                   if id(v) in input_pos and _made_in_call(tr, a) and _copy_keeps_layout(a)}
     views, unexpressed = {}, []
     for i, leaf in enumerate(leaves):
         if leaf[0] != "out" or leaf[2] not in (VAR, ARR):
@@ -464,36 +474,46 @@ def result_views(tr, raw, leaves):
         arr = _plain(raw[i])
         if arr is None:
             continue
+        data = raw[i]._data if isinstance(raw[i], Variable) else raw[i]
         v, steps = leaf[1], []
-        root = None
         while True:
-            if id(v) in input_pos:
-                root = ("input", input_pos[id(v)])
-                break
+            # Every buffer this value is the array of, tried in turn: the one the
+            # traced result is exactly a view of (same memory, same strides) is its root.
+            cands = []
             j = out_pos.get(id(v))
             if j is not None and j != i:
-                root = ("leaf", j)
-                break
+                cands.append((("leaf", j), _plain(raw[j]), None))
+            cands += owned.get(id(v), [])
             if id(v) in effect_pos:
-                root = ("effect", effect_pos[id(v)])
+                cands.append((("effect", effect_pos[id(v)]), effect_arrays[effect_pos[id(v)]],
+                              None))
+            if id(v) in input_pos:
+                r = input_pos[id(v)]
+                # An array the function made (a seed nothing else holds, np.ones(3)):
+                # eager makes it anew every call; the runner copies the graph's.
+                cands.append((("input", r), arrays[r], None) if r in arrays else
+                             (("copy", r), made_inputs.get(r), None))
+            found = None
+            for root, base, obj in cands:
+                if base is None:
+                    continue
+                if not steps and obj is not None and data is obj:
+                    found = (root, ())      # that array object itself: `x.grad.data`
+                    break
+                # No op between (a reshape to its own shape, elided): a new view of
+                # the buffer, as NumPy's reshape gives.
+                replay = tuple(reversed(steps)) or (_new_view,)
+                if _replays(base, replay, arr):
+                    found = (root, replay)
+                    break
+            if found is not None:
+                views[i] = found
                 break
             n = producer.get(id(v))
             if n is None or n.kind != MOVEMENT or len(n.inputs) != 1:
                 break
             steps.append(_view_step(n))
             v = n.inputs[0]
-        base = None
-        if root is not None and root[0] == "input":
-            base = arrays.get(root[1])
-        elif root is not None and root[0] == "effect":
-            base = effect_arrays[root[1]]
-        elif root is not None:
-            base = _plain(raw[root[1]])
-        # No op between (a reshape to its own shape, elided): a new view of the buffer,
-        # as NumPy's reshape gives.
-        steps = tuple(reversed(steps)) or (_new_view,)
-        if base is not None and _replays(base, steps, arr):
-            views[i] = (root, steps)
 
     def group(i):        # the buffer a result is rebuilt on: ("input", r) or ("leaf", j)
         while i in views and views[i][0][0] == "leaf":
@@ -508,7 +528,9 @@ def result_views(tr, raw, leaves):
         if arr is None or arr.size == 0:
             continue
         if any(_overlaps(arr, base) for base in list(arrays.values())
-               + list(effect_arrays.values())) or any(
+               + list(effect_arrays.values())
+               + [base for c in owned.values() for _, base, _ in c]
+               + list(made_inputs.values())) or any(
                 # (The same Value twice is the identity checks' business: `return y, y`.)
                 j != i and leaves[j][0] == "out" and group(j) != ("leaf", i)
                 and leaves[j][1] is not leaf[1]
@@ -516,6 +538,51 @@ def result_views(tr, raw, leaves):
                 for j in range(len(leaves))):
             unexpressed.append(i)
     return views, unexpressed
+
+
+def _owned_buffers(tr, raw, leaves):
+    """id(Value) -> [(root, the array the traced call holds, its object)] for the buffers
+    a compiled call hands back by identity that are neither inputs, effects nor computed
+    results (result_views' "grad", "madegrad" and made "leaf" roots). A .grad that is
+    itself a result is that result's leaf; a result's .grad that a grad effect sets is
+    that effect's."""
+    owned = {}
+    results = {id(x) for x, leaf in zip(raw, leaves) if leaf[0] == "out"}
+
+    def add(g, root, data=None):
+        data = g._data if data is None else data
+        tv = g._tv
+        base = _plain(g) if data is g._data else _plain(data)
+        if tv is None or not tr.is_mine(tv) or base is None:
+            return
+        owned.setdefault(id(tv), []).append((root, base, data))
+    set_by_effect = set()
+    for gi, var in enumerate(tr.grad_writes.values()):
+        g = var._grad
+        if g is None or id(g) in results:
+            continue
+        if id(g) not in set_by_effect:
+            add(g, ("grad", gi))
+        set_by_effect.add(id(g))
+    made = [x for x, leaf in zip(raw, leaves) if leaf[0] == "out" and leaf[2] == VAR]
+    for m, x in enumerate(made):
+        g = x._grad
+        if g is not None and id(g) not in results and id(g) not in set_by_effect:
+            add(g, ("madegrad", m))
+    for j, leaf in enumerate(leaves):
+        if leaf[0] == "wrap" and leaf[1][0] == "constcopy":
+            # `Variable(np.ones(3))` returned: a new copy every call (result_leaves gave
+            # the traced one its copy already); its views were taken of the original.
+            add(raw[j], ("leaf", j), leaf[1][1])
+    return owned
+
+
+def _copy_keeps_layout(a):
+    """A copy of a in its own order has its strides: views replayed on it are laid out
+    as eager's views of a new array of the function's are (not so for a slice of a
+    bigger one, whose copy is compact)."""
+    a = a.view(np.ndarray) if type(a) is not np.ndarray else a
+    return a.copy(order="K").strides == a.strides
 
 
 def _plain(x):
@@ -577,7 +644,10 @@ class _BasicIndex:
 
 def replay_view(base, steps):
     """The view `steps` give of `base`, or None when NumPy gave a copy (a reshape of a
-    non-contiguous argument: eager copies too, before the call's effects)."""
+    non-contiguous argument: eager copies too, before the call's effects). No steps:
+    base itself (the result is that array object)."""
+    if not steps:
+        return base
     y = base
     for step in steps:
         y = step(y)

@@ -96,16 +96,23 @@ def _buffer(x):
 
 
 def _aliases(x, args, captures, earlier):
-    """The buffers (arguments', captures', earlier results') a result leaf shares memory
-    with: eager returns views (`x.data[0:2]`, F.reshape(x)), a copy would not alias."""
+    """The buffers (arguments', captures', their .grads', earlier results') a result
+    leaf shares memory with: eager returns views (`x.data[0:2]`, F.reshape(x),
+    F.transpose(x.grad) of a seed passed through), a copy would not alias; and, when it
+    shares any, its strides (a view's layout is the buffer's)."""
     d = _buffer(x)
     if d is None:
         return ()
     named = [(f"argument {i}", a) for i, a in enumerate(args)]
     named += [(f"capture {n}", c) for n, c in captures.items()]
+    named += [(f"argument {i}'s .grad", a.grad) for i, a in enumerate(args)
+              if isinstance(a, Variable)]
+    named += [(f"capture {n}'s .grad", c.grad) for n, c in captures.items()
+              if isinstance(c, Variable)]
     named += [(f"result leaf {j}", e) for j, e in enumerate(earlier)]
-    return tuple(label for label, o in named
-                 if _buffer(o) is not None and np.shares_memory(d, _buffer(o)))
+    shared = tuple(label for label, o in named
+                   if _buffer(o) is not None and np.shares_memory(d, _buffer(o)))
+    return shared + ((f"strides {d.strides}",) if shared else ())
 
 
 def _leaf(x, ident=None):

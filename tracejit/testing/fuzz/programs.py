@@ -613,6 +613,27 @@ def _st_seed_through(self):
         self.add(self.fresh(), shape, dtype, 1.0)
         self.emit(f"{self.vals[-1].name} = {y}.grad")
         self.features.add("seed_through_retained")
+    if self.draw(st.booleans()):
+        # A view of the passed-through (or retained) .grad returned, maybe with it: eager's
+        # is a view of the .grad's array, which the caller holds as target.grad.
+        _return_view_of(self, self.vals[-1].name, len(shape), "seed_through")
+
+
+def _return_view_of(b, name, nd, feature):
+    """Return a view (Variable or array, maybe a view of a view) of Variable `name`
+    (of nd dimensions), and sometimes `name` itself beside it."""
+    forms = [f"F.transpose({name})", f"{name}.T", f"F.reshape({name}, (-1,))",
+             f"{name}.data.T", f"{name}.data.reshape(-1)",
+             f"F.transpose(F.reshape({name}, (-1, 1)))", f"{name}.data.T.reshape(-1)"]
+    if nd >= 1:
+        forms += [f"{name}.data[::-1]", f"{name}.data[1:]", f"{name}.data[..., ::2].T",
+                  f"{name}.data[0]"]
+    view = b.fresh("gview")
+    b.emit(f"{view} = {b.draw(st.sampled_from(forms))}")
+    if b.draw(st.booleans()):
+        b.returned_views.append(name)
+    b.returned_views.append(view)
+    b.features.add(f"returned_view_of_{feature}")
 
 
 def _st_inplace_view_arg(self):
@@ -970,7 +991,59 @@ def _views_returned(b):
                    "returned_view_" + ("variable" if form.startswith("F.") else "array"))
 
 
-VIEWS_STEPS = [(_views_returned, 1)]
+def _views_of_grads(b):
+    """A backward inside f, then a view of a .grad returned: a seed passed through to an
+    argument's or a captured Parameter's .grad (shared by two: `y = x + w`), a retained
+    .grad, or a computed one (views of it are views of the .grad's array in eager)."""
+    vars_ = [a for a in b.args if a[1] == "var"]
+    v = b.pick(lambda w: w.var and w.bound <= 10)
+    if v is None:
+        return b.st_unary()
+    if vars_ and b.draw(st.booleans()):
+        a = b.draw(st.sampled_from(vars_))
+        target, shape = a[0], a[2].shape
+    else:
+        suffix = tuple(d for d in v.shape if d != B)[-2:]
+        c = b.capture(suffix, "param", reuse=False)
+        b.updated.add(c[0])
+        target, shape = c[0], c[2]
+    y = b.fresh("y")
+    kind = b.draw(st.sampled_from(["seed", "shared_seed", "retained", "computed"]))
+    if kind == "shared_seed" and B in shape:
+        kind = "seed"           # (a capture has no batch dimension)
+    b.emit(f"{target}.cleargrad()")
+    if kind == "seed":
+        b.emit(f"{y} = F.reshape({target}, {target}.shape)")
+    elif kind == "shared_seed":
+        # x.grad is w.grad: add's backward gives both the seed.
+        other = b.capture(tuple(shape), "param", reuse=False)
+        b.updated.add(other[0])
+        b.emit(f"{other[0]}.cleargrad()")
+        b.emit(f"{y} = {target} + {other[0]}")
+    elif kind == "retained":
+        h = b.fresh("h")
+        b.emit(f"{h} = {target} * 2.0")
+        b.emit(f"{y} = {h} + 1.0")
+    else:
+        b.emit(f"{y} = F.sum(F.tanh({target}) * {target})")
+    b.emit(f"{y}.backward(retain_grad={kind == 'retained'})")
+    g = b.fresh("g")
+    b.emit(f"{g} = {h}.grad" if kind == "retained" else f"{g} = {target}.grad")
+    b.add(g, tuple(shape), _target_dtype(b, target), 1.0)
+    _return_view_of(b, g, len(shape), f"{kind}_grad")
+
+
+def _target_dtype(b, target):
+    for a in b.args:
+        if a[0] == target:
+            return a[2].dtype
+    for c in b.captures:
+        if c[0] == target:
+            return c[3]
+    return "float64"
+
+
+VIEWS_STEPS = [(_views_returned, 1), (_views_of_grads, 1)]
 # ---------------------------------------------------------------- end of returned views
 
 
