@@ -417,6 +417,13 @@ class Variant:
                 effect_values.append(gv)
         if not any(self.made_grads):
             self.made_grads = None
+        # The values returned views are views of that no result holds (pytree.
+        # result_views' "value" roots): outputs of the graph, the views replayed on them.
+        self.view_base_slots = {}
+        for (where, r), _ in self.out_views.values():
+            if where == "value" and id(r) not in self.view_base_slots:
+                self.view_base_slots[id(r)] = len(user_outs) + len(effect_values)
+                effect_values.append(r)
         # Backward: what the forward saves, and where each backward input comes from.
         # diff_sources: sources (as in self.sources) of the creator's inputs.
         self.diff_sources = backward.diff_sources if backward else []
@@ -894,7 +901,8 @@ def build_runner(v, leaf_kinds, key=None):
         """The k-th output of the graph: a local of its own when the plan is inline."""
         return f"o{k}" if call is None else f"outs[{k}]"
 
-    if plan is None or v.bwd is not None or v.effects or v.made_grads or v.grad_effects:
+    if plan is None or v.bwd is not None or v.effects or v.made_grads or v.grad_effects \
+            or v.view_base_slots:
         body.append(f"arrays = [{', '.join(names)}]")
         body.append("bwd_arrays = arrays")
 
@@ -988,6 +996,11 @@ def build_runner(v, leaf_kinds, key=None):
             copies[j] = f"c{j}"
     for r in sorted({r for (where, r), _ in v.out_views.values() if where == "copy"}):
         body.append(f"cp{r} = {names[r]}.copy(order='K')")   # views of one such array
+    for slot in sorted(set(v.view_base_slots.values())):
+        # A new array (the graph may give an input here, `x * 1.0` simplified away).
+        body.append(f"vb{slot} = {out(slot)}")
+        body.append(f"if any(vb{slot} is x for x in arrays) or not vb{slot}.flags.owndata: "
+                    f"vb{slot} = vb{slot}.copy()")
     if v.out_views:
         body += _view_lines(v, out, names, dest, const, env, call is not None,
                             target, made_grad_arrays, copies)
@@ -1173,6 +1186,8 @@ def _view_lines(v, out, names, dest, const, env, listed, target, made_grad_array
             base = dest[r]          # the buffer effect r wrote into
         elif where == "grad":       # the .grad grad effect r set (a seed's copy, ...)
             base = f"{target(*v.grad_effects[r][0])}._grad._data"
+        elif where == "value":      # a value no result holds, returned by the graph
+            base = f"vb{v.view_base_slots[id(r)]}"
         elif where == "copy":       # this call's copy of an array the function made
             base = f"cp{r}"
         elif where == "madegrad":   # the retained .grad of result Variable r

@@ -434,6 +434,7 @@ def result_views(tr, raw, leaves):
     input i: an argument's or a capture's array as the call reads it), ("effect", e)
     (the buffer in-place effect e writes into), ("copy", i) (a copy, new every call, of
     forward graph input i, an array the function made: eager's is new every call),
+    ("value", Value) (a value no result holds, which the variant returns too),
     ("leaf", j) (result leaf j's array: a
     computed one, or the new array of a returned `Variable(np.ones(3))`), ("grad", g)
     (the array of the .grad the call's g-th grad effect sets: a seed passed through,
@@ -497,7 +498,8 @@ def result_views(tr, raw, leaves):
             for root, base, obj in cands:
                 if base is None:
                     continue
-                if not steps and obj is not None and data is obj:
+                if not steps and obj is not None and (data is obj or (
+                        getattr(data, "_owner", None) is obj and _same_array(arr, base))):
                     found = (root, ())      # that array object itself: `x.grad.data`
                     break
                 # No op between (a reshape to its own shape, elided): a new view of
@@ -511,6 +513,15 @@ def result_views(tr, raw, leaves):
                 break
             n = producer.get(id(v))
             if n is None or n.kind != MOVEMENT or len(n.inputs) != 1:
+                # A view of a value no result holds (`h.data.T`, F.reshape(h) with h
+                # not returned): the variant returns the value too and replays the
+                # view on it, so that it has eager's layout and views of one value
+                # alias each other, as eager's views of h do.
+                owner = tr.owner.get(id(v))
+                if steps and isinstance(owner, Variable) and owner._tv is v and \
+                        n is not None and _plain(owner) is not None and \
+                        _replays(_plain(owner), tuple(reversed(steps)), arr):
+                    views[i] = (("value", v), tuple(reversed(steps)))
                 break
             steps.append(_view_step(n))
             v = n.inputs[0]
@@ -550,12 +561,13 @@ def _owned_buffers(tr, raw, leaves):
     results = {id(x) for x, leaf in zip(raw, leaves) if leaf[0] == "out"}
 
     def add(g, root, data=None):
-        data = g._data if data is None else data
+        # data: the array the traced views were taken of (g's, unless replaced by a copy)
         tv = g._tv
-        base = _plain(g) if data is g._data else _plain(data)
+        base = _plain(g) if data is None else _plain(data)
         if tv is None or not tr.is_mine(tv) or base is None:
             return
-        owned.setdefault(id(tv), []).append((root, base, data))
+        # (The object `.data` gives is the array itself: a tracer of it names g.)
+        owned.setdefault(id(tv), []).append((root, base, g))
     set_by_effect = set()
     for gi, var in enumerate(tr.grad_writes.values()):
         g = var._grad
