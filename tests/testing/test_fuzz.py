@@ -214,3 +214,28 @@ def test_argument_update_programs_draw_views_of_arguments():
     assert any("F.transpose(x" in p.source or "F.reshape(x" in p.source for p in with_views)
     for p in progs:
         compile(p.source, "<program>", "exec")
+
+
+def test_the_views_and_state_focus_draw_views_of_grads():
+    # Views of a .grad the call sets (a seed passed through, one seed shared by two
+    # .grads, a retained one, a computed one), returned with or without the .grad.
+    progs = fuzz.generate(40, seed=3, focus="views")
+    features = set().union(*(p.features for p in progs))
+    for f in ("seed", "shared_seed", "retained", "computed"):
+        assert f"returned_view_of_{f}_grad" in features, features
+    progs += fuzz.generate(20, seed=3, focus="state")
+    features = set().union(*(p.features for p in progs))
+    assert "returned_view_of_seed_through" in features, features
+    for p in progs:
+        compile(p.source, "<program>", "exec")
+
+
+def test_the_compared_aliases_include_grads_and_a_views_strides():
+    import numpy as np
+
+    from tracejit import Variable
+    from tracejit.testing.fuzz.harness import _aliases
+    x = Variable(np.ones((2, 3)))
+    x.grad = Variable(np.ones((2, 3)))
+    assert _aliases(x.grad.data.T, [x], {}, []) == ("argument 0's .grad", "strides (8, 24)")
+    assert _aliases(x.grad.data.T.copy(), [x], {}, []) == ()
