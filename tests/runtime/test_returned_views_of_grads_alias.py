@@ -286,3 +286,16 @@ def test_a_view_of_an_array_the_function_made_is_new_every_call():
         return y, F.transpose(c)
 
     check_views(lambda: (f, ()))
+
+
+def test_two_views_of_a_value_no_result_holds_alias_each_other():
+    # h is not returned: eager's two views are views of its one array.
+    def build():
+        K = np.ones(SH)
+
+        def f(x, w):
+            h = x + K
+            return F.reshape(h, (-1,)), h.data.reshape(-1), h.data[:, ::2].T
+        return f, ()
+
+    check_views(build)
