@@ -783,3 +783,13 @@ def test_second_order_gradients_through_max_pooling():
     ex = tj.export(vg, *args(2), dynamic={"x": {0: "batch"}})
     assert "pooling2_dwith_indexes" in {n.name for n in ex.nodes}
     _check(vg, ex, [args(n) for n in (2, 3, 5)], rtol=1e-4, atol=1e-4)
+
+
+def test_a_transpose_of_a_0d_value():
+    # A 0-d transpose is the value itself: ONNX gets an Identity (an empty perm has no
+    # attribute type).
+    def f(x, s):
+        return F.cos(x) + F.transpose(s), F.transpose(F.exp(s))
+
+    ex = tj.export(f, np.ones(3), np.asarray(0.5))
+    _check(f, ex, [(np.random.rand(3), np.asarray(v)) for v in (0.25, -1.5, 2.0, 0.75)])

@@ -389,6 +389,10 @@ class Transpose(Primitive):
 
     def to_onnx(self, b, node):
         rank = len(node.inputs[0].shape)
+        if rank == 0:
+            # A 0-d transpose is the value itself (an empty perm has no attribute type).
+            b.bind(node, b.op("Identity", [b.x(node, 0)]))
+            return
         perm = list(range(rank))[::-1] if self.axes is None else [a % rank for a in self.axes]
         b.bind(node, b.op("Transpose", [b.x(node, 0)], perm=perm))
 
