@@ -56,8 +56,6 @@ class CompiledFunction(RegionFunction):
                 # The common case, kept one call deep.
                 return (v.backward_runner or v.build_backward_runner())(self, gys)
             return self._backward(gys)
-        if v.grad_dtypes is not None and any(g is None for g in gys):
-            return self._eager_dtypes(gys, self._backward_with_instances(gys))
         return self._backward_with_instances(gys)
 
     def _backward_with_instances(self, gys):
@@ -116,11 +114,25 @@ class CompiledFunction(RegionFunction):
         return tuple(grads.get(x) for x in leaves)
 
     def _eager_dtypes(self, gys, grads):
-        """A backward from some of the outputs: each gradient in the dtype eager's
-        backward from those outputs gives it (the others' zero contributions, added in
-        the compiled backward, may have promoted it; casting back is exact)."""
+        """The gradients the backward graph gave (the compiled one, or interpreted),
+        in eager's dtypes. A backward from some of the outputs: each gradient in the
+        dtype eager's backward from those outputs, with gradients of the dtypes they
+        have (a float64 one into a float32 output), gives it; the backward graph also
+        adds the dead outputs' zero contributions, whose dtype may promote it (casting
+        back is exact). Not for a backward eager's graph replayed (_eager_backward):
+        its dtypes are eager's already."""
         table = self.variant.grad_dtypes
-        live = [table[k] for k, g in enumerate(gys) if g is not None and k in table]
+        if table is None or all(g is not None for g in gys):
+            return grads
+        live = []
+        for k, g in enumerate(gys):
+            if g is not None and k in table:
+                row = table[k].get(g.dtype)
+                if row is None:
+                    # A gradient of a dtype no row was made for (float16): eager's
+                    # backward over the region replayed gives eager's dtypes.
+                    return self._eager_backward(gys)
+                live.append(row)
         out = []
         for j, g in enumerate(grads):
             dts = [row[j] for row in live if row[j] is not None]
@@ -138,10 +150,10 @@ class CompiledFunction(RegionFunction):
         if v.check_backward:
             # The trace-time check against eager: the backward graph interpreted on
             # what this call saved (wiring and graph checked, no compile it may not need).
-            return _backward_other_gy(self, gys)
+            return self._eager_dtypes(gys, _backward_other_gy(self, gys))
         if not Config.enable_backprop and core._state.trace is None:
             run = v.backward_runner or v.build_backward_runner()
-            return run(self, gys)
+            return self._eager_dtypes(gys, run(self, gys))
         if Config.enable_backprop:
             # create_graph: replay forward and backward on Variables, so the grads
             # carry the history that higher-order derivatives need.
@@ -168,8 +180,8 @@ class CompiledFunction(RegionFunction):
             finally:
                 np.random.set_state(now)
         grads = v.backward_executable()(self.backward_inputs(gys))
-        return tuple(None if slot is None else Variable(grads[slot])
-                     for slot in v.bwd_grad_slots)
+        return self._eager_dtypes(gys, tuple(None if slot is None else Variable(grads[slot])
+                                             for slot in v.bwd_grad_slots))
 
     def backward_inputs(self, gys):
         """The backward graph's inputs, as the generated backward runner reads them."""

@@ -265,12 +265,21 @@ def trace_backward(tr, out_raw, out_leaves):
 
 
 def _grad_dtypes(tr, roots, out_index, boundary):
-    """Per output k (the gys' numbering), per boundary Variable: the dtype of the
-    gradient eager's backward from that output alone gives it (None: none). A backward
-    from some of the outputs gets eager's dtype from these: the compiled backward also
-    adds the others' zero contributions, whose dtype may promote (a float32 input
-    reached through float64 from one output and float32 from another). None when every
-    output gives every input the same dtype (the common case costs nothing)."""
+    """Per output k (the gys' numbering), per dtype of its gradient, per boundary
+    Variable: the dtype of the gradient eager's backward from that output alone gives
+    it (None: none), {k: {gy dtype: row}}. A backward from some of the outputs gets
+    eager's dtype from these: the compiled backward also adds the others' zero
+    contributions, whose dtype may promote (a float32 input reached through float64
+    from one output and float32 from another). The output's gradient need not have the
+    output's dtype (a float32 result in a float64 loss gets a float64 one, which
+    promotes what eager's backward computes from it), so each row is made for the
+    output's dtype and for each float dtype a loss can give it.
+
+    None when no backward from any outputs, with gradients of any of those dtypes, can
+    give an input another dtype than the compiled backward's zeros-filled one (the
+    common case costs nothing): when, per input, each row's dtype is at least the
+    widest one an output's own-dtype gradient gives it (then the dead outputs' zeros,
+    of their outputs' dtypes, promote nothing)."""
     if len(roots) < 2:
         return None
     table = {}
@@ -278,17 +287,36 @@ def _grad_dtypes(tr, roots, out_index, boundary):
     try:
         with core.no_grad():
             for y in roots:
-                grads = DictGrads()
-                grads.set(y, Variable(np.ones_like(y._data)))
-                backprop([y], grads=grads, within=tr.functions)
-                table[out_index[id(y)]] = [None if grads.get(var) is None else
-                                           grads.get(var).dtype for _, var in boundary]
+                rows = {}
+                for dt in dict.fromkeys([y._data.dtype, *_GY_DTYPES]):
+                    if y._data.dtype.kind != "f" and dt != y._data.dtype:
+                        continue
+                    grads = DictGrads()
+                    grads.set(y, Variable(np.ones(y._data.shape, dt)))
+                    backprop([y], grads=grads, within=tr.functions)
+                    rows[dt] = [None if grads.get(var) is None else
+                                grads.get(var).dtype for _, var in boundary]
+                table[out_index[id(y)]] = rows
     finally:
         core.set_trace(prev)
     for j in range(len(boundary)):
-        if len({row[j] for row in table.values() if row[j] is not None}) > 1:
-            return table
+        own = [rows[y._data.dtype][j] for y, rows in
+               zip(roots, (table[out_index[id(y)]] for y in roots))]
+        own = [d for d in own if d is not None]
+        if not own:
+            continue
+        widest = np.result_type(*own)
+        for rows in table.values():
+            for row in rows.values():
+                if row[j] is not None and np.result_type(row[j], widest) != row[j]:
+                    return table
     return None
+
+
+# The dtypes an output's gradient may come in besides the output's own (a float32
+# result's term added to float64 ones gets float64; a float64 result scaled by a
+# float32 Variable keeps float64, but a float16 one's gets float32).
+_GY_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _read_live(tr, bwd_nodes):
