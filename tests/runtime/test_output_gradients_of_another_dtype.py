@@ -358,3 +358,40 @@ def test_a_gradient_of_another_dtype_and_shape_beside_an_output_that_died(g_dtyp
     for k in range(5):
         _same_run(run(jf), run(fe), Variable(np.array([0.3 + k, -0.2 * k], np.float32)))
     assert jf.cache_info()["fallbacks"] == 0
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_a_float32_gradient_into_a_float64_output_beside_an_output_that_died(create_graph):
+    """The narrower way: a float32 .grad the caller set on a float64 output, whose Add
+    passes it on unpromoted, so eager's x.grad is float32; the dead output's float64
+    zeros would promote the compiled one."""
+    def make():
+        w = Parameter(np.array([0.7, -0.4]))
+
+        def f(x):
+            return x + 1.0, F.sin(x) * w
+        return w, f
+
+    (wj, fj), (we, fe) = make(), make()
+    jf = tj.jit(fj)
+
+    def run(fn, w):
+        def r(x):
+            a, _ = fn(x)                   # the second output dies
+            a.grad = Variable(np.array([1.5, -0.5], np.float32))
+            a.backward(create_graph=create_graph)
+            g = x.grad
+            if not create_graph:
+                return a, g, w.grad
+            x.cleargrad()
+            F.sum(g * g).backward()
+            return a, g, w.grad, x.grad
+        return r
+
+    for k in range(5):
+        for w in (wj, we):
+            w.data = np.array([0.7 + 0.1 * k, -0.4])
+            w.cleargrad()
+        got = _same_run(run(jf, wj), run(fe, we), Variable(np.array([0.3 + k, -0.2 * k])))
+        assert got[1].dtype == np.float32
+    assert jf.cache_info()["fallbacks"] == 0

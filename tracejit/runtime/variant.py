@@ -50,7 +50,7 @@ class CompiledFunction(RegionFunction):
 
     def backward(self, *gys):
         v = self.variant
-        if self.instances is None and v.grad_dtypes is None and not v.check_backward:
+        if self.instances is None and not v.cast_own_dtypes and not v.check_backward:
             st = core._state
             if not st.enable_backprop and st.trace is None:
                 # The common case, kept one call deep.
@@ -150,7 +150,7 @@ class CompiledFunction(RegionFunction):
         if v.check_backward:
             # The trace-time check against eager: the backward graph interpreted on
             # what this call saved (wiring and graph checked, no compile it may not need).
-            return self._eager_dtypes(gys, _backward_other_gy(self, gys))
+            return _backward_other_gy(self, gys)
         if not Config.enable_backprop and core._state.trace is None:
             run = v.backward_runner or v.build_backward_runner()
             return self._eager_dtypes(gys, run(self, gys))
@@ -462,6 +462,12 @@ class Variant:
         # User Functions with per-call state: each call's instances go to its backward.
         self.user_calls = [n.fn for n in fwd_nodes if isinstance(n.fn, UserCall)]
         self.grad_dtypes = backward.grad_dtypes if backward else None
+        # Whether a backward from some outputs, with gradients of the outputs' own
+        # dtypes, can need a cast to eager's dtypes (CompiledFunction._eager_dtypes):
+        # not the common case, which then costs nothing; a gradient of another dtype
+        # is cast where the backward runner finds it (_backward_other_gy).
+        self.cast_own_dtypes = self.grad_dtypes is not None and _own_rows_differ(
+            self.grad_dtypes, self.out_specs)
         # Forward input position -> index among the creator's inputs of the Variable
         # whose data it is, for an argument Variable and a .grad operand (a captured
         # Variable's is read through the capture): the backward reads its data as it
@@ -684,13 +690,24 @@ def _backward_other_gy(cf, gys):
     """The backward of a call whose output gradient has another dtype or shape than the
     traced output (a float64 gradient into a float32 call): the backward graph run by
     the interpret backend on the same saved values, inputs and captures as the
-    compiled one reads, so NumPy promotes as eager's backward does."""
+    compiled one reads, so NumPy promotes as eager's backward does; where some outputs
+    got no gradient, in the dtypes eager's backward from the others gives
+    (CompiledFunction._eager_dtypes: the dead outputs' zeros may promote)."""
     v = cf.variant
     if v._interp_bwd is None:
         v._interp_bwd = interpret.compile(v.bwd.graph)
     grads = v._interp_bwd(cf.backward_inputs(gys))
-    return tuple(None if slot is None else core.wrap_array(np.asarray(grads[slot]))
-                 for slot in v.bwd_grad_slots)
+    return cf._eager_dtypes(gys, tuple(
+        None if slot is None else core.wrap_array(np.asarray(grads[slot]))
+        for slot in v.bwd_grad_slots))
+
+
+def _own_rows_differ(table, specs):
+    """Whether the grad_dtypes rows of the outputs' own gradient dtypes give some input
+    different dtypes (then the dead outputs' zeros can promote its gradient)."""
+    rows = [table[k][specs[k].dtype] for k in table if specs[k].dtype in table[k]]
+    return any(len({row[j] for row in rows} - {None}) > 1 for j in range(len(rows[0]))) \
+        if rows else False
 
 
 def checked_backward(cf, gys, real):

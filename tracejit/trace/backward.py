@@ -276,10 +276,11 @@ def _grad_dtypes(tr, roots, out_index, boundary):
     output's dtype and for each float dtype a loss can give it.
 
     None when no backward from any outputs, with gradients of any of those dtypes, can
-    give an input another dtype than the compiled backward's zeros-filled one (the
-    common case costs nothing): when, per input, each row's dtype is at least the
-    widest one an output's own-dtype gradient gives it (then the dead outputs' zeros,
-    of their outputs' dtypes, promote nothing)."""
+    give an input another dtype than the compiled backward's zeros-filled one: when,
+    per input, each row's dtype is at least the widest one an output's own-dtype
+    gradient gives it (then the dead outputs' zeros, of their outputs' dtypes, promote
+    nothing). (The variant keeps the common case free when only a gradient of another
+    dtype, which its backward runner tests for anyway, can need a cast.)"""
     if len(roots) < 2:
         return None
     table = {}
@@ -313,9 +314,10 @@ def _grad_dtypes(tr, roots, out_index, boundary):
     return None
 
 
-# The dtypes an output's gradient may come in besides the output's own (a float32
-# result's term added to float64 ones gets float64; a float64 result scaled by a
-# float32 Variable keeps float64, but a float16 one's gets float32).
+# The dtypes an output's gradient may come in besides the output's own: a float32
+# result's term added to float64 ones gets float64; a float32 one into a float64 output
+# (a .grad the caller set) is rarer, but NumPy's promotion can keep it float32 down to
+# the input (`x * 2.0`). Others (float16) replay eager's graph.
 _GY_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 

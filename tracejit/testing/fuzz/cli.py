@@ -355,7 +355,7 @@ def main(argv=None):
                         f"{k}: {v}" for k, v in sorted(AVOIDABLE.items())))
     ap.add_argument("--focus", default=None,
                     choices=["state", "nested_grad", "views", "rebound", "argument_views",
-                             "unchain"],
+                             "unchain", "mixed_dtypes"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
@@ -364,7 +364,9 @@ def main(argv=None):
                     "rebound (state a step rebinds on a captured holder across calls, "
                     "an RNN's h); "
                     "argument_views (intermediates that are views of arguments); "
-                    "unchain (unchain_backward inside f reaching an argument with a creator)")
+                    "unchain (unchain_backward inside f reaching an argument with a creator); "
+                    "mixed_dtypes (float32 results whose cotangents are float64, beside a "
+                    "float64 state threaded between calls)")
     ap.add_argument("--generator", default="programs", choices=sorted(GENERATORS),
                     help="programs: the general generator; argument_updates: its programs "
                     "with the caller changing the arguments between call and backward")

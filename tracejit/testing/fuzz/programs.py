@@ -1047,6 +1047,63 @@ VIEWS_STEPS = [(_views_returned, 1), (_views_of_grads, 1)]
 # ---------------------------------------------------------------- end of returned views
 
 
+# --------------------------------------------------- mixed-dtype cotangents (helper
+# "gydtype"). A float32 value reaches a float64 state through a float64 captured
+# Parameter (so the state's gradient would be float64) and a float32 result (so its
+# gradient would be float32): the harness's backward adds each float result's term, so
+# beside the float64 result returned here the float32 result gets a float64 gradient,
+# which eager promotes down to the input, while the state, threaded to the next call,
+# gets none (a dead output, whose zeros the compiled backward adds). Deep run seed
+# 40000, program 139: the compiled backward cast the input's gradient to the float32
+# eager gives from a float32 gradient. The float32 result is returned as itself or as a
+# view (rebuilt on it outside the compiled call, the cotangent arriving through it).
+
+def _st_mixed_dtype_cotangents(b):
+    v = b.pick(lambda w: w.var and w.dtype == "float32", recent=8)
+    if v is None:
+        return b.st_unary()
+    if not hasattr(b, "states"):
+        b.states = []
+        b.state_resets = sorted({0, 6} | set(b.draw(st.lists(st.integers(1, 9),
+                                                             max_size=2))))
+    shape = tuple(1 if d == B else d for d in v.shape[-1:])
+    # A float64 Parameter of its own (capture() draws the dtype).
+    W = ("W" + str(len(b.captures)), "param", shape, "float64",
+         b.draw(st.sampled_from(["global", "closure"])))
+    b.captures.append(W)
+    b.features.add(f"capture_param_{W[4]}")
+    k = len(b.states)
+    holder = b.draw(st.sampled_from(["object", "layer", "dict", "global"]))
+    ref = {"object": f"STATE{k}.h", "layer": f"LAYER{k}.h", "dict": f"STATED{k}['h']",
+           "global": f"H{k}"}[holder]
+    prev, st64, t32, r64 = b.fresh("p"), b.fresh(), b.fresh(), b.fresh()
+    b.emit(f"{prev} = {ref}")
+    b.emit(f"if {prev} is None:")
+    b.emit(f"    {st64} = F.tanh({v.name} * {W[0]})")
+    b.emit("else:")
+    b.emit(f"    {st64} = F.tanh({v.name} * {W[0]} + 0.5 * {prev})")
+    b.emit(f"{ref} = {st64}")
+    b.states.append((holder, ref, k))
+    b.emit(f"{t32} = F.sin({v.name}) * 0.5")
+    form = b.draw(st.sampled_from(["itself", "transpose", "reshape"]))
+    if form == "itself":
+        out32 = t32
+    else:
+        out32 = b.fresh("view")
+        b.emit(f"{out32} = " + (f"F.transpose({t32})" if form == "transpose" else
+                                f"F.reshape({t32}, (-1,))"))
+    # A float64 result not reached from v: the loss is float64, the state stays dead.
+    b.emit(f"{r64} = F.tanh({W[0]}) * 2.0")
+    b.returned_views += [out32, r64]
+    b.add(st64, v.shape, "float64", 1.0)
+    b.add(t32, v.shape, "float32", 0.5)
+    b.features.add("mixed_dtype_cotangent_" + form)
+
+
+MIXED_DTYPE_STEPS = [(_st_mixed_dtype_cotangents, 1)]
+# ----------------------------------------------------- end of mixed-dtype cotangents
+
+
 # ---------------------------------------------------------- argument views (helper
 # "argviews"). An intermediate eager holds as a view of an argument's buffer
 # (F.transpose(x), F.reshape(x), a view of a view, x.data.T wrapped), read by the
@@ -1138,7 +1195,9 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     constructs to leave out (AVOIDABLE); focus="state" draws mostly STATE_STEPS,
     focus="nested_grad" mostly NESTED_GRAD_STEPS;
     focus="rebound" mostly st_rebound_state (state rebound on a holder across calls);
-    focus="unchain" mostly UNCHAIN_STEPS (unchain_backward inside f)."""
+    focus="unchain" mostly UNCHAIN_STEPS (unchain_backward inside f);
+    focus="mixed_dtypes" mostly MIXED_DTYPE_STEPS (float32 results with float64
+    cotangents beside a dead float64 state)."""
     avoid = frozenset(avoid)
     unknown = avoid - set(AVOIDABLE)
     if unknown:
@@ -1188,6 +1247,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     table += [(lambda g=g: g(b), w * (12 if focus == "views" else 1))  # returned views
               for g, w in VIEWS_STEPS]
     table.append((lambda: st_rebound_state(b), 12 if focus == "rebound" else 1))
+    table += [(lambda g=g: g(b), w * (12 if focus == "mixed_dtypes" else 1))
+              for g, w in MIXED_DTYPE_STEPS]                         # mixed-dtype cotangents
     table += [(lambda g=g: g(b), w * (8 if focus == "argument_views" else 0))
               for g, w in ARGUMENT_VIEW_STEPS]                       # argument views
     if focus == "unchain":      # (only then: the default profile's draws stay as they were)
