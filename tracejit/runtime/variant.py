@@ -50,7 +50,7 @@ class CompiledFunction(RegionFunction):
 
     def backward(self, *gys):
         v = self.variant
-        if self.instances is None and not v.cast_own_dtypes and not v.check_backward:
+        if self.instances is None and not v.check_backward:
             st = core._state
             if not st.enable_backprop and st.trace is None:
                 # The common case, kept one call deep.
@@ -113,37 +113,51 @@ class CompiledFunction(RegionFunction):
                 core.backprop(roots, grads=grads)
         return tuple(grads.get(x) for x in leaves)
 
-    def _eager_dtypes(self, gys, grads):
-        """The gradients the backward graph gave (the compiled one, or interpreted),
-        in eager's dtypes. A backward from some of the outputs: each gradient in the
-        dtype eager's backward from those outputs, with gradients of the dtypes they
-        have (a float64 one into a float32 output), gives it; the backward graph also
-        adds the dead outputs' zero contributions, whose dtype may promote it (casting
-        back is exact). Not for a backward eager's graph replayed (_eager_backward):
-        its dtypes are eager's already."""
-        table = self.variant.grad_dtypes
-        if table is None or all(g is not None for g in gys):
+    def _from_live_outputs(self, gys, grads):
+        """The gradients the backward graph gave (the compiled one, or interpreted) for
+        a backward from some of the outputs (the others got no gradient), made eager's.
+
+        The backward graph adds the dead outputs' zero contributions, which eager's
+        backward never computes. Their dtype may promote a gradient: each is cast to the
+        dtype eager's backward from the live outputs, with gradients of the dtypes they
+        have (a float64 one into a float32 output), gives it (casting back is exact).
+        And a zero times an infinity is NaN (`0 * x` in tanh(x * W)'s backward with an
+        infinite x): a gradient with a non-finite entry is eager's backward over the
+        region replayed instead (as exact as eager, rarely needed). Not for a backward
+        eager's graph replayed (_eager_backward): it is eager's already."""
+        if all(g is not None for g in gys):
             return grads
-        live = []
-        for k, g in enumerate(gys):
-            if g is not None and k in table:
-                row = table[k].get(g.dtype)
-                if row is None:
-                    # A gradient of a dtype no row was made for (float16): eager's
-                    # backward over the region replayed gives eager's dtypes.
-                    return self._eager_backward(gys)
-                live.append(row)
-        out = []
-        for j, g in enumerate(grads):
-            dts = [row[j] for row in live if row[j] is not None]
-            if g is not None and dts:
-                want = np.result_type(*dts)
-                if g.dtype != want:
-                    from tracejit import functions as F
-                    g = F.cast(g, want) if Config.enable_backprop else \
-                        Variable(g._data.astype(want))
-            out.append(g)
-        return tuple(out)
+        table = self.variant.grad_dtypes
+        if table is not None:
+            live = []
+            for k, g in enumerate(gys):
+                if g is not None and k in table:
+                    row = table[k].get(g.dtype)
+                    if row is None:
+                        # A gradient of a dtype no row was made for (float16).
+                        return self._replayed(gys, grads)
+                    live.append(row)
+            out = []
+            for j, g in enumerate(grads):
+                dts = [row[j] for row in live if row[j] is not None]
+                if g is not None and dts:
+                    want = np.result_type(*dts)
+                    if g.dtype != want:
+                        from tracejit import functions as F
+                        g = F.cast(g, want) if Config.enable_backprop else \
+                            Variable(g._data.astype(want))
+                out.append(g)
+            grads = tuple(out)
+        for g in grads:
+            if g is not None and not np.isfinite(g._data).all():
+                return self._replayed(gys, grads)
+        return grads
+
+    def _replayed(self, gys, grads):
+        """_eager_backward, where the region can be replayed (else `grads`)."""
+        if self.variant.bwd.replay_refusal or core._state.trace is not None:
+            return grads
+        return self._eager_backward(gys)
 
     def _backward(self, gys):
         v = self.variant
@@ -153,7 +167,7 @@ class CompiledFunction(RegionFunction):
             return _backward_other_gy(self, gys)
         if not Config.enable_backprop and core._state.trace is None:
             run = v.backward_runner or v.build_backward_runner()
-            return self._eager_dtypes(gys, run(self, gys))
+            return run(self, gys)
         if Config.enable_backprop:
             # create_graph: replay forward and backward on Variables, so the grads
             # carry the history that higher-order derivatives need.
@@ -180,8 +194,8 @@ class CompiledFunction(RegionFunction):
             finally:
                 np.random.set_state(now)
         grads = v.backward_executable()(self.backward_inputs(gys))
-        return self._eager_dtypes(gys, tuple(None if slot is None else Variable(grads[slot])
-                                             for slot in v.bwd_grad_slots))
+        return self._from_live_outputs(gys, tuple(
+            None if slot is None else Variable(grads[slot]) for slot in v.bwd_grad_slots))
 
     def backward_inputs(self, gys):
         """The backward graph's inputs, as the generated backward runner reads them."""
@@ -462,12 +476,6 @@ class Variant:
         # User Functions with per-call state: each call's instances go to its backward.
         self.user_calls = [n.fn for n in fwd_nodes if isinstance(n.fn, UserCall)]
         self.grad_dtypes = backward.grad_dtypes if backward else None
-        # Whether a backward from some outputs, with gradients of the outputs' own
-        # dtypes, can need a cast to eager's dtypes (CompiledFunction._eager_dtypes):
-        # not the common case, which then costs nothing; a gradient of another dtype
-        # is cast where the backward runner finds it (_backward_other_gy).
-        self.cast_own_dtypes = self.grad_dtypes is not None and _own_rows_differ(
-            self.grad_dtypes, self.out_specs)
         # Forward input position -> index among the creator's inputs of the Variable
         # whose data it is, for an argument Variable and a .grad operand (a captured
         # Variable's is read through the capture): the backward reads its data as it
@@ -541,8 +549,13 @@ class Variant:
                 spec = self.out_specs[i]
                 env[f"d{j}"] = spec.dtype
                 body.append(f"{n} = gys[{i}]")
-                body.append(f"{n} = {n}._data if {n} is not None else "
-                            f"np.zeros({spec.shape!r}, d{j})")
+                # A dead output (no gradient): zeros, and the gradients made eager's
+                # after (CompiledFunction._from_live_outputs).
+                body += [f"if {n} is None:",
+                         f"    {n} = np.zeros({spec.shape!r}, d{j})",
+                         "    dead = True",
+                         "else:",
+                         f"    {n} = {n}._data"]
                 # Another dtype (a float64 gradient into a float32 output): NumPy's
                 # promotion, as eager, not a cast to the compiled dtype.
                 body.append(f"if ({n}.dtype is not d{j} and {n}.dtype != d{j}) or "
@@ -554,7 +567,9 @@ class Variant:
         body.append(f"grads = {call}")
         outs = ["None" if slot is None else f"wrap(grads[{slot}])"
                 for slot in self.bwd_grad_slots]
-        body.append(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        body.append(f"grads = ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        body.append("return cf._from_live_outputs(gys, grads) if dead else grads")
+        body.insert(0, "dead = False")
         src = "def backward(cf, gys):\n" + "".join(f"    {line}\n" for line in body)
         exec(compile(src, f"<tracejit-backward {self.forward_graph.name}>", "exec"), env)
         real = env["backward"]
@@ -691,23 +706,15 @@ def _backward_other_gy(cf, gys):
     traced output (a float64 gradient into a float32 call): the backward graph run by
     the interpret backend on the same saved values, inputs and captures as the
     compiled one reads, so NumPy promotes as eager's backward does; where some outputs
-    got no gradient, in the dtypes eager's backward from the others gives
-    (CompiledFunction._eager_dtypes: the dead outputs' zeros may promote)."""
+    got no gradient, eager's (CompiledFunction._from_live_outputs: the dead outputs'
+    zeros may promote, or make a NaN of an infinity)."""
     v = cf.variant
     if v._interp_bwd is None:
         v._interp_bwd = interpret.compile(v.bwd.graph)
     grads = v._interp_bwd(cf.backward_inputs(gys))
-    return cf._eager_dtypes(gys, tuple(
+    return cf._from_live_outputs(gys, tuple(
         None if slot is None else core.wrap_array(np.asarray(grads[slot]))
         for slot in v.bwd_grad_slots))
-
-
-def _own_rows_differ(table, specs):
-    """Whether the grad_dtypes rows of the outputs' own gradient dtypes give some input
-    different dtypes (then the dead outputs' zeros can promote its gradient)."""
-    rows = [table[k][specs[k].dtype] for k in table if specs[k].dtype in table[k]]
-    return any(len({row[j] for row in rows} - {None}) > 1 for j in range(len(rows[0]))) \
-        if rows else False
 
 
 def checked_backward(cf, gys, real):

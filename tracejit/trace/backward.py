@@ -279,8 +279,7 @@ def _grad_dtypes(tr, roots, out_index, boundary):
     give an input another dtype than the compiled backward's zeros-filled one: when,
     per input, each row's dtype is at least the widest one an output's own-dtype
     gradient gives it (then the dead outputs' zeros, of their outputs' dtypes, promote
-    nothing). (The variant keeps the common case free when only a gradient of another
-    dtype, which its backward runner tests for anyway, can need a cast.)"""
+    nothing)."""
     if len(roots) < 2:
         return None
     table = {}
