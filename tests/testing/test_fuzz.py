@@ -239,3 +239,17 @@ def test_the_compared_aliases_include_grads_and_a_views_strides():
     x.grad = Variable(np.ones((2, 3)))
     assert _aliases(x.grad.data.T, [x], {}, []) == ("argument 0's .grad", "strides (8, 24)")
     assert _aliases(x.grad.data.T.copy(), [x], {}, []) == ()
+
+
+def test_the_mixed_dtypes_focus_draws_float64_cotangents_beside_a_dead_state():
+    # The mixed-dtype cotangents block (programs.MIXED_DTYPE_STEPS): a float32 result,
+    # itself or a view of it, beside a float64 one and a float64 state threaded
+    # between calls; the general generator draws it too.
+    progs = fuzz.generate(20, seed=3, focus="mixed_dtypes")
+    features = set().union(*(p.features for p in progs))
+    for form in ("itself", "transpose", "reshape"):
+        assert f"mixed_dtype_cotangent_{form}" in features, features
+    for p in progs:
+        compile(p.source, "<program>", "exec")
+    general = fuzz.generate(60, seed=7)
+    assert any(f.startswith("mixed_dtype_cotangent_") for p in general for f in p.features)
