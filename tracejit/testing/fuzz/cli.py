@@ -33,6 +33,7 @@ from multiprocessing.connection import wait
 from tracejit.testing.fuzz.programs import AVOIDABLE, GENERATORS
 
 __all__ = ["generate", "run_many", "normalize_warning", "summarize", "categories",
+           "invalid_causes",
            "format_summary", "reproducer", "main", "AVOIDABLE"]
 
 FAILING = ("mismatch", "crash", "hang", "error")
@@ -283,6 +284,21 @@ def summarize(results):
     return counts, causes
 
 
+def invalid_causes(results):
+    """Why eager rejected the invalid programs {cause: (count, first program, detail)}:
+    each is a generator bug (a program eager cannot run tests nothing), so the summary
+    names them, grouped like fallback causes."""
+    causes = {}
+    for i, r in enumerate(results):
+        if r is None or r["cls"] != "invalid":
+            continue
+        detail = (r.get("detail") or "").split(": ", 1)[-1]     # without "call k"
+        cause = normalize_warning(detail)
+        n, first, ex = causes.get(cause, (0, i, r.get("detail") or ""))
+        causes[cause] = (n + 1, first, ex)
+    return causes
+
+
 def categories(results):
     """Kinds of difference {category: (programs, first program index, its message)}."""
     cats = {}
@@ -318,6 +334,13 @@ def format_summary(results, seconds=None):
         lines.append("fallbacks by cause (programs; one warning each):")
         for cause, (k, ex) in sorted(causes.items(), key=lambda kv: -kv[1][0]):
             lines.append(f"  {k:5d}  {cause}\n         e.g. {ex[:300]}")
+    invalid = invalid_causes(results)
+    if invalid:
+        lines.append("invalid programs by cause (programs; eager raises: a generator bug; "
+                     "first example):")
+        for cause, (k, first, ex) in sorted(invalid.items(), key=lambda kv: -kv[1][0]):
+            lines.append(f"  {k:5d}  {cause}\n         e.g. program {first}: "
+                         f"{ex.splitlines()[0][:240]}")
     return "\n".join(lines)
 
 

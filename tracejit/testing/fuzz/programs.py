@@ -36,11 +36,14 @@ _MAX_BOUND = 50.0    # |value| bound: keeps exp, squares and products tame
 class SourceProgram:
     """A generated program: `source` (a module) and facts the harness needs."""
 
-    def __init__(self, source, n_calls, has_float32, features):
+    def __init__(self, source, n_calls, has_float32, features, arg_kinds=()):
         self.source = source
         self.n_calls = n_calls
         self.has_float32 = has_float32
         self.features = features        # sorted names of the constructs used
+        # What each of f's parameters is, in order (ARG_KINDS): what a caller may do
+        # to it between calls (argument_update_programs) depends on its dtype.
+        self.arg_kinds = tuple(arg_kinds)
 
     def __repr__(self):
         return self.source
@@ -174,6 +177,7 @@ class Builder:
         self.rebinds = set()      # captures f updates with an augmented assignment
         self.view_args = {}       # ndarray argument -> how it is a view (_view_of)
         self.extra_args = []      # (name, source of its value in args()): escapes block
+        self.extra_kinds = {}     # extra argument name -> its ARG_KINDS entry
         self.returned_views = []  # names of views returned too: returned views block
 
     # ---- helpers
@@ -789,6 +793,7 @@ def _escapes_index_argument(b):
     d = v.shape[axis]
     bound = "nb" if d == B else str(d)
     b.extra_args.append((i, f"rng.integers(-{bound}, {bound}, size={k})"))
+    b.extra_kinds[i] = "int_array"
     key = []
     for ax, dim in enumerate(v.shape):
         if ax == axis:
@@ -828,6 +833,7 @@ def _escapes_numpy_scalar_argument(b):
     n = f"n{len(b.extra_args)}"
     dtype = b.draw(st.sampled_from(["float32", "float64"]))
     b.extra_args.append((n, f"np.{dtype}(0.5 + s)"))
+    b.extra_kinds[n] = "other"
     name = b.fresh()
     if b.draw(st.booleans()):
         g = b.fresh("g")
@@ -1167,6 +1173,7 @@ def _unchain_inside(b):
         return b.st_unary()
     u = f"u{len(b.extra_args)}"
     b.extra_args.append((u, "F.tanh(x0 * 0.5)"))
+    b.extra_kinds[u] = "var"
     b.add(u, x0.shape, x0.dtype, 1.0)
     shape = bcast(v.shape, x0.shape)
     name = b.fresh()
@@ -1289,7 +1296,10 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     src = _render(b, inputs, outputs, plan, backward, base_seed, nonfinite)
     has32 = any(d == "float32" for *_, d, _ in inputs) or any(
         c[3] == "float32" for c in b.captures)
-    return SourceProgram(src, len(plan), has32, sorted(b.features))
+    arg_kinds = ["var" if kind == "var" else "float_array" for _, kind, *_ in inputs]
+    arg_kinds += ["other"] if b.has_float else []
+    arg_kinds += [b.extra_kinds.get(n, "other") for n, _ in b.extra_args]
+    return SourceProgram(src, len(plan), has32, sorted(b.features), arg_kinds)
 
 
 def _outputs(b):
@@ -1423,23 +1433,41 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None):
 # the forward computed them; a compiled call's backward must do the same (remat and
 # the create_graph replay must not recompute from the changed data).
 
-# What the caller does to one argument: (source for a Variable `a`, for an ndarray `a`).
+# What the caller does to one argument, by the argument's kind (SourceProgram.arg_kinds):
+# {kind of update: {kind of argument: source acting on `a`}}. An update is drawn for an
+# argument only where its kind has one: a float update of an int ndarray raises in eager
+# (`a += 0.25` on int64: UFuncTypeError), which made the program invalid, not a test of
+# jit. An int index array's updates keep every index in range ([-n, n) -> [-n, n)).
 ARG_UPDATES = {
-    "none": (None, None),
-    "iadd": ("a.data += 0.25", "a += 0.25"),
-    "imul": ("a.data *= -0.5", "a *= -0.5"),
-    "rebind": ("a.data = a.data * 0.5 + 0.125", "a *= 0.5"),
-    "rebind_copy": ("a.data = a.data.copy()", None),
-    "entry": ("a.data.reshape(-1)[:1] = 0.375", "a.reshape(-1)[:1] = 0.375"),
-    "fill": ("a.data[...] = 0.625", "a[...] = 0.625"),
+    "none": {},
+    "iadd": {"var": "a.data += 0.25", "float_array": "a += 0.25"},
+    "imul": {"var": "a.data *= -0.5", "float_array": "a *= -0.5",
+             "int_array": "np.invert(a, out=a)"},          # -a - 1
+    "rebind": {"var": "a.data = a.data * 0.5 + 0.125", "float_array": "a *= 0.5"},
+    "rebind_copy": {"var": "a.data = a.data.copy()"},
+    "entry": {"var": "a.data.reshape(-1)[:1] = 0.375", "float_array": "a.reshape(-1)[:1] = 0.375",
+              "int_array": "a.reshape(-1)[:1] = 0"},
+    "fill": {"var": "a.data[...] = 0.625", "float_array": "a[...] = 0.625",
+             "int_array": "a[...] = 0"},
 }
+# How BETWEEN tells the kinds apart at run time (a Python float or NumPy scalar
+# argument, a holder object: left alone).
+_ARG_KIND_TESTS = (("var", "isinstance(a, tj.Variable)"),
+                   ("float_array", "isinstance(a, np.ndarray) and a.dtype.kind == 'f'"),
+                   ("int_array", "isinstance(a, np.ndarray) and a.dtype.kind in 'iu'"))
+
+
+def updates_for(arg_kind):
+    """The update kinds valid for an argument of kind `arg_kind` ("none" always)."""
+    return sorted(k for k, by in ARG_UPDATES.items() if k == "none" or arg_kind in by)
 
 
 @st.composite
 def argument_update_programs(draw, avoid=(), focus=None):
     """A `source_programs` program with a backward, whose caller updates its arguments
     after each call and before the backward (harness: `BETWEEN(call, args)`): in place
-    (`x.data += c`, an entry, a fill), or rebinding `x.data`, per argument and call."""
+    (`x.data += c`, an entry, a fill), or rebinding `x.data`, per argument and call,
+    each update one its argument's dtype allows."""
     if focus is None and draw(st.booleans()):
         focus = "argument_views"       # argument views block: half the programs
     p = draw(source_programs(avoid=avoid, focus=focus))
@@ -1449,11 +1477,12 @@ def argument_update_programs(draw, avoid=(), focus=None):
     src = p.source
     for old in ("None", "'plain'", "'create_graph'"):
         src = src.replace(f"BACKWARD = {old}   #", f"BACKWARD = {backward!r}   #")
-    kinds = sorted(ARG_UPDATES)
-    # Per call, per argument position (floats are skipped at run time): one update.
-    table = draw(st.lists(st.lists(st.sampled_from(kinds), min_size=4, max_size=4),
-                          min_size=p.n_calls, max_size=p.n_calls))
-    assume(any(k != "none" for row in table for k in row))
+    # Per call, per argument position (the first 4): one update valid for its kind.
+    kinds = [p.arg_kinds[j] if j < len(p.arg_kinds) else "other" for j in range(4)]
+    row = st.tuples(*(st.sampled_from(updates_for(k)) for k in kinds)).map(list)
+    table = draw(st.lists(row, min_size=p.n_calls, max_size=p.n_calls))
+    assume(any(k != "none" for r in table for k in r))
+    used = sorted({k for r in table for k in r})
     lines = ["", "",
              f"ARG_UPDATES = {table!r}   # per call, per argument",
              "", "",
@@ -1461,20 +1490,15 @@ def argument_update_programs(draw, avoid=(), focus=None):
              "    \"\"\"The caller changes its arguments after the call, before the "
              "backward.\"\"\"",
              "    for a, kind in zip(args, ARG_UPDATES[call]):"]
-    lines += ["        if isinstance(a, tj.Variable):",
-              "            pass"]
-    lines += [f"            {line}" for kind in sorted({k for row in table for k in row})
-              if ARG_UPDATES[kind][0]
-              for line in (f"if kind == {kind!r}:", f"    {ARG_UPDATES[kind][0]}")]
-    lines += ["        elif isinstance(a, np.ndarray):   # a float argument is left alone",
-              "            pass"]
-    lines += [f"            {line}" for kind in sorted({k for row in table for k in row})
-              if ARG_UPDATES[kind][1]
-              for line in (f"if kind == {kind!r}:", f"    {ARG_UPDATES[kind][1]}")]
+    for j, (arg_kind, test) in enumerate(_ARG_KIND_TESTS):
+        lines += [f"        {'if' if j == 0 else 'elif'} {test}:", "            pass"]
+        lines += [f"            {line}" for kind in used if arg_kind in ARG_UPDATES[kind]
+                  for line in (f"if kind == {kind!r}:",
+                               f"    {ARG_UPDATES[kind][arg_kind]}")]
     src = src + "\n".join(lines) + "\n"
     features = sorted(set(p.features) | {"argument_update", backward == "create_graph"
                                          and "create_graph" or "plain_backward"})
-    return SourceProgram(src, p.n_calls, p.has_float32, features)
+    return SourceProgram(src, p.n_calls, p.has_float32, features, p.arg_kinds)
 
 
 # The generators the fuzzer's command line offers (`--generator`).
@@ -1514,6 +1538,7 @@ def st_rebound_state(b):
     if holder == "arg":
         inner = f"hold{k}.h"
         b.extra_args.append((f"hold{k}", f"STATE{k}"))
+        b.extra_kinds[f"hold{k}"] = "other"
     mix = b.draw(st.sampled_from(["add", "param", "add"]))
     prev, name = b.fresh("p"), b.fresh()
     if mix == "param":
