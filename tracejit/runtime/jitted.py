@@ -127,6 +127,12 @@ class Jitted:
         self._variants = {}          # key -> list of Variant
         self._warm = set()
         self._eager_keys = {}        # key -> reason (fallback for good)
+        # trace() after a fallback: key -> the line the fallback names, and, where a
+        # variant was traced and then demoted by a check against eager, its graphs
+        # (forward, backward or None): what trace() shows, marked as not run. Graphs
+        # only, not the variant: no compiled code or live state kept alive for it.
+        self._eager_lines = {}
+        self._demoted = {}
         self._warned = set()
         self.stats = dict(trace_seconds=0.0, compile_seconds=0.0)   # under self.lock
         # State the function rebinds (`self.h = h` in an RNN layer), once a trace found
@@ -175,6 +181,8 @@ class Jitted:
         tool: other threads calling f meanwhile may see that state change and change
         back). Not a call: cache_info()'s calls do not count it."""
         v = self._variant_for(args, kwargs)
+        if isinstance(v, _Demoted):
+            return v.graph(0, optimized)
         g = v.forward_graph
         if optimized:
             g = getattr(v.exe, "graph", None) or _optimize(g)
@@ -184,6 +192,8 @@ class Jitted:
         """The backward graph of the variant these arguments select (as trace()), None
         when these arguments trace without one (no_grad, nothing differentiable)."""
         v = self._variant_for(args, kwargs)
+        if isinstance(v, _Demoted):
+            return v.graph(1, optimized)
         if not v.bwd:
             return None
         g = v.bwd.graph
@@ -238,9 +248,17 @@ class Jitted:
                 self._add_state(found)
                 return self._threaded_variant(args, kwargs)
         if v is None:
-            reason = self._eager_keys.get(key, "no variant")
-            raise RuntimeError(f"jit({self.__name__}): runs eagerly for these arguments "
-                               f"({reason})")
+            reason = self._eager_keys.get(key)
+            if key in self._demoted:
+                return _Demoted(self._demoted[key], reason)
+            line = self._eager_lines.get(key)
+            if reason is None:
+                reason = "no variant was traced for them"
+            raise RuntimeError(
+                f"jit({self.__name__}).trace(): no graph for these arguments: they run "
+                f"eagerly, every call ({reason}"
+                + (f", at {line}" if line else "") + "); nothing was compiled for them "
+                f"to show (f.eager(...) or tj.disable_jit() run them as plain Python)")
         return v
 
     def _select(self, key, leaves):
@@ -459,6 +477,8 @@ class Jitted:
             self._threading = (tuple(locs), inner)
             self._variants.clear()
             self._eager_keys.clear()
+            self._eager_lines.clear()
+            self._demoted.clear()
             self._warm.clear()
             self._changed()
             log.info("jit(%s): threads %s through each call (state the function rebinds)",
@@ -720,8 +740,15 @@ class Jitted:
                 return v
         return None
 
-    def _fallback(self, key, reason, line=None):
+    def _fallback(self, key, reason, line=None, demoted=None):
+        """Run `key` eagerly for good, warned. demoted: the variant a check against
+        eager rejected, whose graphs trace() still shows (marked as not run)."""
         self._eager_keys[key] = reason
+        if line:
+            self._eager_lines[key] = line
+        if demoted is not None:
+            self._demoted[key] = (demoted.forward_graph,
+                                  demoted.bwd.graph if demoted.bwd else None)
         self._warn_once(reason, f"jit({self.__name__}) runs eagerly: {reason}",
                         line or self._def_line())
 
@@ -990,15 +1017,17 @@ class Jitted:
         np.random.set_state(rng_after)
         if grad_diff is not None:
             self._fallback(key, f"the compiled backward differs from eager's (random "
-                                f"cotangents, on this call's arguments: {grad_diff})")
+                                f"cotangents, on this call's arguments: {grad_diff})",
+                           demoted=v)
         elif diff is None:
             self._fallback(key, f"the compiled call's results are not the objects eager "
-                                f"returns ({same_objects})")
+                                f"returns ({same_objects})", demoted=v)
         else:
             self._fallback(key, f"the compiled variant differs from eager ({diff}; "
                                 f"compared: both runs' results and the state they "
                                 f"leave, on this call's arguments); the function likely "
-                                f"computes with NumPy on arrays the tracer cannot see")
+                                f"computes with NumPy on arrays the tracer cannot see",
+                           demoted=v)
         self._count("fallbacks")
         return expected
 
@@ -1067,7 +1096,7 @@ class Jitted:
                 else:
                     reason = (f"the compiled call's results are not the objects eager "
                               f"returns ({diff})")
-                self._fallback(key, reason)
+                self._fallback(key, reason, demoted=variant)
                 # The traced call may itself have run differently from eager (a tracer
                 # answering a library's isinstance otherwise): eager's result instead.
                 raise _TraceDiverged()
@@ -1394,6 +1423,25 @@ class _StatePutBack:
 def _optimize(g):
     from tracejit.backends.numba import optimize
     return optimize(g)
+
+
+class _Demoted:
+    """What trace() and backward_graph() find for a signature a check against eager
+    demoted: the graphs traced for it, which do not run (its calls run eagerly)."""
+
+    def __init__(self, graphs, reason):
+        self.graphs, self.reason = graphs, reason
+
+    def graph(self, which, optimized):
+        g = self.graphs[which]
+        if g is None:
+            return None
+        if optimized:
+            g = _optimize(g)
+        stage = ("forward" if which == 0 else "backward") + \
+            (", optimized" if optimized else ", as traced")
+        return _labelled(g, f"{stage}; NOT RUN: these arguments run eagerly, every call "
+                            f"({self.reason})")
 
 
 def _labelled(g, stage):
