@@ -253,3 +253,44 @@ def test_the_mixed_dtypes_focus_draws_float64_cotangents_beside_a_dead_state():
         compile(p.source, "<program>", "exec")
     general = fuzz.generate(60, seed=7)
     assert any(f.startswith("mixed_dtype_cotangent_") for p in general for f in p.features)
+
+
+def test_argument_views_draw_a_flattened_slice_of_an_argument_whose_layout_flips():
+    # Variable(x.data.reshape(-1)[0:2]): a view of a C-contiguous x, a copy of a
+    # Fortran-ordered one; args() flips x's layout on odd calls (signature keys on it).
+    progs = fuzz.generate(40, seed=1, focus="argument_views")
+    flips = [p for p in progs if "argument_layout_flip" in p.features]
+    assert flips
+    for p in flips:
+        assert "reshape(-1)[0:2])" in p.source and "np.asfortranarray(" in p.source
+        compile(p.source, "<program>", "exec")
+
+
+def test_argument_updates_are_drawn_per_argument_kind():
+    # A float update of an int index array raises in eager (an invalid program): the
+    # table only holds updates the argument's kind has.
+    from tracejit.testing.fuzz.programs import ARG_UPDATES
+    progs = fuzz.generate(40, seed=0, generator="argument_updates")
+    assert any("int_array" in p.arg_kinds for p in progs)
+    for p in progs:
+        ns = {}
+        table_line = next(line for line in p.source.splitlines()
+                          if line.startswith("ARG_UPDATES = "))
+        exec(table_line.split("#")[0], ns)
+        for row in ns["ARG_UPDATES"]:
+            for j, kind in enumerate(row):
+                arg = p.arg_kinds[j] if j < len(p.arg_kinds) else "other"
+                assert kind == "none" or arg in ARG_UPDATES[kind], (kind, arg)
+
+
+def test_invalid_programs_are_listed_by_cause():
+    results = [dict(cls="invalid", detail="call 1: eager raises UFuncTypeError in the "
+                    "update between the call and the backward: Cannot cast ufunc 'add'",
+                    warnings=[], cache_info=None),
+               dict(cls="invalid", detail="call 4: eager raises UFuncTypeError in the "
+                    "update between the call and the backward: Cannot cast ufunc 'multiply'",
+                    warnings=[], cache_info=None),
+               dict(cls="match", detail=None, warnings=[], cache_info=None)]
+    text = fuzz.format_summary(results)
+    assert "invalid programs by cause" in text
+    assert "    2  eager raises UFuncTypeError in the update between" in text

@@ -176,6 +176,7 @@ class Builder:
         self.updated = set()      # captures updated in place by an inner step
         self.rebinds = set()      # captures f updates with an augmented assignment
         self.view_args = {}       # ndarray argument -> how it is a view (_view_of)
+        self.layout_flip = set()  # Variable arguments made Fortran-ordered on odd calls
         self.extra_args = []      # (name, source of its value in args()): escapes block
         self.extra_kinds = {}     # extra argument name -> its ARG_KINDS entry
         self.returned_views = []  # names of views returned too: returned views block
@@ -1133,7 +1134,16 @@ def _argument_view(b):
             forms.append((f"tj.Variable({x}.data.T)", rev))
     if B not in v.shape:
         forms.append((f"F.reshape({x}, (-1,))", (int(np.prod(v.shape)),)))
+    fixed = int(np.prod([d for d in v.shape if d != B]))
+    if v.var and nd >= 2 and fixed >= 2:
+        # Flattened and sliced: a view of a C-contiguous buffer, a copy of any other
+        # (the argument is Fortran-ordered on odd calls: issue 9's helper task 5), so
+        # the result aliases the argument on some calls only.
+        forms.append((f"tj.Variable({x}.data.reshape(-1)[0:2])", (2,)))
     form, shape = b.draw(st.sampled_from(forms))
+    if form.endswith("reshape(-1)[0:2])"):
+        b.layout_flip.add(x)
+        b.features.add("argument_layout_flip")
     t = b.fresh("av")
     b.emit(f"{t} = {form}")
     name = b.fresh()
@@ -1415,6 +1425,9 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None):
                    else f"    {name} = {arr}")
         if name in b.view_args:
             out.append(_view_of(name, b.view_args[name]))
+        if name in b.layout_flip:
+            out.append("    if call % 2:     # another memory layout, the same values")
+            out.append(f"        {name}.data = np.asfortranarray({name}.data)")
         names.append(name)
     if b.has_float:
         out.append("    s0 = s")
