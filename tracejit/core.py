@@ -54,6 +54,10 @@ class _ThreadState(threading.local):
     trace = None
     jit_off = False
     mode = call_mode(True, True, True)
+    # The float64 twin's rounding probe (runtime/checking.float32_noise): called with
+    # each Function's input arrays and output Variables. Thread-local: only the
+    # checking thread's eager runs are probed.
+    round_hook = None
 
     def set_backprop(self, value):
         # Only the grad field of the mode changes: no need to read the others again.
@@ -732,6 +736,8 @@ class Function:
         outputs = [Variable(as_array(y)) for y in ys]
         if tr is not None:
             tr.record(self, inputs, outputs, before)
+        elif _state.round_hook is not None:
+            _state.round_hook(xs, outputs)
         if Config.enable_backprop:
             self.generation = max([x.generation for x in inputs]) if inputs else 0
             for output in outputs:

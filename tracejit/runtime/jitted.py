@@ -7,6 +7,7 @@ outcome seen, which leads to the variant traced for that outcome, or to a new tr
 (a real call that records). Outputs are Variables whose one creator, a
 CompiledFunction, runs the compiled backward graph.
 """
+import contextlib
 import functools
 import itertools
 import linecache
@@ -26,8 +27,10 @@ from tracejit.trace import pystate
 from tracejit.trace import record as tracing
 from tracejit.trace.abstract import _set_stream_state, _stream_state   # random streams
 from tracejit.trace.call import trace_call
-from tracejit.runtime.checking import (NOREF, LiveState, first_difference,
-                                       gradient_difference, identity_difference, twin_copy)
+from tracejit.runtime.checking import (NOISE_RUNS, NOREF, LiveState, first_difference,
+                                       float32_noise, gradient_difference,
+                                       identity_difference, leaves_with_paths, twin_copy,
+                                       with_noise)
 from tracejit.core import Config, Parameter, Variable
 from tracejit.trace.pytree import ARR, FLT, STATIC, VAR, flatten_args, leaf_key, unflatten
 from tracejit.runtime.signature import PAR, alias_pattern, key_change, key_distance
@@ -856,8 +859,30 @@ class Jitted:
         it), from `state`'s initial snapshot and the NumPy random state `np_state`, as
         eager's run started; the state as it is now is put back after. Returns
         (result, a snapshot of `state`'s objects after the run, or None where the
-        twin's do not line up with them, the twin's leaves); None if the twin cannot
-        run (a function that insists on float32): the difference then stands."""
+        twin's do not line up with them, the twin's leaves, the noisy twins: [(result,
+        leaves)] of NOISE_RUNS more runs under float32_noise, whose spread is the
+        computation's float32 condition); None if the twin cannot run (a function
+        that insists on float32): the difference then stands. The result's float
+        arrays carry that spread (checking.with_noise)."""
+        first = self._twin_run(v, leaves, rebuild, state, np_state, None)
+        if first is None:
+            return None
+        result, snap, t_leaves = first
+        noisy = []
+        for k in range(NOISE_RUNS):
+            run = self._twin_run(v, leaves, rebuild, state, np_state, k)
+            if run is not None:
+                noisy.append((run[0], run[2]))
+        if noisy:
+            paths = [dict(leaves_with_paths(r)) for r, _ in noisy]
+            for path, leaf in leaves_with_paths(result):
+                if isinstance(leaf, Variable) and leaf._data is not None:
+                    leaf._data = with_noise(leaf._data, [
+                        p[path]._data for p in paths if isinstance(p.get(path), Variable)
+                        and p[path]._data is not None])
+        return result, snap, t_leaves, noisy
+
+    def _twin_run(self, v, leaves, rebuild, state, np_state, noise_seed):
         now = state.capture()
         # (The twin shares the objects passed as arguments: their state is put back.)
         passed = self._passed_state(*rebuild(leaves), leaves)
@@ -865,12 +890,15 @@ class Jitted:
         py_state = random.getstate()
         np.random.set_state(np_state)
         t_state = None
+        noise = float32_noise(noise_seed) if noise_seed is not None else \
+            contextlib.nullcontext()
         try:
             memo = {}
             t_leaves = [twin_copy(x, memo) for x in leaves]
             t_args, t_kwargs = rebuild(t_leaves)
             t_state = LiveState(v, t_leaves)
-            with disable_jit(), warnings.catch_warnings(), np.errstate(all="ignore"):
+            with disable_jit(), warnings.catch_warnings(), np.errstate(all="ignore"), \
+                    noise:
                 warnings.simplefilter("ignore")
                 result = self.fn(*t_args, **t_kwargs)
             snap = t_state.capture()
@@ -900,7 +928,9 @@ class Jitted:
                 t = get_twin()
                 diff = gradient_difference(
                     expected, got, wrt, ref=NOREF if t is None else
-                    (t[0], [var for _, var in self._gradient_names(v, t[2])]))
+                    (t[0], [var for _, var in self._gradient_names(v, t[2])],
+                     [(r, [var for _, var in self._gradient_names(v, tl)])
+                      for r, tl in t[3]]))
                 if diff is not None and t is None:
                     diff += " (the float64 twin raised: rounding cannot be told apart)"
         return diff
@@ -1193,7 +1223,7 @@ def _values_difference(expected, got, state, eager_state, twin):
     if t is None:
         diff = first_difference(expected, got) or state.difference(eager_state)
         return f"{diff} (the float64 twin raised: rounding cannot be told apart)"
-    result, snap, _ = t
+    result, snap, _, _ = t
     return first_difference(expected, got, ref=result) or (
         state.difference(eager_state, ref=snap) if snap is not None
         else state.difference(eager_state))

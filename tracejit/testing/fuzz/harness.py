@@ -24,7 +24,6 @@ Values compare with a tolerance scaled to the array's magnitude: `rtol_for(progr
 inf must match inf.
 `check_file(path)` is what a written reproducer calls.
 """
-import contextlib
 import linecache
 import os
 import random
@@ -38,7 +37,10 @@ import numpy as np
 
 import tracejit as tj
 from tracejit import functions as F
-from tracejit.core import Function, Parameter, Variable
+from tracejit.core import Parameter, Variable
+# One rounding probe for the runtime's checks and the fuzzer: the twin under
+# float32-sized noise, thread-local (tracejit.core's round_hook).
+from tracejit.runtime.checking import float32_noise  # noqa: F401 - used and re-exported
 
 __all__ = ["load", "run_side", "compare_sides", "run_program", "check_file", "PLANTS"]
 
@@ -412,37 +414,6 @@ def float64_twin(source):
 # Runs of the float64 twin with float32-sized noise: how far one float32 rounding per
 # operation can move each value of this program (its condition number, measured).
 NOISE_RUNS = 3
-
-
-@contextlib.contextmanager
-def float32_noise(seed):
-    """Every float64 result of a Function (forward, and the backward's own Functions)
-    multiplied by 1 +- eps32, a random sign per element: the float64 twin run under it
-    rounds, in effect, where a float32 run rounds, by as much as float32 rounds.
-    Views of an operand (reshape, transpose) are left alone: they round nothing, and
-    changing them would change the operand. The generator's own stream is private:
-    NumPy's global stream (dropout) is untouched."""
-    rng = np.random.default_rng(seed)
-    eps = float(np.finfo(np.float32).eps)
-    call = Function.__call__
-
-    def noisy_call(self, *inputs):
-        out = call(self, *inputs)
-        ins = [x.data if isinstance(x, Variable) else x for x in inputs]
-        for y in (out if isinstance(out, (list, tuple)) else (out,)):
-            d = y.data if isinstance(y, Variable) else None
-            if (isinstance(d, np.ndarray) and d.dtype == np.float64 and d.base is None
-                    and d.flags.writeable and d.size
-                    and not any(isinstance(x, np.ndarray) and np.may_share_memory(d, x)
-                                for x in ins)):
-                d *= 1.0 + eps * rng.choice((-1.0, 1.0), d.shape)
-        return out
-
-    Function.__call__ = noisy_call
-    try:
-        yield
-    finally:
-        Function.__call__ = call
 
 
 def _float_leaves(rec):
