@@ -15,8 +15,11 @@ calls the hook sees: called by their builtin names (or a local alias `mv = memor
 they are intercepted by trace.record; bound to another name outside the function (a
 module-level `MV = memoryview`, `from array import array`), they are an escape when the
 function can reach them (reachable_buffer_types). While a C-level profiler is active
-(cProfile), which a Python hook cannot chain to, the hook is not installed: such reads
-are then not seen (documented in README).
+(cProfile), which a Python hook cannot chain to, the hook is not installed: module
+functions are still seen by their wrappers, and a C method that may read a buffer is
+found from what the function reaches instead (method_reader_without_hook: a reader
+object in its state or arguments, or a reader method called on an object of a module
+that makes them); that trace is an escape. Nothing is added to the normal path.
 """
 import array
 import binascii
@@ -219,9 +222,72 @@ _swap_lock = threading.Lock()
 _swap_users = 0
 
 
-def install(funcs=None, locs=()):
+# Modules whose objects have reader methods (a Struct, a hash object, a compressor):
+# code naming one of them and a reader method may read a buffer by a C method.
+_METHOD_MODULES = frozenset({"struct", "Struct", "hashlib", "_hashlib", "zlib",
+                             "compressobj", "decompressobj", "array"})
+
+
+def method_reader_without_hook(funcs, locs=(), values=()):
+    """Under a C-level profiler (cProfile), where the hook cannot run: (what, line) if
+    the functions may call a buffer-reading C method, judged from what they reach, not
+    from the calls they make: an object with a reader method among the captured state
+    or the arguments (`PACK.unpack_from(x.data)` with PACK a module's struct.Struct), or
+    code naming a reader method and a module that makes such objects
+    (`hashlib.sha256().update(x.data)`). Else None. A false fallback while profiling,
+    never a frozen value; `opt.update()` alone names no such module and compiles."""
+    from tracejit.trace.record import _code_names
+    for obj in [loc.read() for loc in locs if _readable(loc)] + list(values):
+        if isinstance(obj, _READER_OBJECTS):
+            return f"a {type(obj).__name__} (its reader methods)", None
+    for f in funcs or ():
+        code = getattr(f, "__code__", None)
+        if code is None:
+            continue
+        names = _code_names(code)
+        methods = _method_calls(code, f)
+        if methods and not names.isdisjoint(_METHOD_MODULES):
+            import linecache
+            line = (f"{code.co_filename}:{code.co_firstlineno}  "
+                    f"{linecache.getline(code.co_filename, code.co_firstlineno).strip()}")
+            return f"{', '.join(sorted(methods))} of a {'/'.join(sorted(names & _METHOD_MODULES))} object", line
+    return None
+
+
+def _method_calls(code, f):
+    """The reader method names the code loads from an object other than a module the
+    swaps cover (`PACK.unpack_from`, `h.update`; not `struct.unpack_from`, whose
+    wrapper sees its arguments), nested functions' code included."""
+    import dis
+    glb = getattr(f, "__globals__", {})
+    out, stack = set(), [code]
+    while stack:
+        c = stack.pop()
+        stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+        prev = None
+        for ins in dis.get_instructions(c):
+            if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval in _READER_METHODS \
+                    and ins.argval != "from_bytes":
+                on_module = prev is not None and prev.opname in ("LOAD_GLOBAL", "LOAD_NAME") \
+                    and glb.get(prev.argval) in _MODULES.values()
+                if not on_module:
+                    out.add(ins.argval)
+            prev = ins
+    return out
+
+
+def _readable(loc):
+    try:
+        loc.read()
+        return True
+    except Exception:  # noqa: BLE001 - a location that cannot be read: nothing there
+        return False
+
+
+def install(funcs=None, locs=(), values=()):
     """Start seeing buffer readers in this thread (if the functions the trace runs may
-    call one: may_read_buffers); returns the token for uninstall."""
+    call one: may_read_buffers); returns the token for uninstall. values: the call's
+    arguments (under a C-level profiler an argument may be a reader object)."""
     global _swap_users
     if funcs is not None and not may_read_buffers(funcs, locs):
         return (False, None, False)
@@ -236,7 +302,17 @@ def install(funcs=None, locs=()):
         return (True, None, True)
     if prev is _hook or isinstance(prev, _Chained) or not callable(prev):
         # A trace inside a trace: the outer hook sees it. A C-level profiler (cProfile)
-        # cannot be chained: the module functions' wrappers still see their calls.
+        # cannot be chained: the module functions' wrappers still see their calls, and
+        # a C method that may read a buffer, found from what the function reaches, is
+        # an escape (the hook would have seen the call; nothing sees it now).
+        if not callable(prev) and funcs is not None:
+            found = method_reader_without_hook(funcs, locs, values)
+            tr = core._state.trace
+            if found is not None and tr is not None:
+                what, line = found
+                tr.escapes.append((f"{what} may read traced data past the tracer, and "
+                                   f"with a C-level profiler (cProfile) active such a "
+                                   f"call cannot be seen", line))
         return (False, None, True)
     sys.setprofile(_Chained(prev))
     return (True, prev, True)

@@ -69,7 +69,8 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         # followed, but a reader it calls is seen.)
         reached = tracing.reached_user_functions(locs, fn) + [
             f for a in list(args) + list(kwargs.values()) for f in _user_functions(a)]
-        hook = buffers.install(reached, locs)
+        hook = buffers.install(reached, locs,
+                               list(args) + list(kwargs.values()))
         try:
             result = tracing.symbolic_scalars(fn)(*targs, **tkwargs)
         finally:
