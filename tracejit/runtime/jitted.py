@@ -258,8 +258,8 @@ class Jitted:
             if reason is None:
                 reason = "no variant was traced for them"
             raise RuntimeError(
-                f"jit({self.__name__}).trace(): no graph for these arguments: they run "
-                f"eagerly, every call ({reason}"
+                f"jit({self.__name__}).trace(): no graph for these arguments: "
+                f"jit({self.__name__}) runs eagerly for them, every call ({reason}"
                 + (f", at {line}" if line else "") + "); nothing was compiled for them "
                 f"to show (f.eager(...) or tj.disable_jit() run them as plain Python)")
         return v
