@@ -68,8 +68,17 @@ def float32_noise(seed):
 
 
 class TwinArray(np.ndarray):
-    """A twin's value with `noise`: how far the noisy twins moved it (elementwise)."""
+    """A twin's value with `noise`: how far the noisy twins moved it (elementwise).
+    Arithmetic on it gives plain arrays (the twin's backward runs on its results): only
+    the value itself carries a noise."""
     noise = None
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        plain = tuple(np.asarray(x) if isinstance(x, TwinArray) else x for x in inputs)
+        if "out" in kwargs:
+            kwargs["out"] = tuple(np.asarray(o) if isinstance(o, TwinArray) else o
+                                  for o in kwargs["out"])
+        return getattr(ufunc, method)(*plain, **kwargs)
 
 
 def with_noise(value, noisy):
