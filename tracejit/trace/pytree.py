@@ -505,7 +505,11 @@ def result_views(tr, raw, leaves):
                 # No op between (a reshape to its own shape, elided): a new view of
                 # the buffer, as NumPy's reshape gives.
                 replay = tuple(reversed(steps)) or (_new_view,)
-                if _replays(base, replay, arr):
+                # (A copy here, a reshape of a non-contiguous buffer, is rebuilt too: the
+                # same shape with other strides can reshape without a copy (x[::2] of a
+                # longer buffer, (2, 4) with strides (64, 16)), and eager then returns a
+                # view of it; where the replay copies, the runner keeps the graph's value.)
+                if _replays(base, replay, arr) or _replays_as_copy(base, replay, arr):
                     found = (root, replay)
                     break
             if found is not None:
@@ -674,6 +678,20 @@ def _replays(base, steps, arr):
     except Exception:  # noqa: BLE001 - not replayable: not a view we can rebuild
         return False
     return y is not None and _same_array(y.view(np.ndarray), arr)
+
+
+def _replays_as_copy(base, steps, arr):
+    """Do the view steps, replayed on `base`, give a copy holding what `arr` holds (a
+    reshape NumPy answered with a copy at trace time)?"""
+    try:
+        y = base
+        for step in steps:
+            y = step(y)
+    except Exception:  # noqa: BLE001 - not replayable
+        return False
+    return isinstance(y, np.ndarray) and not np.may_share_memory(y, base) and \
+        y.shape == arr.shape and y.dtype == arr.dtype and \
+        bool(np.array_equal(y, arr, equal_nan=arr.dtype.kind in "fc"))
 
 
 def _overlaps(a, b):
