@@ -176,7 +176,7 @@ class Builder:
         self.updated = set()      # captures updated in place by an inner step
         self.rebinds = set()      # captures f updates with an augmented assignment
         self.view_args = {}       # ndarray argument -> how it is a view (_view_of)
-        self.layout_flip = set()  # Variable arguments made Fortran-ordered on odd calls
+        self.layout_flip = set()  # Variable arguments whose memory layout args() varies
         self.extra_args = []      # (name, source of its value in args()): escapes block
         self.extra_kinds = {}     # extra argument name -> its ARG_KINDS entry
         self.returned_views = []  # names of views returned too: returned views block
@@ -1137,15 +1137,20 @@ def _argument_view(b):
     fixed = int(np.prod([d for d in v.shape if d != B]))
     if v.var and nd >= 2 and fixed >= 2:
         # Flattened and sliced: a view of a C-contiguous buffer, a copy of any other
-        # (the argument is Fortran-ordered on odd calls: issue 9's helper task 5), so
-        # the result aliases the argument on some calls only.
+        # (args() changes the argument's layout between calls: issue 9's helper task
+        # 5), so the result aliases the argument on some calls only.
         forms.append((f"tj.Variable({x}.data.reshape(-1)[0:2])", (2,)))
     form, shape = b.draw(st.sampled_from(forms))
-    if form.endswith("reshape(-1)[0:2])"):
+    flip = form.endswith("reshape(-1)[0:2])")
+    if flip:
         b.layout_flip.add(x)
         b.features.add("argument_layout_flip")
     t = b.fresh("av")
     b.emit(f"{t} = {form}")
+    if flip and b.draw(st.booleans()):
+        # Returned too: the harness compares what each result aliases.
+        b.returned_views.append(t)
+        b.features.add("argument_layout_flip_returned")
     name = b.fresh()
     use = b.draw(st.sampled_from(["pow", "div", "mul", "tanh_mul"]))
     other = b.pick(lambda w: w.var and w.shape == shape and w.name != t)
@@ -1426,8 +1431,14 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None):
         if name in b.view_args:
             out.append(_view_of(name, b.view_args[name]))
         if name in b.layout_flip:
-            out.append("    if call % 2:     # another memory layout, the same values")
+            # Other memory layouts, the same values, one key: Fortran order (a flattening
+            # reshape copies), every other element of a wider buffer (non-contiguous,
+            # and a flattening reshape is a view).
+            out.append("    if call % 3 == 1:")
             out.append(f"        {name}.data = np.asfortranarray({name}.data)")
+            out.append("    elif call % 3 == 2:")
+            out.append(f"        {name}.data = np.stack([{name}.data, {name}.data * 0], "
+                       f"axis=-1)[..., 0]")
         names.append(name)
     if b.has_float:
         out.append("    s0 = s")
