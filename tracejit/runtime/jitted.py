@@ -27,10 +27,11 @@ from tracejit.trace import pystate
 from tracejit.trace import record as tracing
 from tracejit.trace.abstract import _set_stream_state, _stream_state   # random streams
 from tracejit.trace.call import trace_call
-from tracejit.runtime.checking import (NOISE_RUNS, NOREF, LiveState, first_difference,
-                                       float32_noise, gradient_difference,
-                                       identity_difference, leaves_with_paths, twin_copy,
-                                       with_noise)
+from tracejit.runtime.checking import (NOISE_RUNS, NOREF, LiveState, Soft,
+                                       first_difference, float32_noise,
+                                       gradient_difference, identity_difference,
+                                       leaves_with_paths, low_precision_involved,
+                                       twin_copy, with_noise)
 from tracejit.core import Config, Parameter, Variable
 from tracejit.trace.pytree import ARR, FLT, STATIC, VAR, flatten_args, leaf_key, unflatten
 from tracejit.runtime.signature import PAR, alias_pattern, key_change, key_distance
@@ -834,7 +835,8 @@ class Jitted:
             np.random.set_state(np_state)
             with np.errstate(all="ignore"):
                 got = self._run(v, p_leaves, *((p_args, p_kwargs) if v.needs_argv else ()))
-            diff = _values_difference(expected, got, state, eager_state, get_twin)
+            diff = _values_difference(expected, got, state, eager_state, get_twin,
+                                      low_precision_involved(p_leaves, state))
             if diff is not None:
                 return "value", diff
             diff = identity_difference(expected, got, known)
@@ -921,7 +923,8 @@ class Jitted:
         it is for a call that runs backward. float32 differences are judged by the
         float64 twin (get_twin), as values are."""
         wrt = self._gradient_names(v, leaves)
-        soft = []
+        state = LiveState(v, leaves)
+        soft = Soft(low_precision_involved(leaves, state))
         with np.errstate(all="ignore"):
             diff = gradient_difference(expected, got, wrt, soft=soft)
             if diff is None and soft:
@@ -1021,7 +1024,8 @@ class Jitted:
                     _rebuild, args, kwargs, self.static_argnums, self.static_argnames),
                     state, rng))
             return twin[0]
-        diff = _values_difference(expected, got, state, eager_state, get_twin)
+        diff = _values_difference(expected, got, state, eager_state, get_twin,
+                                  low_precision_involved(leaves, state))
         same_objects = identity_difference(expected, got, known) if diff is None else None
         grad_diff = None
         if diff is None and same_objects is None and v.bwd is not None:
@@ -1211,10 +1215,11 @@ def _rebuild(args, kwargs, static_argnums, static_argnames, new_leaves):
     return a, {n: k[n] for n in kwargs}
 
 
-def _values_difference(expected, got, state, eager_state, twin):
+def _values_difference(expected, got, state, eager_state, twin, mixed=False):
     """The first difference of compiled's results and state from eager's; float32
-    differences judged by the float64 twin, run (`twin()`) only when one is found."""
-    soft = []
+    differences (any float's, `mixed`: the call reads float32) judged by the float64
+    twin, run (`twin()`) only when one is found."""
+    soft = Soft(mixed)
     diff = first_difference(expected, got, soft=soft) or \
         state.difference(eager_state, soft=soft)
     if diff is not None or not soft:
