@@ -250,7 +250,8 @@ def method_reader_without_hook(funcs, locs=(), values=()):
             import linecache
             line = (f"{code.co_filename}:{code.co_firstlineno}  "
                     f"{linecache.getline(code.co_filename, code.co_firstlineno).strip()}")
-            return f"{', '.join(sorted(methods))} of a {'/'.join(sorted(names & _METHOD_MODULES))} object", line
+            mods = "/".join(sorted(names & _METHOD_MODULES))
+            return f"{', '.join(sorted(methods))} of a {mods} object", line
     return None
 
 

@@ -40,7 +40,10 @@ from tracejit import functions as F
 from tracejit.core import Parameter, Variable
 # One rounding probe for the runtime's checks and the fuzzer: the twin under
 # float32-sized noise, thread-local (tracejit.core's round_hook).
-from tracejit.runtime.checking import float32_noise  # noqa: F401 - used and re-exported
+# NOISE_FACTOR: how many times the noisy twins' largest move a float32 result may be off
+# the twin (one run is one sample of float32's rounding, which a float32 run can exceed
+# by a small factor): the runtime's rule.
+from tracejit.runtime.checking import NOISE_FACTOR, float32_noise  # noqa: F401
 
 __all__ = ["load", "run_side", "compare_sides", "run_program", "check_file", "PLANTS"]
 
@@ -412,7 +415,8 @@ def float64_twin(source):
 
 
 # Runs of the float64 twin with float32-sized noise: how far one float32 rounding per
-# operation can move each value of this program (its condition number, measured).
+# operation can move each value of this program (its condition number, measured). One
+# more than the runtime's checks make: the fuzzer judges once per suspect program.
 NOISE_RUNS = 3
 
 
@@ -481,12 +485,6 @@ def rounding_only(jit_recs, eager_recs, ref_recs, noise_recs=()):
             if np.any(err_jit > allowed):
                 return False
     return True
-
-
-# How many times the noise runs' largest move a float32 result may be off the twin:
-# one run's noise is one sample of float32's rounding, which a float32 run can exceed
-# by a small factor (its roundings are up to half an ulp each, but they add).
-NOISE_FACTOR = 4
 
 
 def run_program(source, path, has_float32, progress=None, plant=None):

@@ -1469,8 +1469,8 @@ ARG_UPDATES = {
              "int_array": "np.invert(a, out=a)"},          # -a - 1
     "rebind": {"var": "a.data = a.data * 0.5 + 0.125", "float_array": "a *= 0.5"},
     "rebind_copy": {"var": "a.data = a.data.copy()"},
-    "entry": {"var": "a.data.reshape(-1)[:1] = 0.375", "float_array": "a.reshape(-1)[:1] = 0.375",
-              "int_array": "a.reshape(-1)[:1] = 0"},
+    "entry": {"var": "a.data.reshape(-1)[:1] = 0.375",
+              "float_array": "a.reshape(-1)[:1] = 0.375", "int_array": "a.reshape(-1)[:1] = 0"},
     "fill": {"var": "a.data[...] = 0.625", "float_array": "a[...] = 0.625",
              "int_array": "a[...] = 0"},
 }
