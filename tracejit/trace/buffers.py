@@ -34,6 +34,7 @@ import zlib
 import numpy as np
 
 from tracejit import core
+from tracejit.trace.pystate import probe
 from tracejit.trace.values import is_internal
 
 
@@ -175,19 +176,19 @@ def may_read_buffers(funcs, locs=()):
         except Exception:  # noqa: BLE001 - a location that cannot be read: not one
             continue
     for f in funcs:
-        code = getattr(f, "__code__", None)
+        code = probe(f, "__code__")
         if code is None:
             return True
         names = _code_names(code)
         if not names.isdisjoint(_SUSPECT_NAMES):
             return True
-        glb = getattr(f, "__globals__", {})
+        glb = probe(f, "__globals__") or {}
         for n in names:
             v = glb.get(n)
             if v is None or isinstance(v, (int, float, str, bool, np.ndarray, type)):
                 continue
             mod = v.__name__ if isinstance(v, types.ModuleType) else \
-                getattr(v, "__module__", None)
+                probe(v, "__module__")
             if (callable(v) or isinstance(v, types.ModuleType)) and not _safe(mod) and \
                     not _is_user_module(sys.modules.get(mod)):
                 # (The user's own functions and objects are among funcs: scanned.)

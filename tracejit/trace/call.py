@@ -53,28 +53,35 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     sizes_before = pystate.sizes(locs + arg_locs)
     grad_mode = Config.enable_backprop
     prev = tracing.start(tr)
-    # (An argument's arrays too: an in-place update of `m.buf` is an effect of the call.)
-    swaps = pystate.swap_arrays(locs + arg_locs, tr.capture_view)
-    # float()/int() in the function's own code, and in the user functions it reads
-    # (helpers, a Model's forward), give traced Python numbers.
-    code_swaps = tracing.swap_scalar_code(locs, fn)
-    for label, t in buffers.reachable_buffer_types(locs):
-        tr.escapes.append((f"{t.__name__} is reachable as {label}: a call of it reads "
-                           f"traced data through the buffer protocol, past the tracer",
-                           def_line))
+    # Everything from here on is undone in the finally blocks below, whatever raises
+    # (a user __getattr__ our probes meet, the function itself): a trace left active,
+    # or a user array left swapped for a traced view, would run every later call of
+    # every function, eager or jitted, under this dead trace.
+    swaps, code_swaps, hook = [], [], None
     try:
-        # C functions that read buffers (struct.unpack_from, zlib.crc32, ...) called
-        # by the user's code: escapes (trace.buffers).
-        # (A function passed as an argument is scanned too: float() in it is not
-        # followed, but a reader it calls is seen.)
-        reached = tracing.reached_user_functions(locs, fn) + [
-            f for a in list(args) + list(kwargs.values()) for f in _user_functions(a)]
-        hook = buffers.install(reached, locs,
-                               list(args) + list(kwargs.values()))
         try:
+            # (An argument's arrays too: an in-place update of `m.buf` is an effect of
+            # the call.)
+            swaps = pystate.swap_arrays(locs + arg_locs, tr.capture_view)
+            # float()/int() in the function's own code, and in the user functions it
+            # reads (helpers, a Model's forward), give traced Python numbers.
+            code_swaps = tracing.swap_scalar_code(locs, fn)
+            for label, t in buffers.reachable_buffer_types(locs):
+                tr.escapes.append((f"{t.__name__} is reachable as {label}: a call of it "
+                                   f"reads traced data through the buffer protocol, past "
+                                   f"the tracer", def_line))
+            # C functions that read buffers (struct.unpack_from, zlib.crc32, ...) called
+            # by the user's code: escapes (trace.buffers).
+            # (A function passed as an argument is scanned too: float() in it is not
+            # followed, but a reader it calls is seen.)
+            reached = tracing.reached_user_functions(locs, fn) + [
+                f for a in list(args) + list(kwargs.values()) for f in _user_functions(a)]
+            hook = buffers.install(reached, locs,
+                                   list(args) + list(kwargs.values()))
             result = tracing.symbolic_scalars(fn)(*targs, **tkwargs)
         finally:
-            buffers.uninstall(hook)
+            if hook is not None:
+                buffers.uninstall(hook)
             tracing.unswap_scalar_code(code_swaps)
             pystate.unswap(swaps)
         out_leaves_raw = []

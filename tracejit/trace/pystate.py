@@ -37,6 +37,17 @@ _MAX_LOCATIONS = 400      # bounds the per-call check on very large object graph
 _MAX_ITEMS = 64           # items of one list, tuple or dict
 
 
+def probe(obj, name, default=None):
+    """getattr(obj, name, default) for a look tracejit itself takes at an object the
+    user's function reaches (its __dict__, __module__, __self__, ...): eager never makes
+    it, so nothing it raises may reach the user; a user __getattr__ that raises KeyError
+    (or anything else) for an unknown name says the attribute is not there."""
+    try:
+        return getattr(obj, name, default)
+    except Exception:  # noqa: BLE001 - the user's __getattr__ / property, not ours
+        return default
+
+
 class Location:
     __slots__ = ("kind", "container", "key", "label", "parent")
 
@@ -64,14 +75,14 @@ class Location:
                 c = self.container
                 return c[self.key] if self.key < len(c) else _MISSING
             return self.container.get(self.key, _MISSING)
-        except (ValueError, TypeError, IndexError):   # an empty cell, changed defaults
-            return _MISSING
+        except Exception:  # noqa: BLE001 - an empty cell, changed defaults, a property
+            return _MISSING                    # or __getattr__ that raises (KeyError)
 
     def write(self, value):
         if self.kind == "cell":
             self.container.cell_contents = value
         elif self.kind == "attr":
-            if self.key not in getattr(self.container, "__dict__", {}):
+            if self.key not in (probe(self.container, "__dict__") or {}):
                 raise AttributeError(self.key)        # a class attribute: leave it be
             if _custom_setattr(self.container):
                 object.__setattr__(self.container, self.key, value)
@@ -92,18 +103,18 @@ def _is_namespace_object(o):
     if isinstance(o, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
                       types.MethodType, np.ndarray, np.generic)):
         return False
-    return isinstance(getattr(o, "__dict__", None), dict)
+    return isinstance(probe(o, "__dict__"), dict)
 
 
 def _is_user_function(f):
-    mod = getattr(f, "__module__", "") or ""
+    mod = probe(f, "__module__", "") or ""
     return isinstance(f, types.FunctionType) and not mod.startswith(("tracejit", "numpy",
                                                                       "numba"))
 
 
 def _is_library_wrapper(f):
     # Set by grad / value_and_grad on the closures they return.
-    return getattr(f, "_tracejit_wrapper", False)
+    return probe(f, "_tracejit_wrapper", False) is True
 
 
 def _is_scalar_config(v):
@@ -119,7 +130,7 @@ def _jitted_fn(obj):
 def _threads(fn):
     # A state-threading wrapper (threaded()): the user's function it runs. Looked up
     # on the function's own __dict__, so nothing a user defines is taken for one.
-    d = getattr(fn, "__dict__", None)
+    d = probe(fn, "__dict__")
     return d.get("_tracejit_threads") if type(d) is dict else None
 
 
@@ -147,17 +158,18 @@ def _roots(fn, seen_functions):
             if isinstance(m, types.FunctionType):
                 out += _roots(m, seen_functions)
         return out
-    target = getattr(fn, "__func__", fn)
+    target = probe(fn, "__func__", fn)
     if id(target) in seen_functions:
         return []
     seen_functions.add(id(target))
     out = []
-    if hasattr(fn, "__self__") and _is_namespace_object(fn.__self__):
-        out.append((None, fn.__self__, "self"))
-    code = getattr(target, "__code__", None)
-    if code is None:
+    owner = probe(fn, "__self__", _MISSING)
+    if owner is not _MISSING and _is_namespace_object(owner):
+        out.append((None, owner, "self"))
+    code = probe(target, "__code__")
+    if not isinstance(code, types.CodeType):
         return out
-    cells = zip(code.co_freevars, getattr(target, "__closure__", None) or ())
+    cells = zip(code.co_freevars, probe(target, "__closure__") or ())
     if _is_library_wrapper(target):
         # grad / value_and_grad wrappers: their globals are library internals and their
         # scalar cells (argnums) are fixed at creation; only the wrapped function counts.
@@ -173,11 +185,11 @@ def _roots(fn, seen_functions):
         return out
     for name, cell in cells:
         out.append((Location("cell", cell, None, name), None, name))
-    glb = getattr(target, "__globals__", {})
+    glb = probe(target, "__globals__") or {}
     for name in _names(code):
         if name in glb:
             out.append((Location("global", glb, name, name), None, name))
-    for i, _ in enumerate(getattr(target, "__defaults__", None) or ()):
+    for i, _ in enumerate(probe(target, "__defaults__") or ()):
         out.append((Location("default", target, i, f"default argument {i}"), None, None))
     return out
 
@@ -419,7 +431,7 @@ def swap_arrays(locs, make_view):
             view = make_view(v)
             try:
                 loc.write(view)
-            except (AttributeError, TypeError):
+            except Exception:  # noqa: BLE001 - a location the user's class guards
                 continue
             swaps.append((loc, v, view))
     return swaps
@@ -471,7 +483,7 @@ def state_refusal(loc, old, new):
             return f"{describe_value(v)} is not None or a Variable"
     if loc.kind == "attr":
         obj = loc.container
-        if loc.key not in getattr(obj, "__dict__", {}):
+        if loc.key not in (probe(obj, "__dict__") or {}):
             return "it is not an attribute of the object itself"
         setattr_ = type(obj).__setattr__
         if setattr_ is not object.__setattr__ and setattr_ is not Layer.__setattr__:

@@ -66,7 +66,7 @@ def frame_line(f):
 
 def wrapped_function(fn):
     """The function a grad / value_and_grad wrapper differentiates (same arguments)."""
-    for cell in getattr(fn, "__closure__", None) or ():
+    for cell in pystate.probe(fn, "__closure__") or ():
         try:
             v = cell.cell_contents
         except ValueError:          # an empty cell
@@ -85,9 +85,9 @@ def def_line(fn):
     for _ in range(8):
         if isinstance(fn, functools.partial):
             fn = fn.func
-        elif getattr(fn, "__wrapped__", None) is not None:
-            fn = fn.__wrapped__
-        elif getattr(fn, "_tracejit_wrapper", False):
+        elif pystate.probe(fn, "__wrapped__") is not None:
+            fn = pystate.probe(fn, "__wrapped__")
+        elif pystate.probe(fn, "_tracejit_wrapper", False) is True:
             inner = wrapped_function(fn)
             if inner is None:
                 break
@@ -96,7 +96,7 @@ def def_line(fn):
             fn = getattr(type(fn), "forward", None) or getattr(type(fn), "__call__")
         else:
             break
-    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    code = pystate.probe(pystate.probe(fn, "__func__", fn), "__code__")
     if code is None:
         return None
     text = linecache.getline(code.co_filename, code.co_firstlineno).strip()
@@ -1680,11 +1680,11 @@ def _user_functions(v):
     if pystate._threads(v) is not None:
         return _user_functions(pystate._threads(v))
     if type(v) is types.FunctionType:
-        mod = getattr(v, "__module__", "") or ""
+        mod = pystate.probe(v, "__module__", "") or ""
         return [] if mod.startswith(("tracejit", "numpy", "numba")) else [v]
     cls = type(v)
     if cls.__module__.startswith(("tracejit", "numpy", "numba", "builtins")) or \
-            not isinstance(getattr(v, "__dict__", None), dict) or isinstance(v, type):
+            not isinstance(pystate.probe(v, "__dict__"), dict) or isinstance(v, type):
         return []
     # An object of a user class (a Model): what calling it runs, and the methods it
     # may call on itself (self.helper(m), static and class methods, properties).
@@ -1705,8 +1705,8 @@ def _user_functions(v):
 def _has_intercepts(f):
     # Code run with builtins of its own (exec with a restricted __builtins__) would not
     # find the redirected names: its float() stays Python's (by value).
-    b = getattr(f, "__builtins__", builtins.__dict__)
-    b = b if isinstance(b, dict) else getattr(b, "__dict__", {})
+    b = pystate.probe(f, "__builtins__", builtins.__dict__)
+    b = b if isinstance(b, dict) else pystate.probe(b, "__dict__") or {}
     return b.get("__tracejit_float__") is _traced_float
 
 
@@ -1716,9 +1716,11 @@ _LIBRARY_DIRS = tuple({os.path.abspath(p) + os.sep for p in (
 
 
 def _is_user_module(m):
-    name = getattr(m, "__name__", "") or ""
-    f = getattr(m, "__file__", None)
-    return isinstance(m, types.ModuleType) and f is not None and \
+    if not isinstance(m, types.ModuleType):
+        return False
+    name = pystate.probe(m, "__name__", "") or ""
+    f = pystate.probe(m, "__file__")
+    return isinstance(f, str) and \
         not name.startswith(("tracejit", "numpy", "numba")) and \
         not os.path.abspath(f).startswith(_LIBRARY_DIRS)
 
@@ -1747,7 +1749,7 @@ def _reach_helpers(funcs, roots, limit=256):
             v = glb.get(n)
             if _is_user_module(v):
                 found += [a for m in names if m != n
-                          for a in _user_functions(getattr(v, m, None))]
+                          for a in _user_functions(pystate.probe(v, m))]
             elif type(v) is types.FunctionType:
                 found += _user_functions(v)
         for g in found:
@@ -1814,7 +1816,7 @@ def _swap_np_aliases(funcs, done):
     originals = {id(orig): (orig, entry) for orig, entry in _NP_ENTRIES.values()}
     dicts = {}
     for f in funcs:
-        g = getattr(f, "__globals__", None)
+        g = pystate.probe(f, "__globals__")
         if isinstance(g, dict) and g is not np.__dict__:
             dicts[id(g)] = g
     with _swap_lock:
@@ -1909,7 +1911,7 @@ def _plain_attrs(o, seen, depth):
     if isinstance(o, _NOT_WALKED) or o is None:
         return
     seen.add(id(o))
-    d = getattr(o, "__dict__", None)
+    d = pystate.probe(o, "__dict__")
     if type(d) is dict:
         for k in list(d)[:_MAX_ATTRS]:
             x = d[k]
