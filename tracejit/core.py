@@ -342,7 +342,8 @@ class Variable:
         tr = _state.trace
         if tr is not None:
             tr.unchaining(self, False)
-        self.creator = None
+        _creator_slot.__set__(self, None)    # reported above (not again by the trace's
+                                             # Variable.creator: trace.record)
 
     def unchain_backward(self):
         tr = _state.trace
@@ -614,6 +615,11 @@ def _backward_step(f, store, create_graph, retain_grad):
             if y is not None:
                 store.set(y, None)
     return reached
+
+
+# The slot itself: unchain() writes it past the descriptor a trace puts in its place
+# (trace.record._TracedCreator), having told the trace already.
+_creator_slot = Variable.__dict__["creator"]
 
 
 class Parameter(Variable):

@@ -450,6 +450,12 @@ class Trace(core.TraceHooks):
         ones the walk reaches through the call's own graph is fixed by the trace."""
         if self.region_backward:
             return
+        if not backward and var._tv is None and var.creator is not None \
+                and not self.is_live(var):
+            # From outside and not read yet (`state.h.unchain()` first thing in an RNN
+            # step): the cut is of the caller's graph all the same; captured here, it
+            # is an input the runner finds and cuts at every call.
+            self.value_of(var)
         if not backward:
             event = ("unchain", [var]) if self.is_live(var) else None
         elif self.is_live(var):
@@ -1981,10 +1987,50 @@ def symbolic_scalars(fn):
     return g
 
 
+# Variable.creator's own slot, and what stands in its place while any thread traces:
+# `h.creator = None` in the user's code is the cut h.unchain() makes, which compiled
+# calls must repeat on the caller's graph when h comes from outside the call.
+_CREATOR_SLOT = Variable.__dict__["creator"]
+
+
+class _TracedCreator:
+    """Variable.creator while a trace runs: reads and writes the slot; an assignment in
+    the user's code (not tracejit's: set_creator, grad's detaching of its inputs) to a
+    Variable from outside the call (an argument, a captured Variable) goes to the
+    thread's trace first. None is unchain()'s cut (Trace.unchaining); another Function
+    is an escape (compiled calls could not give the caller's Variable that history)."""
+
+    def __get__(self, obj, cls=None):
+        return self if obj is None else _CREATOR_SLOT.__get__(obj, cls)
+
+    def __set__(self, obj, value):
+        tr = core._state.trace
+        if tr is not None and not tr.abstract and (obj._tv is None or tr.is_live(obj)):
+            try:
+                cur = _CREATOR_SLOT.__get__(obj, type(obj))
+            except AttributeError:          # Variable.__init__ setting it first
+                cur = None
+            if value is not cur and not is_internal(sys._getframe(1)):
+                if value is None:
+                    tr.unchaining(obj, False)
+                else:
+                    tr.escape("the function sets .creator of a Variable from outside "
+                              "the call to another Function; compiled calls would not "
+                              "give it that history")
+        _CREATOR_SLOT.__set__(obj, value)
+
+    def __delete__(self, obj):
+        _CREATOR_SLOT.__delete__(obj)
+
+
+_TRACED_CREATOR = _TracedCreator()
+
+
 def start(trace):
     global _print_users
     with _print_lock:
         if _print_users == 0:
+            Variable.creator = _TRACED_CREATOR
             builtins.print = _tracing_print
             np.random.seed = _tracing_seed
             random.seed = _tracing_py_seed
@@ -2002,6 +2048,7 @@ def stop(trace, prev):
     with _print_lock:
         _print_users -= 1
         if _print_users == 0:
+            Variable.creator = _CREATOR_SLOT
             builtins.print = _original_print
             np.random.seed = _original_seed
             random.seed = _original_py_seed
