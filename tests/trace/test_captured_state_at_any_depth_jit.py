@@ -15,6 +15,7 @@ class O:
 
 
 _STORE = {}
+_LOOKUP = _STORE.__getitem__
 
 
 def _leaf(kind, k):
@@ -145,7 +146,9 @@ def test_a_variable_past_the_first_walk_is_guarded_along_its_path(steps):
 
 
 def test_a_variable_past_the_depth_bound_runs_eagerly_with_a_warning():
-    steps = "a" * 16
+    # (Below the bound, 6 levels of everything, then 16 more of the reads the code
+    # names, and the wider search's: 16 levels compile, test_captured_state_reads.)
+    steps = "a" * 40
     holders = _build(steps, tj.Variable(np.ones(3)))
     root = holders[0]
     f = tj.jit(lambda x: F.sum(x * _read(root, steps)))
@@ -157,9 +160,11 @@ def test_a_variable_past_the_depth_bound_runs_eagerly_with_a_warning():
 
 def test_a_variable_behind_a_custom_getattr_runs_eagerly_with_a_warning():
     class Proxy:
-        # Its values live where pystate does not look (a module-level table).
+        # Its values live where pystate does not look: a table reached only through a
+        # C method (a __getattr__ reading a module-level table is followed, as a
+        # helper's globals are: test_captured_state_reads).
         def __getattr__(self, name):
-            return _STORE[name]
+            return _LOOKUP(name)
 
     p = Proxy()
     f = tj.jit(lambda x: F.sum(x * p.h))

@@ -73,7 +73,7 @@ class Location:
                 return self.container.__defaults__[self.key]
             if self.kind == "item" and isinstance(self.container, (list, tuple)):
                 c = self.container
-                return c[self.key] if self.key < len(c) else _MISSING
+                return c[self.key] if -len(c) <= self.key < len(c) else _MISSING
             return self.container.get(self.key, _MISSING)
         except Exception:  # noqa: BLE001 - an empty cell, changed defaults, a property
             return _MISSING                    # or __getattr__ that raises (KeyError)
@@ -82,7 +82,8 @@ class Location:
         if self.kind == "cell":
             self.container.cell_contents = value
         elif self.kind == "attr":
-            if self.key not in (probe(self.container, "__dict__") or {}):
+            if self.key not in (probe(self.container, "__dict__") or {}) and \
+                    self.key not in _slot_names(type(self.container)):
                 raise AttributeError(self.key)        # a class attribute: leave it be
             if _custom_setattr(self.container):
                 object.__setattr__(self.container, self.key, value)
@@ -103,7 +104,51 @@ def _is_namespace_object(o):
     if isinstance(o, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
                       types.MethodType, np.ndarray, np.generic)):
         return False
-    return isinstance(probe(o, "__dict__"), dict)
+    return isinstance(probe(o, "__dict__"), dict) or bool(_slot_names(type(o)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _slot_names(cls):
+    """The attributes a class keeps in __slots__ (a slots dataclass, a small record
+    class): state as an instance __dict__'s entries are. tracejit's own classes
+    (Variable) and the libraries' are not walked into."""
+    out = []
+    for klass in cls.__mro__[:-1]:
+        if _library_class(klass):
+            return ()
+        slots = vars(klass).get("__slots__", ())
+        for k in (slots,) if isinstance(slots, str) else slots:
+            if isinstance(k, str) and k not in ("__dict__", "__weakref__") \
+                    and k not in out:
+                out.append(k)
+    return tuple(out)
+
+
+def _library_class(klass):
+    mod = vars(klass).get("__module__", "") or ""
+    return not isinstance(mod, str) or mod.startswith(("tracejit", "numpy", "numba",
+                                                       "builtins"))
+
+
+def _getters(cls):
+    """The user functions that run when an attribute of a cls instance is read: its
+    properties' getters, __getattr__ / __getattribute__, and a user descriptor's __get__
+    (what `cfg.lr` computes from: their globals and closures are state the call reads,
+    as a helper function's are)."""
+    out = []
+    for klass in cls.__mro__[:-1]:
+        if _library_class(klass):
+            continue
+        for k, v in vars(klass).items():
+            if isinstance(v, property):
+                out += [f for f in (v.fget,) if _is_user_function(f)]
+            elif k in ("__getattr__", "__getattribute__") and _is_user_function(v):
+                out.append(v)
+            elif not isinstance(v, (types.FunctionType, staticmethod, classmethod, type)):
+                get = getattr(type(v), "__get__", None)
+                if _is_user_function(get):
+                    out.append(get)
+    return out
 
 
 def _is_user_function(f):
@@ -162,6 +207,9 @@ def _roots(fn, seen_functions):
     if id(target) in seen_functions:
         return []
     seen_functions.add(id(target))
+    code = probe(target, "__code__")
+    if isinstance(code, types.CodeType) and isinstance(seen_functions, _Reached):
+        seen_functions.note(code)
     out = []
     owner = probe(fn, "__self__", _MISSING)
     if owner is not _MISSING and _is_namespace_object(owner):
@@ -191,6 +239,37 @@ def _roots(fn, seen_functions):
             out.append((Location("global", glb, name, name), None, name))
     for i, _ in enumerate(probe(target, "__defaults__") or ()):
         out.append((Location("default", target, i, f"default argument {i}"), None, None))
+    return out
+
+
+class _Reached(set):
+    """ids of the functions whose roots a walk took, and the attribute names, string
+    keys and integer indices their code (and its lambdas, comprehensions) names: what
+    a read below the walk's depth bound can be (`a.b.c`, `d['k']`, `l[3]`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+        self.indices = set()
+
+    def note(self, code):
+        self.names.update(_names(code))
+        for c in _consts(code):
+            if type(c) is str:
+                self.names.add(c)
+            elif type(c) is int:
+                self.indices.add(c)
+
+
+def _consts(code):
+    out = []
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out += _consts(c)
+        elif type(c) is tuple:
+            out += [x for x in c if type(x) in (str, int)]
+        else:
+            out.append(c)
     return out
 
 
@@ -231,7 +310,7 @@ def argument_objects(args, kwargs):
 def locations(fn, arg_objects=(), max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATIONS):
     """The locations fn can read (breadth first, bounded); arg_objects: (label, object)
     of argument_objects, walked as the roots are."""
-    seen_functions = set()
+    seen_functions = _Reached()
     roots = list(_roots(fn, seen_functions)) + [(None, obj, label) for label, obj in arg_objects]
     return _walk(roots, seen_functions, max_depth, max_locations)
 
@@ -242,13 +321,21 @@ def argument_locations(args, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATIONS)
     function may change that locations(fn) does not see."""
     roots = [(None, a, f"argument {name}") for name, a in args
              if not _is_scalar_config(a) and not isinstance(a, (np.ndarray, Variable))]
-    return _walk(roots, set(), max_depth, max_locations)
+    return _walk(roots, _Reached(), max_depth, max_locations)
 
 
 def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATIONS):
+    """Breadth first from the roots: every attribute, dict item and list item to
+    max_depth levels (the first `items` of a container), and below that, to _DEEP more
+    levels, only the reads the code can make (the attribute names, string keys and
+    integer indices it names: `r.a.b.c.d.e.f.g.lr`); an index or key the code names is
+    followed past a container's first `items` too (`BIG[80]`, `cfg[(1, 2)]` keyed by a
+    tuple of numbers)."""
     frontier = [(loc, obj, name, 0) for loc, obj, name in roots]
     out = []
     seen = set()
+    names = getattr(seen_functions, "names", None)
+    indices = getattr(seen_functions, "indices", None)
     while frontier and len(out) < max_locations:
         loc, obj, name, depth = frontier.pop(0)
         if loc is not None:
@@ -268,26 +355,79 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
             # A module-level helper the function calls: what it reads counts too.
             frontier += [(l, o, n, 0) for l, o, n in _roots(obj, seen_functions)]
             continue
-        if depth >= max_depth + (loc is None):
+        namespace = _is_namespace_object(obj)
+        if namespace:
+            # What a property, __getattr__ or descriptor computes the value from (a
+            # schedule in a module global of the class's): read as a helper's state.
+            for g in _getters(type(obj)):
+                frontier += [(l, o, n, 0) for l, o, n in _roots(g, seen_functions)]
+        limit = max_depth + (loc is None)
+        if depth >= limit + _DEEP:
+            continue
+        named = depth >= limit          # below the bound: only what the code names
+        if named and names is None:
             continue
         label = name or (loc.label if loc is not None else "?")
         items = _MAX_ITEMS if max_locations <= _MAX_LOCATIONS else max_locations
-        if type(obj) is dict:
+        t = type(obj)
+        if t is dict:
+            keys = list(obj)
+            first = [] if named else [k for k in keys[:items] if _is_key(k)]
+            if names is not None:
+                have = set(map(_key_id, first))
+                first += [k for k in keys if _key_id(k) not in have and _is_key(k) and (
+                    (type(k) is str and k in names) or (type(k) is int and k in indices)
+                    or (not named and type(k) is tuple))]
             frontier += [(Location("item", obj, k, f"{label}[{k!r}]", loc), None, None,
-                          depth + 1)
-                         for k in list(obj)[:items] if isinstance(k, (str, int))]
-        elif type(obj) in (list, tuple):
+                          depth + 1) for k in first]
+        elif t in (list, tuple) or isinstance(obj, tuple):
+            n = len(obj)
+            idx = [] if named else list(range(min(n, items)))
+            if indices is not None:
+                # A negative index the code names is a location of its own: `h[-1]`
+                # is the last item at every call, also of a list grown since.
+                idx += sorted(i for i in indices if (items <= i < n) or
+                              (named and 0 <= i < n) or -n <= i < 0)
             frontier += [(Location("item", obj, i, f"{label}[{i}]", loc), None, None,
-                          depth + 1)
-                         for i in range(min(len(obj), items))]
-        elif _is_namespace_object(obj):
-            names = list(vars(obj))
-            for klass in type(obj).__mro__[:-1]:
-                names += [k for k, v in vars(klass).items() if not k.startswith("__")
-                          and type(v) in _SCALARS and k not in names]
+                          depth + 1) for i in idx]
+        elif namespace:
+            attrs = _attr_names(obj)
+            if named:
+                attrs = [k for k in attrs if k in names]
             frontier += [(Location("attr", obj, k, f"{label}.{k}", loc), None, None,
-                          depth + 1) for k in names]
+                          depth + 1) for k in attrs]
     return out
+
+
+# Levels below _MAX_DEPTH a walk follows the reads the code names (attributes, keys).
+_DEEP = 16
+
+
+def _is_key(k):
+    return type(k) in (str, int) or (type(k) is tuple and _is_scalar_config(k))
+
+
+def _key_id(k):
+    return (type(k), k)
+
+
+def _attr_names(obj):
+    """An object's attributes a walk reads: its __dict__, its slots, and its classes'
+    data attributes (numbers, arrays, Variables, containers, objects: not functions,
+    properties or descriptors, which _getters follows), first the instance's."""
+    d = probe(obj, "__dict__")
+    names = list(d) if isinstance(d, dict) else []
+    names += [k for k in _slot_names(type(obj)) if k not in names]
+    for klass in type(obj).__mro__[:-1]:
+        lib = _library_class(klass)
+        for k, v in vars(klass).items():
+            if k.startswith("__") or k in names:
+                continue
+            if type(v) in _SCALARS or not lib and (
+                    isinstance(v, (np.ndarray, np.generic, Variable))
+                    or type(v) in (list, tuple, dict)):
+                names.append(k)
+    return names
 
 
 def paths_to(fn, arg_objects, targets):
@@ -323,7 +463,8 @@ def snapshot(locs):
             snap.append((loc, v, False))
         elif isinstance(v, (np.ndarray, Variable, types.FunctionType, type)) \
                 or _is_namespace_object(v) \
-                or (type(v) in (list, tuple, dict) and not _bookkeeping(v)):
+                or (type(v) in (list, tuple, dict) and not _bookkeeping(v)) \
+                or isinstance(v, tuple):      # a namedtuple config (CFG._replace(lr=...))
             snap.append((loc, v, True))
     return snap
 
@@ -376,7 +517,7 @@ def compile_check(snap):
         elif loc.kind == "default":
             read = f"c{i}.__defaults__[k{i}]"
         elif loc.kind == "item" and isinstance(loc.container, (list, tuple)):
-            read = f"(c{i}[k{i}] if k{i} < len(c{i}) else M)"
+            read = f"(c{i}[k{i}] if -len(c{i}) <= k{i} < len(c{i}) else M)"
         else:
             read = f"c{i}.get(k{i}, M)"
         if by_identity:
@@ -483,7 +624,8 @@ def state_refusal(loc, old, new):
             return f"{describe_value(v)} is not None or a Variable"
     if loc.kind == "attr":
         obj = loc.container
-        if loc.key not in (probe(obj, "__dict__") or {}):
+        if loc.key not in (probe(obj, "__dict__") or {}) and \
+                loc.key not in _slot_names(type(obj)):
             return "it is not an attribute of the object itself"
         setattr_ = type(obj).__setattr__
         if setattr_ is not object.__setattr__ and setattr_ is not Layer.__setattr__:
