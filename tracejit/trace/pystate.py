@@ -18,6 +18,7 @@ At trace time:
   - a Variable the function rebinds (`self.h = h_new`, an RNN's state) is state it
     threads: read at each call, written back after it (`threaded`, below).
 """
+import collections
 import functools
 import types
 import weakref
@@ -296,8 +297,9 @@ def argument_objects(args, kwargs):
         elif t is dict and depth < 4:
             for k in list(x)[:_MAX_ITEMS]:
                 walk(x[k], f"{label}[{k!r}]", depth + 1)
-        elif _is_namespace_object(x) and not isinstance(x, Variable) \
-                and t.__hash__ is object.__hash__ and t.__eq__ is object.__eq__:
+        elif _is_namespace_object(x) and not isinstance(x, Variable) and (
+                t.__hash__ is object.__hash__ and t.__eq__ is object.__eq__
+                or keyed_by_identity(x) or _scalar_record(x)):
             out.append((label, x))
 
     for i, a in enumerate(args):
@@ -305,6 +307,35 @@ def argument_objects(args, kwargs):
     for k, a in kwargs.items():
         walk(a, f"argument {k}", 0)
     return out
+
+
+def keyed_by_identity(obj):
+    """Is obj an argument the signature keys by identity although its class compares
+    by value? A user object with __eq__ / __hash__ of its own holds state the function
+    reads that an equal object need not share (its __eq__ may compare one field, or
+    arrays by identity); only a frozen dataclass of numbers and strings (its generated
+    __eq__ compares every field, none can change) is its value."""
+    t = type(obj)
+    if isinstance(obj, Variable) or not _is_namespace_object(obj) or (
+            t.__hash__ is object.__hash__ and t.__eq__ is object.__eq__):
+        return False
+    return not _scalar_record(obj)
+
+
+def _scalar_record(obj):
+    import dataclasses
+    t = type(obj)
+    params = getattr(t, "__dataclass_params__", None)
+    if params is None or not params.frozen or not params.eq:
+        return False
+    eq = vars(t).get("__eq__")
+    if not isinstance(eq, types.FunctionType) or eq.__code__.co_filename != "<string>":
+        return False                         # an __eq__ of the user's, not generated
+    fields = {f.name for f in dataclasses.fields(obj) if f.compare}
+    d = probe(obj, "__dict__")
+    names = set(d) if isinstance(d, dict) else set()
+    names |= set(_slot_names(t))
+    return names <= fields and all(_is_scalar_config(probe(obj, k)) for k in names)
 
 
 def locations(fn, arg_objects=(), max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATIONS):
@@ -331,14 +362,19 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
     integer indices it names: `r.a.b.c.d.e.f.g.lr`); an index or key the code names is
     followed past a container's first `items` too (`BIG[80]`, `cfg[(1, 2)]` keyed by a
     tuple of numbers)."""
-    frontier = [(loc, obj, name, 0) for loc, obj, name in roots]
+    frontier = collections.deque((loc, obj, name, 0) for loc, obj, name in roots)
     out = []
     seen = set()
     names = getattr(seen_functions, "names", None)
     indices = getattr(seen_functions, "indices", None)
-    while frontier and len(out) < max_locations:
-        loc, obj, name, depth = frontier.pop(0)
+    while frontier and len(out) < max_locations * _NAMED_FACTOR:
+        loc, obj, name, depth = frontier.popleft()
         if loc is not None:
+            if len(out) >= max_locations and not _named(loc, names, indices):
+                # Past the bound, only the reads the code names (`model.z.w` of a
+                # model with a thousand other attributes): the per-call check stays
+                # small, and what the function reads is still guarded.
+                continue
             out.append(loc)
             obj = loc.read()
         if obj is _MISSING or type(obj) in _SCALARS or isinstance(obj, np.generic):
@@ -399,8 +435,17 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
     return out
 
 
-# Levels below _MAX_DEPTH a walk follows the reads the code names (attributes, keys).
+# Levels below _MAX_DEPTH a walk follows the reads the code names (attributes, keys),
+# and how many times max_locations it may list when those are past the bound.
 _DEEP = 16
+_NAMED_FACTOR = 8
+
+
+def _named(loc, names, indices):
+    if names is None or loc.kind not in ("attr", "item"):
+        return loc.kind not in ("attr", "item")
+    k = loc.key
+    return (type(k) is str and k in names) or (type(k) is int and k in indices)
 
 
 def _is_key(k):

@@ -9,6 +9,7 @@ import inspect
 import numpy as np
 
 from tracejit.core import MOVEMENT, Parameter, Variable
+from tracejit.trace import pystate
 from tracejit.trace.record import TracedArray, TracedScalar
 from tracejit.trace.records import Form, Leaf
 
@@ -47,7 +48,32 @@ def flatten_args(obj, leaves):
     except TypeError:
         raise TypeError(f"jit: argument of type {t.__name__} is neither an array, a Variable, "
                         f"a float nor hashable (it could not be a static argument)") from None
+    if pystate.keyed_by_identity(obj):
+        # An object whose class compares by value (__eq__ / __hash__) but holds state
+        # the function reads (arrays, Variables, mutable attributes): an equal object
+        # is not the same state. Keyed by identity as well (the variant captured this
+        # one's arrays), and walked as a root (pystate.argument_objects).
+        return (STATIC, obj, _Identity(obj))
     return (STATIC, obj)
+
+
+class _Identity:
+    """An object in a signature key by identity (hash and == of id), not by its class's
+    __eq__: one of (STATIC, obj, _Identity(obj))."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        return type(other) is _Identity and other.obj is self.obj
+
+    def __repr__(self):
+        return f"<the object at {id(self.obj):#x}>"
 
 
 def unflatten(tree, leaves, it=None, bound=None, argv=None):
