@@ -603,6 +603,19 @@ class Jitted:
                     # Warm up again: new state (model.l1 = Linear(2)) may be created
                     # lazily by its first call, which must not happen while tracing.
                     self._warm.discard(key)
+                loc = _rebound_variable(getattr(e, "change", None), v)
+                if loc is not None:
+                    # The caller put a new Variable where the function reads one (an
+                    # RNN's `state.h = Variable(np.zeros(...))` before each sequence):
+                    # retracing for each new identity would never compile. Threaded,
+                    # it is read at each call as an argument is (its shape and dtype
+                    # in the signature, its gradient through the compiled backward).
+                    log.info("jit(%s): threads %s (rebound by the caller)",
+                             self.__name__, loc.label)
+                    if self._threads_for:
+                        raise _Rethread([loc]) from None
+                    if self._add_state([loc]):
+                        return self._threaded_call(args, kwargs, False)
                 return _RETRACE
 
     def _alias_call(self, e, args, kwargs):
@@ -1072,8 +1085,10 @@ class Jitted:
             changed = pystate.changed(v.state)
             if changed is not None:
                 loc, old, new = changed
-                raise Stale(f"{loc.describe()} changed from {pystate.describe_value(old)} "
-                            f"to {pystate.describe_value(new)}")
+                e = Stale(f"{loc.describe()} changed from {pystate.describe_value(old)} "
+                          f"to {pystate.describe_value(new)}")
+                e.change = changed
+                raise e
         # args/kwargs: only a variant returning an argument's container reads them.
         return v.runner(leaves) if args is None else v.runner(leaves, args, kwargs)
 
@@ -1349,6 +1364,23 @@ def _graph_inputs(v, leaves):
 def _reads_nothing(*args):
     # The root of _passed_state's walk: only the objects bound to it.
     pass
+
+
+def _rebound_variable(change, v):
+    """The location of a Stale change (loc, old, new) of variant v that threading can
+    follow: a Variable v's graph reads (not a Parameter: a Layer's registered weight
+    is its identity) the caller replaced by another at a location the function
+    captures (not one reached through an argument object, which keys the call by
+    identity), else None."""
+    if change is None:
+        return None
+    loc, old, new = change
+    if not any(kind == "var" and obj is old for kind, obj, _ in v.sources) or \
+            not isinstance(new, Variable) or \
+            loc.label.startswith("argument ") or \
+            pystate.state_refusal(loc, old, new) is not None:
+        return None
+    return loc
 
 
 class _StateFound(Exception):

@@ -235,7 +235,7 @@ def _roots(fn, seen_functions):
     for name, cell in cells:
         out.append((Location("cell", cell, None, name), None, name))
     glb = probe(target, "__globals__") or {}
-    for name in _names(code):
+    for name in _global_names(code):
         if name in glb:
             out.append((Location("global", glb, name, name), None, name))
     for i, _ in enumerate(probe(target, "__defaults__") or ()):
@@ -272,6 +272,30 @@ def _consts(code):
         else:
             out.append(c)
     return out
+
+
+_GLOBAL_OPS = frozenset(("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME",
+                         "STORE_NAME", "DELETE_NAME"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _global_names(code):
+    """The globals a function's code (and its lambdas, comprehensions) loads or stores:
+    not every name in co_names, which holds the attribute names too (`state.h` names
+    `h`, and a module global `h` the function never reads is no state of its)."""
+    import dis
+    names = []
+    try:
+        for ins in dis.get_instructions(code):
+            if ins.opname in _GLOBAL_OPS and isinstance(ins.argval, str) \
+                    and ins.argval not in names:
+                names.append(ins.argval)
+    except Exception:  # noqa: BLE001 - bytecode dis cannot read: every name, as before
+        return tuple(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names += [n for n in _global_names(c) if n not in names]
+    return tuple(names)
 
 
 def _names(code):
