@@ -393,8 +393,10 @@ class Jitted:
             return self.fn(*args, **kwargs)
         if self._threading is not None:
             return self._threaded_call(args, kwargs, True)
-        next(self._n_calls)
+        # A call whose arguments give no key (an unhashable static value) raises
+        # before anything runs: no call, so nothing it could be counted as.
         key, leaves = self._call_key(args, kwargs)
+        next(self._n_calls)
         return self._call(key, leaves, args, kwargs)
 
     # ---- state threaded through the call (pystate.threaded)
@@ -603,18 +605,21 @@ class Jitted:
                     # Warm up again: new state (model.l1 = Linear(2)) may be created
                     # lazily by its first call, which must not happen while tracing.
                     self._warm.discard(key)
-                loc = _rebound_variable(getattr(e, "change", None), v)
-                if loc is not None:
+                # (Every such location: one Variable at two of them, both rebound.)
+                locs = [loc for loc in (_rebound_variable(c, v) for c in
+                                        pystate.all_changed(v.state))
+                        if loc is not None] if getattr(e, "change", None) else []
+                if locs:
                     # The caller put a new Variable where the function reads one (an
                     # RNN's `state.h = Variable(np.zeros(...))` before each sequence):
                     # retracing for each new identity would never compile. Threaded,
                     # it is read at each call as an argument is (its shape and dtype
                     # in the signature, its gradient through the compiled backward).
                     log.info("jit(%s): threads %s (rebound by the caller)",
-                             self.__name__, loc.label)
+                             self.__name__, ", ".join(loc.label for loc in locs))
                     if self._threads_for:
-                        raise _Rethread([loc]) from None
-                    if self._add_state([loc]):
+                        raise _Rethread(locs) from None
+                    if self._add_state(locs):
                         return self._threaded_call(args, kwargs, False)
                 return _RETRACE
 
