@@ -18,6 +18,7 @@ import numpy as np
 from tracejit import core
 from tracejit.core import DictGrads, Variable, backprop
 from tracejit.ops.arrayops import Reshape
+from tracejit.trace import pystate
 from tracejit.trace.abstract import eval_shape
 
 
@@ -72,7 +73,7 @@ def value_and_grad(fn, argnums=0):
                 x.creator = c
         return y, (gs[0] if single else tuple(gs))
 
-    value_and_grad_fn.__name__ = f"value_and_grad_{getattr(fn, '__name__', 'f')}"
+    value_and_grad_fn.__name__ = f"value_and_grad_{pystate.probe(fn, '__name__', 'f')}"
     value_and_grad_fn._tracejit_wrapper = True     # pystate: look through to fn
     return value_and_grad_fn
 
@@ -107,7 +108,7 @@ def grad(fn, argnums=0):
     def grad_fn(*args, **kwargs):
         return vg(*args, **kwargs)[1]
 
-    grad_fn.__name__ = f"grad_{getattr(fn, '__name__', 'f')}"
+    grad_fn.__name__ = f"grad_{pystate.probe(fn, '__name__', 'f')}"
     grad_fn._tracejit_wrapper = True
     return grad_fn
 

@@ -103,8 +103,10 @@ class Jitted:
                  backend="auto", parallel=None, cache=True, check=None, name=None):
         self.fn = fn
         self.__wrapped__ = fn
-        self.__name__ = name or getattr(fn, "__name__", "f")
-        self.__doc__ = getattr(fn, "__doc__", None)
+        # (pystate.probe: a callable object's own __getattr__ may raise KeyError.)
+        fname = pystate.probe(fn, "__name__")
+        self.__name__ = name or (fname if isinstance(fname, str) else "f")
+        self.__doc__ = pystate.probe(fn, "__doc__")
         if isinstance(static_argnums, int):
             static_argnums = (static_argnums,)
         if isinstance(static_argnames, str):

@@ -413,7 +413,7 @@ def _tracer_args(tr, fn, args, kwargs, leaves, static_argnums, static_argnames):
         return x
 
     named = fn
-    while getattr(named, "_tracejit_wrapper", False) and wrapped_function(named):
+    while pystate.probe(named, "_tracejit_wrapper", False) is True and wrapped_function(named):
         named = wrapped_function(named)    # grad(f)'s arguments are f's: f's names
     names = arg_names(named, len(args))
     targs = [a if i in static_argnums else convert(a, names[i], ("a", i))

@@ -745,7 +745,7 @@ def threaded(fn, locs, labels, name):
     # Its signature names the state (graph inputs print as model_rnn_h), then fn's.
     try:
         rest = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
+    except Exception:  # noqa: BLE001 - (as pytree.arg_names: a user __getattr__)
         rest = [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
                 inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
     taken = {p.name for p in rest}

@@ -415,8 +415,8 @@ def strip_tracers(obj):
 def arg_names(fn, n):
     try:
         params = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        params = []
+    except Exception:  # noqa: BLE001 - inspect probes __wrapped__ / __signature__ with
+        params = []    # hasattr: a user __getattr__ raising KeyError reaches here
     names = []
     for i in range(n):
         names.append(params[i] if i < len(params) and params[i] not in ("args", "kwargs")
