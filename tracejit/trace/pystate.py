@@ -256,7 +256,7 @@ class _Reached(set):
     def note(self, code):
         self.names.update(_names(code))
         for c in _consts(code):
-            if type(c) is str:
+            if type(c) in (str, tuple):          # a tuple: a key (`d[(1, 'n')]`)
                 self.names.add(c)
             elif type(c) is int:
                 self.indices.add(c)
@@ -269,6 +269,8 @@ def _consts(code):
             out += _consts(c)
         elif type(c) is tuple:
             out += [x for x in c if type(x) in (str, int)]
+            if _is_scalar_config(c):
+                out.append(c)
         else:
             out.append(c)
     return out
@@ -436,8 +438,8 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
             if names is not None:
                 have = set(map(_key_id, first))
                 first += [k for k in keys if _key_id(k) not in have and _is_key(k) and (
-                    (type(k) is str and k in names) or (type(k) is int and k in indices)
-                    or (not named and type(k) is tuple))]
+                    (type(k) in (str, tuple) and k in names)
+                    or (type(k) is int and k in indices))]
             frontier += [(Location("item", obj, k, f"{label}[{k!r}]", loc), None, None,
                           depth + 1) for k in first]
         elif t in (list, tuple) or isinstance(obj, tuple):
@@ -469,7 +471,7 @@ def _named(loc, names, indices):
     if names is None or loc.kind not in ("attr", "item"):
         return loc.kind not in ("attr", "item")
     k = loc.key
-    return (type(k) is str and k in names) or (type(k) is int and k in indices)
+    return (type(k) in (str, tuple) and k in names) or (type(k) is int and k in indices)
 
 
 def _is_key(k):

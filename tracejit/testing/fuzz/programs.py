@@ -1626,13 +1626,24 @@ def _state_reset_lines(b):
 # ------------------------------------------------------- deep captures, rebound between calls
 #
 # A value the function reads through a path of attributes, dict items and list items
-# (one to six levels below a module global, a closure cell or an argument object), which
-# the caller rebinds between calls (harness: `BETWEEN(call, args)`, here acting on the
-# program's own globals): the leaf (a Variable, a Parameter, an ndarray or a float), or a
-# level in between (`ROOT.a = <a new subtree>`). Eager reads the path anew on each call;
-# a compiled call must too, select another variant, or run eagerly with a warning.
+# (one to nine levels below a module global, a closure cell or an argument object), which
+# the caller changes between calls (harness: `BETWEEN(call, args)`, here acting on the
+# program's own globals): the leaf (a Variable, a Parameter, an ndarray or a float)
+# rebound, or changed in place, or a level in between rebound (`ROOT.a = <a new
+# subtree>`), or the leaf replaced by a new Variable before every call. A level is read
+# as an attribute, a @property, a __getattr__ that raises KeyError for unknown names, a
+# __slots__ attribute, a slots dataclass field, a dict item (a string or a tuple key), a
+# list item (the first, or one past a long list's first 64). The argument object may
+# compare by value (its class's __eq__ / __hash__). The function may cut its argument's
+# creator (`x.creator = None`, `x.unchain()`), whose graph the caller built from a
+# captured Variable U. Eager reads the path anew on each call; a compiled call must
+# too, select another variant, or run eagerly with a warning.
 
 _DEEP_LEAVES = ("variable", "parameter", "array", "float")
+# a attribute, p property, g __getattr__ (KeyError), s __slots__, c slots dataclass,
+# d dict item, t tuple-keyed dict item, l list item, L item 70 of a 100-item list.
+_DEEP_STEPS = "apgscdtlL"
+_DEEP_OBJECT_STEPS = "apgsc"
 
 
 def _deep_leaf_src(kind, k):
@@ -1641,104 +1652,183 @@ def _deep_leaf_src(kind, k):
             "array": v, "float": f"{0.5 + 0.25 * k!r}"}[kind]
 
 
-def _deep_tree_src(steps, leaf):
+def _deep_tree_src(steps, leaf, root_class="_deep_obj"):
     """Source of the object at a path's start, holding leaf at the path's end."""
     if not steps:
         return leaf
     inner = _deep_tree_src(steps[1:], leaf)
     s = steps[0]
-    if s == "a":
-        return f"_deep_obj(n={inner})"
-    if s == "d":
-        return f"{{'n': {inner}}}"
-    return f"[{inner}]"
+    return {"a": f"{root_class}(n={inner})", "p": f"_deep_prop({inner})",
+            "g": f"_deep_get({inner})", "s": f"_deep_slots({inner})",
+            "c": f"_deep_dc({inner})", "d": f"{{'n': {inner}}}",
+            "t": f"{{(1, 'n'): {inner}}}", "l": f"[{inner}]",
+            "L": f"_deep_long({inner})"}[s]
+
+
+_DEEP_READ = {"a": ".n", "p": ".n", "g": ".n", "s": ".n", "c": ".n", "d": "['n']",
+              "t": "[(1, 'n')]", "l": "[0]", "L": "[70]"}
 
 
 def _deep_ref(steps):
-    return "".join(".n" if s == "a" else "['n']" if s == "d" else "[0]" for s in steps)
+    return "".join(_DEEP_READ[s] for s in steps)
+
+
+_DEEP_CLASSES = [
+    "class _deep_obj:", "    def __init__(self, **kw):", "        self.__dict__.update(kw)",
+    "",
+    "    def __repr__(self):   # the harness compares an argument's state by repr",
+    "        return '_deep_obj'", "", "",
+    "class _deep_vobj(_deep_obj):",
+    "    \"\"\"Compares by value: every one equal to every other (the signature must not",
+    "    take one for another: they hold other state).\"\"\"", "",
+    "    def __eq__(self, other):", "        return isinstance(other, _deep_vobj)", "",
+    "    def __hash__(self):", "        return 7", "", "",
+    "class _deep_prop:", "    def __init__(self, n):", "        self._n = n", "",
+    "    @property", "    def n(self):", "        return self._n", "", "",
+    "class _deep_get:", "    def __init__(self, n):", "        self.d = {'n': n}", "",
+    "    def __getattr__(self, k):", "        return self.d[k]      # KeyError, not AttributeError",
+    "", "",
+    "class _deep_slots:", "    __slots__ = ('n', 'other')", "",
+    "    def __init__(self, n):", "        self.n = n", "", "",
+    "@dataclasses.dataclass(slots=True)", "class _deep_dc:", "    n: object", "", "",
+    "def _deep_long(n):", "    out = [0.0] * 100", "    out[70] = n", "    return out", "", "",
+]
 
 
 @st.composite
 def deep_capture_programs(draw, avoid=(), focus=None):
-    """One value read through a deep path, rebound (leaf or a level between) between
+    """One value read through a deep path, changed (leaf or a level between) between
     calls; the function combines it with its argument (and its gradient is compared)."""
-    depth = draw(st.integers(1, 6))
-    steps = "".join(draw(st.lists(st.sampled_from("adl"), min_size=depth,
+    depth = draw(st.integers(1, 9))
+    steps = "".join(draw(st.lists(st.sampled_from(_DEEP_STEPS), min_size=depth,
                                   max_size=depth)))
-    if steps[0] != "a" and draw(st.booleans()):
+    if steps[0] not in _DEEP_OBJECT_STEPS and draw(st.booleans()):
         steps = "a" + steps[1:]
     kinds = draw(st.lists(st.sampled_from(_DEEP_LEAVES), min_size=1, max_size=2,
                           unique=True))
-    root = draw(st.sampled_from(["global", "closure", "argument"]))
-    if root == "argument" and steps[0] != "a":
+    root = draw(st.sampled_from(["global", "closure", "argument", "vargument"]))
+    if root.endswith("argument") and steps[0] != "a":
         steps = "a" + steps[1:]      # an argument object: a dict or list would be a pytree
     op = draw(st.sampled_from(["mul", "tanh", "both"]))
     n_calls = draw(st.integers(6, 9))
-    # Per call after the first: None (no change), or (level, leaf kind) to rebind; mostly
-    # None, so compiled calls run between the rebindings (each one retraces).
-    rebind = st.tuples(st.integers(0, depth - 1), st.sampled_from(kinds))
-    table = [None] + [draw(st.sampled_from([None, None, "r"])) for _ in range(n_calls - 1)]
-    table = [t and draw(rebind) for t in table]
-    assume(any(t is not None for t in table[1:]))
+    cut = draw(st.sampled_from([None, None, "assign", "unchain"]))
+    # Per call after the first: None (no change), ("r", level, leaf kind) to rebind,
+    # ("i", k) to change the leaf in place; mostly None, so compiled calls run between
+    # the changes (each rebinding retraces). fresh: the leaf is a new Variable before
+    # every call (read as an argument once seen replaced: compiled all the same).
+    fresh = "variable" in kinds and draw(st.integers(0, 3)) == 0
+    rebind = st.tuples(st.just("r"), st.integers(0, depth - 1), st.sampled_from(kinds))
+    inplace = st.tuples(st.just("i"), st.integers(1, 9))
+    if fresh:
+        table = [None] + [("r", depth - 1, "variable")] * (n_calls - 1)
+    else:
+        table = [None] + [draw(st.sampled_from([None, None, "r", "i"]))
+                          for _ in range(n_calls - 1)]
+        table = [t and draw(rebind if t == "r" else inplace) for t in table]
+        assume(any(t is not None for t in table[1:]))
     backward = draw(st.sampled_from([None, "plain"]))
+    if cut is not None:
+        backward = "plain"           # the cut shows in U's gradient
     ref = "ROOT" + _deep_ref(steps)
-    if root == "argument":
+    if root.endswith("argument"):
         ref = "c" + _deep_ref(steps)
     body = {"mul": f"F.sum(x * {ref})", "tanh": f"F.sum(F.tanh(x + {ref}))",
             "both": f"F.sum(F.tanh(x * {ref}) * {ref})"}[op]
-    out = ["import numpy as np", "import tracejit as tj", "import tracejit.functions as F",
-           "", "", "SHAPE = (3,)", "", "",
-           "class _deep_obj:", "    def __init__(self, **kw):", "        self.__dict__.update(kw)",
-           "",
-           "    def __repr__(self):   # the harness compares an argument's state by repr",
-           "        return '_deep_obj'", "", "",
-           f"STEPS = {steps!r}   # a: attribute, d: dict item, l: list item",
-           f"ROOT = {_deep_tree_src(steps, _deep_leaf_src(kinds[0], 0))}",
-           "CAPTURES = {}", f"PLAN = [None] * {n_calls}",
-           f"BACKWARD = {backward!r}   # the harness's backward after each call",
-           f"REBIND = {table!r}   # per call: (level, leaf kind) or None", "", ""]
+    root_class = "_deep_vobj" if root == "vargument" else "_deep_obj"
+    cut_line = {None: [], "assign": ["x.creator = None"], "unchain": ["x.unchain()"]}[cut]
+    out = ["import dataclasses", "", "import numpy as np", "import tracejit as tj",
+           "import tracejit.functions as F", "", "", "SHAPE = (3,)", "", ""]
+    out += _DEEP_CLASSES
+    out += [f"STEPS = {steps!r}   # {_DEEP_LEGEND}",
+            f"ROOT = {_deep_root_src(steps, _deep_leaf_src(kinds[0], 0), root_class)}",
+            "U = tj.Variable(np.full(SHAPE, 0.5))   # the caller's graph of x comes from U",
+            "CAPTURES = {'U': U}" if cut else "CAPTURES = {}",
+            f"PLAN = [None] * {n_calls}",
+            f"BACKWARD = {backward!r}   # the harness's backward after each call",
+            f"CHANGE = {table!r}   # per call: ('r', level, leaf kind), ('i', k) or None",
+            "", ""]
     if root == "closure":
         # The closure holds ROOT's object; every rebinding is at a level below it.
-        out += ["def _make():", "    root = ROOT", "",
-                "    def f(x):", f"        return {body.replace('ROOT', 'root')}", "",
+        out += ["def _make():", "    root = ROOT", "", "    def f(x):"]
+        out += [f"        {line}" for line in cut_line]
+        out += [f"        return {body.replace('ROOT', 'root')}", "",
                 "    return f", "", "", "f = _make()"]
-    elif root == "argument":
-        out += ["def f(c, x):", f"    return {body}"]
+    elif root.endswith("argument"):
+        out += ["def f(c, x):"] + [f"    {line}" for line in cut_line] + \
+            [f"    return {body}"]
     else:
-        out += ["def f(x):", f"    return {body}"]
+        out += ["def f(x):"] + [f"    {line}" for line in cut_line] + [f"    return {body}"]
+    x_src = "U * 1.0 + tj.Variable(rng.uniform(-1.0, 1.0, SHAPE))" if cut else \
+        "tj.Variable(rng.uniform(-1.0, 1.0, SHAPE))"
     out += ["", "", "def args(call):",
             "    rng = np.random.default_rng(100 + call)",
-            "    x = tj.Variable(rng.uniform(-1.0, 1.0, SHAPE))",
-            "    return (ROOT, x)" if root == "argument" else "    return (x,)", "", "",
+            f"    x = {x_src}",
+            "    return (ROOT, x)" if root.endswith("argument") else "    return (x,)", "", "",
             "def _node(level):",
             "    v = ROOT",
             "    for s in STEPS[:level]:",
-            "        v = v.n if s == 'a' else v['n'] if s == 'd' else v[0]",
+            "        v = _read(v, s)",
             "    return v", "", "",
+            "def _read(v, s):",
+            "    if s in 'apgsc':",
+            "        return v.n",
+            "    return v['n'] if s == 'd' else v[(1, 'n')] if s == 't' else "
+            "v[0] if s == 'l' else v[70]", "", "",
+            "def _put(h, s, v):",
+            "    if s == 'p':",
+            "        h._n = v",
+            "    elif s == 'g':",
+            "        h.d['n'] = v",
+            "    elif s in 'asc':",
+            "        h.n = v",
+            "    elif s == 'd':",
+            "        h['n'] = v",
+            "    elif s == 't':",
+            "        h[(1, 'n')] = v",
+            "    else:",
+            "        h[0 if s == 'l' else 70] = v", "", "",
             "_SUBTREES = {"]
     for k, t in enumerate(table):
-        if t is not None:
-            level, kind = t
+        if t is not None and t[0] == "r":
+            _, level, kind = t
             tree = _deep_tree_src(steps[level + 1:], _deep_leaf_src(kind, k))
             out.append(f"    {k}: lambda: {tree},")
     out += ["}", "", "",
             "def BETWEEN(call, args):",
-            "    \"\"\"The caller rebinds the path's leaf or a level of it for the next "
+            "    \"\"\"The caller changes the path's leaf or a level of it for the next "
             "call.\"\"\"",
             "    nxt = call + 1",
-            "    if nxt >= len(REBIND) or REBIND[nxt] is None:",
+            "    if nxt >= len(CHANGE) or CHANGE[nxt] is None:",
             "        return",
-            "    level = REBIND[nxt][0]",
-            "    h, s, v = _node(level), STEPS[level], _SUBTREES[nxt]()",
-            "    if s == 'a':",
-            "        h.n = v",
-            "    elif s == 'd':",
-            "        h['n'] = v",
-            "    else:",
-            "        h[0] = v"]
+            "    if CHANGE[nxt][0] == 'i':",
+            "        leaf = _node(len(STEPS))",
+            "        value = 0.25 * CHANGE[nxt][1]",
+            "        if isinstance(leaf, tj.Variable):",
+            "            leaf.data[...] = value",
+            "        elif isinstance(leaf, np.ndarray):",
+            "            leaf[...] = value",
+            "        return",
+            "    level = CHANGE[nxt][1]",
+            "    _put(_node(level), STEPS[level], _SUBTREES[nxt]())"]
     features = sorted({"deep_capture", f"deep_capture_{root}", f"depth_{depth}"}
-                      | {f"deep_leaf_{k}" for k in kinds})
+                      | {f"deep_leaf_{k}" for k in kinds}
+                      | {f"deep_step_{c}" for c in set(steps)}
+                      | ({f"deep_cut_{cut}"} if cut else set())
+                      | ({"deep_fresh_variable"} if fresh else set())
+                      | ({"deep_inplace"} if any(t and t[0] == "i" for t in table)
+                         else set()))
     return SourceProgram("\n".join(out) + "\n", n_calls, False, features)
+
+
+_DEEP_LEGEND = ("a attribute, p property, g __getattr__, s slots, c slots dataclass, "
+                "d dict item, t tuple key, l list item, L item 70")
+
+
+def _deep_root_src(steps, leaf, root_class):
+    """ROOT's source: the first level of an argument object may compare by value."""
+    if steps[0] == "a":
+        return f"{root_class}(n={_deep_tree_src(steps[1:], leaf)})"
+    return _deep_tree_src(steps, leaf)
 
 
 GENERATORS["deep_captures"] = deep_capture_programs
