@@ -1,12 +1,20 @@
 """What a jitted function reads from Python outside its arguments, and how it is kept live.
 
-A location is a closure cell, a module global the function names, a default argument,
-or (up to _MAX_DEPTH levels below those) an attribute (instance or class), a dict item
-or a list/tuple item. A captured Variable the trace uses that is at none of these
-locations (deeper, behind a custom __getattr__ or a property) is not guarded: the
-signature runs eagerly (trace.call, `unguarded_captures`) rather than read it stale.
-Module-level helper functions the function calls are followed too. The objects among
-the arguments (keyed by identity in the signature) are roots too.
+A location is a closure cell, a module global the function loads or stores, a default
+argument, or (up to _MAX_DEPTH levels below those) an attribute (an instance's __dict__
+or __slots__, a class's data attribute), a dict item (string, integer or tuple key) or
+a list/tuple item (namedtuples too); below that, for _DEEP more levels, the reads the
+code names (its attribute names, keys and indices), which are also followed past a
+container's first _MAX_ITEMS items and past the location bound (`BIG[80]`, one
+attribute of an object with a thousand). Module-level helper functions the function
+calls are followed, and so are the getters of the objects walked (properties,
+__getattr__, descriptors: what they compute from is in their globals and closures).
+A captured Variable the trace uses that is at none of these locations (reached through
+a C object, deeper still) is not guarded: the signature runs eagerly (trace.call,
+`unguarded_captures`) rather than read it stale. The objects among the arguments
+(keyed by identity in the signature, also those whose class compares by value) are
+roots too. Every look tracejit takes at a user's object goes through `probe`: what
+a user __getattr__ raises is an absent attribute, never the user's error.
 At trace time:
   - ndarrays at those locations are swapped for traced views, so NumPy on them
     (`x * c + c ** 2` with a closure array c) is recorded, not frozen;
@@ -30,9 +38,9 @@ from tracejit.core import Variable
 
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
 _MISSING = object()
-# Levels below a root (obj.cfg.scale is two). Deep enough for configs and nested models
-# (cfg.model.enc.l1.W is four); whatever is deeper and used as a Variable is refused
-# (unguarded_captures), a Python number deeper is still read as traced.
+# Levels below a root (obj.cfg.scale is two) walked whole. Deep enough for configs and
+# nested models (cfg.model.enc.l1.W is four); below, only the reads the code names
+# (_DEEP more levels); a Variable deeper still is refused (unguarded_captures).
 _MAX_DEPTH = 6
 _MAX_LOCATIONS = 400      # bounds the per-call check on very large object graphs
 _MAX_ITEMS = 64           # items of one list, tuple or dict
