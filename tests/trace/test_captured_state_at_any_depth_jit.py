@@ -1,6 +1,8 @@
 """A captured value the jitted function reads at any depth (attributes, dict items, list
 items, mixed; through a closure, a global or an argument object), rebound from outside
 between calls, is what the next call uses, as in eager: never the traced one."""
+import weakref
+
 import numpy as np
 import pytest
 
@@ -15,7 +17,7 @@ class O:
 
 
 _STORE = {}
-_LOOKUP = _STORE.__getitem__
+_WEAK = weakref.WeakValueDictionary()
 
 
 def _leaf(kind, k):
@@ -160,15 +162,15 @@ def test_a_variable_past_the_depth_bound_runs_eagerly_with_a_warning():
 
 def test_a_variable_behind_a_custom_getattr_runs_eagerly_with_a_warning():
     class Proxy:
-        # Its values live where pystate does not look: a table reached only through a
-        # C method (a __getattr__ reading a module-level table is followed, as a
-        # helper's globals are: test_captured_state_reads).
+        # Its values live where pystate does not look: behind weak references (a
+        # __getattr__ reading a module-level table is followed, as a helper's globals
+        # are: test_captured_state_reads).
         def __getattr__(self, name):
-            return _LOOKUP(name)
+            return _WEAK[name]
 
     p = Proxy()
     f = tj.jit(lambda x: F.sum(x * p.h))
     with pytest.warns(tj.JitWarning, match="does not guard"):
         for k in range(1, 5):
-            _STORE["h"] = tj.Variable(np.full(3, float(k)))
+            _STORE["h"] = _WEAK["h"] = tj.Variable(np.full(3, float(k)))
             assert float(f(tj.Variable(np.ones(3))).data) == 3.0 * k

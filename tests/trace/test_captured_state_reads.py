@@ -1,7 +1,8 @@
 """A value the jitted function reads from captured Python state by any way eager can
 read it (a @property, a custom __getattr__, __slots__, a dataclass, a namedtuple, a
 class attribute, more than six levels deep, an index past a long list's first items,
-a tuple dict key, a negative index of a list that grows, a big object's one attribute)
+a tuple dict key, a negative index of a list or deque that grows, a big object's one
+attribute, a bound method of a dict or of an object)
 is guarded or read anew: after the caller changes it between calls, the next call gives
 eager's result. Each program runs compiled calls before and after every change."""
 import collections
@@ -243,3 +244,28 @@ def test_a_module_global_named_like_an_attribute_is_no_state():
         ns["h"] = jf(x)
         np.testing.assert_allclose(ns["h"].data, ns["f"](x).data)
     assert jf.cache_info()["hits"] >= 3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_bound_method_of_a_table(kind):
+    table = {"v": None}
+    get = table.get                  # the function reads the table through it
+
+    def f(x):
+        return F.sum(x * get("v"))
+    _check(f, lambda v: table.__setitem__("v", v), kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_bound_method_of_a_user_object(kind):
+    class Cfg:
+        def value(self):
+            return self.v
+    value = Cfg().value
+    _check(lambda x: F.sum(x * value()), lambda v: setattr(value.__self__, "v", v), kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_last_item_of_a_deque(kind):
+    buf = collections.deque([None], maxlen=4)
+    _check(lambda x: F.sum(x * buf[-1]), lambda v: buf.append(v), kind)

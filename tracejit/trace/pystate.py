@@ -37,6 +37,7 @@ from tracejit import core as _core
 from tracejit.core import Variable
 
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
+_SEQUENCES = (list, tuple, collections.deque)    # items by index (a replay buffer too)
 _MISSING = object()
 # Levels below a root (obj.cfg.scale is two) walked whole. Deep enough for configs and
 # nested models (cfg.model.enc.l1.W is four); below, only the reads the code names
@@ -80,7 +81,7 @@ class Location:
                 return getattr(self.container, self.key, _MISSING)
             if self.kind == "default":
                 return self.container.__defaults__[self.key]
-            if self.kind == "item" and isinstance(self.container, (list, tuple)):
+            if self.kind == "item" and isinstance(self.container, _SEQUENCES):
                 c = self.container
                 return c[self.key] if -len(c) <= self.key < len(c) else _MISSING
             return self.container.get(self.key, _MISSING)
@@ -425,6 +426,19 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
             # A module-level helper the function calls: what it reads counts too.
             frontier += [(l, o, n, 0) for l, o, n in _roots(obj, seen_functions)]
             continue
+        if depth == 0 and isinstance(obj, types.MethodType) and \
+                _is_user_function(obj.__func__):
+            # A user's bound method the function calls: its object and what it reads.
+            frontier += [(l, o, n, 0) for l, o, n in _roots(obj, seen_functions)]
+            continue
+        owner = _bound_owner(obj)
+        if owner is not None and depth < max_depth + _DEEP:
+            # A bound method at a location (`get = cfg.get`, `read = table.__getitem__`,
+            # `step = other.update`): what it reads is its object's state.
+            label = name or (loc.label if loc is not None else "?")
+            frontier.append((Location("attr", obj, "__self__", f"{label}.__self__", loc),
+                             None, None, depth + 1))
+            continue
         namespace = _is_namespace_object(obj)
         if namespace:
             # What a property, __getattr__ or descriptor computes the value from (a
@@ -450,7 +464,7 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
                     or (type(k) is int and k in indices))]
             frontier += [(Location("item", obj, k, f"{label}[{k!r}]", loc), None, None,
                           depth + 1) for k in first]
-        elif t in (list, tuple) or isinstance(obj, tuple):
+        elif t in (list, tuple, collections.deque) or isinstance(obj, tuple):
             n = len(obj)
             idx = [] if named else list(range(min(n, items)))
             if indices is not None:
@@ -469,6 +483,19 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
     return out
 
 
+def _bound_owner(obj):
+    """The object a bound method (a C one, `d.get`, or a Python one) at a location
+    reads, when it is a container or a user object; else None."""
+    if not isinstance(obj, (types.BuiltinMethodType, types.MethodType,
+                            types.MethodWrapperType)):
+        return None
+    owner = probe(obj, "__self__")
+    if type(owner) in (dict, list, tuple) or (
+            _is_namespace_object(owner) and not isinstance(owner, Variable)):
+        return owner
+    return None
+
+
 # Levels below _MAX_DEPTH a walk follows the reads the code names (attributes, keys),
 # and how many times max_locations it may list when those are past the bound.
 _DEEP = 16
@@ -479,6 +506,8 @@ def _named(loc, names, indices):
     if names is None or loc.kind not in ("attr", "item"):
         return loc.kind not in ("attr", "item")
     k = loc.key
+    if k == "__self__" and loc.kind == "attr":
+        return True
     return (type(k) in (str, tuple) and k in names) or (type(k) is int and k in indices)
 
 
@@ -540,9 +569,11 @@ def snapshot(locs):
         v = loc.read()
         if type(v) in _SCALARS or isinstance(v, np.generic):
             snap.append((loc, v, False))
-        elif isinstance(v, (np.ndarray, Variable, types.FunctionType, type)) \
+        elif isinstance(v, (np.ndarray, Variable, types.FunctionType, type, types.MethodType,
+                            types.BuiltinFunctionType, np.ufunc)) \
                 or _is_namespace_object(v) \
-                or (type(v) in (list, tuple, dict) and not _bookkeeping(v)) \
+                or (type(v) in (list, tuple, dict, collections.deque)
+                    and not _bookkeeping(v)) \
                 or isinstance(v, tuple):      # a namedtuple config (CFG._replace(lr=...))
             snap.append((loc, v, True))
     return snap
@@ -595,7 +626,7 @@ def compile_check(snap):
             read = f"getattr(c{i}, k{i}, M)"
         elif loc.kind == "default":
             read = f"c{i}.__defaults__[k{i}]"
-        elif loc.kind == "item" and isinstance(loc.container, (list, tuple)):
+        elif loc.kind == "item" and isinstance(loc.container, _SEQUENCES):
             read = f"(c{i}[k{i}] if -len(c{i}) <= k{i} < len(c{i}) else M)"
         else:
             read = f"c{i}.get(k{i}, M)"

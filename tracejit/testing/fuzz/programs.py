@@ -1641,8 +1641,9 @@ def _state_reset_lines(b):
 
 _DEEP_LEAVES = ("variable", "parameter", "array", "float")
 # a attribute, p property, g __getattr__ (KeyError), s __slots__, c slots dataclass,
-# d dict item, t tuple-keyed dict item, l list item, L item 70 of a 100-item list.
-_DEEP_STEPS = "apgscdtlL"
+# d dict item, t tuple-keyed dict item, l list item, L item 70 of a 100-item list,
+# q the last item of a deque.
+_DEEP_STEPS = "apgscdtlLq"
 _DEEP_OBJECT_STEPS = "apgsc"
 
 
@@ -1662,11 +1663,12 @@ def _deep_tree_src(steps, leaf, root_class="_deep_obj"):
             "g": f"_deep_get({inner})", "s": f"_deep_slots({inner})",
             "c": f"_deep_dc({inner})", "d": f"{{'n': {inner}}}",
             "t": f"{{(1, 'n'): {inner}}}", "l": f"[{inner}]",
-            "L": f"_deep_long({inner})"}[s]
+            "L": f"_deep_long({inner})",
+            "q": f"collections.deque([0.0, {inner}], maxlen=4)"}[s]
 
 
 _DEEP_READ = {"a": ".n", "p": ".n", "g": ".n", "s": ".n", "c": ".n", "d": "['n']",
-              "t": "[(1, 'n')]", "l": "[0]", "L": "[70]"}
+              "t": "[(1, 'n')]", "l": "[0]", "L": "[70]", "q": "[-1]"}
 
 
 def _deep_ref(steps):
@@ -1736,7 +1738,7 @@ def deep_capture_programs(draw, avoid=(), focus=None):
             "both": f"F.sum(F.tanh(x * {ref}) * {ref})"}[op]
     root_class = "_deep_vobj" if root == "vargument" else "_deep_obj"
     cut_line = {None: [], "assign": ["x.creator = None"], "unchain": ["x.unchain()"]}[cut]
-    out = ["import dataclasses", "", "import numpy as np", "import tracejit as tj",
+    out = ["import collections", "import dataclasses", "", "import numpy as np", "import tracejit as tj",
            "import tracejit.functions as F", "", "", "SHAPE = (3,)", "", ""]
     out += _DEEP_CLASSES
     out += [f"STEPS = {steps!r}   # {_DEEP_LEGEND}",
@@ -1773,7 +1775,7 @@ def deep_capture_programs(draw, avoid=(), focus=None):
             "    if s in 'apgsc':",
             "        return v.n",
             "    return v['n'] if s == 'd' else v[(1, 'n')] if s == 't' else "
-            "v[0] if s == 'l' else v[70]", "", "",
+            "v[0] if s == 'l' else v[-1] if s == 'q' else v[70]", "", "",
             "def _put(h, s, v):",
             "    if s == 'p':",
             "        h._n = v",
@@ -1786,7 +1788,7 @@ def deep_capture_programs(draw, avoid=(), focus=None):
             "    elif s == 't':",
             "        h[(1, 'n')] = v",
             "    else:",
-            "        h[0 if s == 'l' else 70] = v", "", "",
+            "        h[0 if s == 'l' else -1 if s == 'q' else 70] = v", "", "",
             "_SUBTREES = {"]
     for k, t in enumerate(table):
         if t is not None and t[0] == "r":
@@ -1821,7 +1823,7 @@ def deep_capture_programs(draw, avoid=(), focus=None):
 
 
 _DEEP_LEGEND = ("a attribute, p property, g __getattr__, s slots, c slots dataclass, "
-                "d dict item, t tuple key, l list item, L item 70")
+                "d dict item, t tuple key, l list item, L item 70, q deque's last")
 
 
 def _deep_root_src(steps, leaf, root_class):
