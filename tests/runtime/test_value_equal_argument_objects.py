@@ -2,7 +2,8 @@
 state the function reads, as an object of default equality is: an equal object holding
 other arrays or Variables gets eager's results, the state it holds is guarded (changed
 between calls, the next call sees it), and a Variable in it rebound between calls is no
-fallback. A frozen dataclass of numbers is its value: a new equal one each call hits."""
+fallback; a mutable dataclass (unhashable) is an argument as any object is. A frozen
+dataclass of numbers is its value: a new equal one each call hits."""
 import dataclasses
 
 import numpy as np
@@ -86,3 +87,28 @@ def test_a_frozen_dataclass_of_numbers_is_its_value():
         a = np.full(3, 1.0 + call)
         np.testing.assert_allclose(jf(h, tj.Variable(a)).data, g(h, tj.Variable(a)).data)
     assert jf.cache_info()["hits"] >= 4
+
+
+def test_a_mutable_dataclass_argument():
+    # eq=True without frozen: __hash__ is None. An argument eager takes (jit raised
+    # TypeError "neither an array, a Variable, a float nor hashable").
+    @dataclasses.dataclass
+    class Config:
+        lr: float
+        w: object
+
+    def g(c, x):
+        return F.sum(x * c.w) * c.lr
+    c = Config(0.5, np.ones(3))
+    jf = tj.jit(g)
+    for call in range(10):
+        if call == 5:
+            c.lr = 0.25
+        if call == 7:
+            c.w = np.full(3, 2.0)
+        a = np.full(3, 1.0 + call)
+        np.testing.assert_allclose(jf(c, tj.Variable(a)).data, g(c, tj.Variable(a)).data)
+    other = Config(0.25, np.full(3, 3.0))         # equal fields would not matter
+    a = np.ones(3)
+    np.testing.assert_allclose(jf(other, tj.Variable(a)).data, g(other, tj.Variable(a)).data)
+    assert jf.cache_info()["hits"] >= 3

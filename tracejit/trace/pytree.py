@@ -19,6 +19,7 @@ VAR, ARR, FLT = Form.VARIABLE, Form.ARRAY, Form.FLOAT
 SCALAR = Form.NUMPY_SCALAR          # a result leaf eager NumPy returns as a scalar
 PYTHON_SCALAR = Form.PYTHON_SCALAR  # ... as a Python scalar (np.allclose)
 STATIC = "static"      # the tree node of a static value: (STATIC, value), in the key
+BY_ID = "static by identity"   # (BY_ID, _Identity(obj)): an object keyed by identity
 
 
 def flatten_args(obj, leaves):
@@ -43,17 +44,18 @@ def flatten_args(obj, leaves):
         # tell them apart (isinstance, grad's float64 leaf, the type it returns).
         leaves.append(np.asarray(obj))
         return SCALAR
+    if pystate.keyed_by_identity(obj):
+        # An object whose class compares by value (__eq__ / __hash__; a dataclass, whose
+        # __hash__ is None) but holds state the function reads (arrays, Variables,
+        # mutable attributes): an equal object is not the same state. Keyed by identity
+        # (the variant captured this one's arrays), and walked as a root
+        # (pystate.argument_objects), as an object of default equality is.
+        return (BY_ID, _Identity(obj))
     try:
         hash(obj)
     except TypeError:
         raise TypeError(f"jit: argument of type {t.__name__} is neither an array, a Variable, "
                         f"a float nor hashable (it could not be a static argument)") from None
-    if pystate.keyed_by_identity(obj):
-        # An object whose class compares by value (__eq__ / __hash__) but holds state
-        # the function reads (arrays, Variables, mutable attributes): an equal object
-        # is not the same state. Keyed by identity as well (the variant captured this
-        # one's arrays), and walked as a root (pystate.argument_objects).
-        return (STATIC, obj, _Identity(obj))
     return (STATIC, obj)
 
 
@@ -92,6 +94,8 @@ def unflatten(tree, leaves, it=None, bound=None, argv=None):
         return bound[tree[1]]
     if tag == STATIC:
         return tree[1]
+    if tag == BY_ID:
+        return tree[1].obj
     if tag == "argobj":
         return arg_at(argv, tree[1])
     if tag == "tuple":
@@ -430,6 +434,8 @@ def structure_source(tree, exprs, const):
     tag = tree[0]
     if tag == STATIC:
         return const(tree[1])
+    if tag == BY_ID:
+        return const(tree[1].obj)
     if tag == "bind":       # one list or dict in several places: named where first built
         return f"(t{tree[1]} := {structure_source(tree[2], exprs, const)})"
     if tag == "again":
