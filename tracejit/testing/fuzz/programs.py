@@ -1633,10 +1633,10 @@ def _state_reset_lines(b):
 # subtree>`), or the leaf replaced by a new Variable before every call. A level is read
 # as an attribute, a @property, a __getattr__ that raises KeyError for unknown names, a
 # __slots__ attribute, a slots dataclass field, a dict item (a string or a tuple key), a
-# list item (the first, or one past a long list's first 64). The argument object may
-# compare by value (its class's __eq__ / __hash__). The function may cut its argument's
-# creator (`x.creator = None`, `x.unchain()`), whose graph the caller built from a
-# captured Variable U. Eager reads the path anew on each call; a compiled call must
+# list item (the first, or one past a long list's first 64), a deque's last item. The
+# argument object may compare by value (its class's __eq__ / __hash__, or a mutable
+# dataclass's). The function may cut its argument's creator (`x.creator = None`,
+# `x.unchain()`), whose graph the caller built from a captured Variable U. Eager reads the path anew on each call; a compiled call must
 # too, select another variant, or run eagerly with a warning.
 
 _DEEP_LEAVES = ("variable", "parameter", "array", "float")
@@ -1693,6 +1693,10 @@ _DEEP_CLASSES = [
     "class _deep_slots:", "    __slots__ = ('n', 'other')", "",
     "    def __init__(self, n):", "        self.n = n", "", "",
     "@dataclasses.dataclass(slots=True)", "class _deep_dc:", "    n: object", "", "",
+    "@dataclasses.dataclass(repr=False)",
+    "class _deep_mdc:", "    \"\"\"A mutable dataclass: compares by value, unhashable.\"\"\"",
+    "    n: object", "",
+    "    def __repr__(self):", "        return '_deep_mdc'", "", "",
     "def _deep_long(n):", "    out = [0.0] * 100", "    out[70] = n", "    return out", "", "",
 ]
 
@@ -1708,7 +1712,8 @@ def deep_capture_programs(draw, avoid=(), focus=None):
         steps = "a" + steps[1:]
     kinds = draw(st.lists(st.sampled_from(_DEEP_LEAVES), min_size=1, max_size=2,
                           unique=True))
-    root = draw(st.sampled_from(["global", "closure", "argument", "vargument"]))
+    root = draw(st.sampled_from(["global", "closure", "argument", "vargument",
+                                 "dargument"]))
     if root.endswith("argument") and steps[0] != "a":
         steps = "a" + steps[1:]      # an argument object: a dict or list would be a pytree
     op = draw(st.sampled_from(["mul", "tanh", "both"]))
@@ -1736,7 +1741,7 @@ def deep_capture_programs(draw, avoid=(), focus=None):
         ref = "c" + _deep_ref(steps)
     body = {"mul": f"F.sum(x * {ref})", "tanh": f"F.sum(F.tanh(x + {ref}))",
             "both": f"F.sum(F.tanh(x * {ref}) * {ref})"}[op]
-    root_class = "_deep_vobj" if root == "vargument" else "_deep_obj"
+    root_class = {"vargument": "_deep_vobj", "dargument": "_deep_mdc"}.get(root, "_deep_obj")
     cut_line = {None: [], "assign": ["x.creator = None"], "unchain": ["x.unchain()"]}[cut]
     out = ["import collections", "import dataclasses", "", "import numpy as np", "import tracejit as tj",
            "import tracejit.functions as F", "", "", "SHAPE = (3,)", "", ""]
