@@ -56,13 +56,20 @@ import tracejit.functions as F  # noqa: E402
 from tracejit import optimizers  # noqa: E402
 from tracejit.models import MLP  # noqa: E402
 
+# TRACEJIT_BENCH_NO_EXTERNAL=1: without JAX and PyTorch (bench_compile.py's processes
+# import the workloads from here and time tracejit's compile alone).
+_NO_EXTERNAL = os.environ.get("TRACEJIT_BENCH_NO_EXTERNAL", "") not in ("", "0")
 try:
+    if _NO_EXTERNAL:
+        raise ImportError
     import jax
     import jax.numpy as jnp
     jax.config.update("jax_enable_x64", True)
 except ImportError:
     jax = None
 try:
+    if _NO_EXTERNAL:
+        raise ImportError
     import torch
     if _BLAS_THREADS is not None:
         torch.set_num_threads(int(_BLAS_THREADS))
@@ -112,6 +119,55 @@ def summary_line(jitted, *args):
                 f"{s['numpy_calls']}, materialized {s['materialized']}")
     except Exception as e:  # noqa: BLE001 - a benchmark reports, it does not stop
         return f"graph: n/a ({e})"
+
+
+def warm_up(impls, n):
+    """n calls of each column before the timing: the jitted columns' first compile
+    took n calls (eager, trace + compile, checked calls); every other column gets as
+    many (JAX's and torch.compile's compiles are their first call)."""
+    for fn in impls.values():
+        for _ in range(n):
+            fn()
+
+
+def peak_step_memory(fn):
+    """Bytes allocated at the peak of one call of fn above what was allocated before
+    it, by tracemalloc (NumPy reports its array buffers to it; numba kernels allocate
+    nothing, they write arrays the plan made with NumPy). The second traced call is the
+    one measured, so what the previous call left alive was traced and its frees count."""
+    import gc
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        fn()
+        gc.collect()
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        r = fn()
+        peak = tracemalloc.get_traced_memory()[1]
+        del r
+    finally:
+        tracemalloc.stop()
+    return peak - base
+
+
+def _xla_memory(compiled):
+    """Temporary buffers of an XLA executable (its buffer assignment, static): the
+    step's working memory beyond its arguments and results."""
+    try:
+        ma = compiled.memory_analysis()
+        return int(ma.temp_size_in_bytes)
+    except Exception:  # noqa: BLE001 - a jaxlib without memory_analysis on CPU
+        return None
+
+
+def report_memory(workload, mem):
+    print(f"\n{workload} peak memory of a step (tracemalloc: NumPy's buffers allocated "
+          f"during the call above what was allocated before it; JAX: XLA's temporaries; "
+          f"PyTorch's CPU allocator is not traced: not measured)")
+    for name, b in mem.items():
+        val = "n/a" if b is None else f"{b / 2**20:7.2f} MB"
+        print(f"  {name:<40} {val}")
 
 
 def check_no_fallback(*jitted):
@@ -529,6 +585,227 @@ def _cnn_forward(x, W1, b1, W2, b2, Wl, bl):
     return F.linear(F.reshape(h, (x.shape[0], -1)), Wl, bl)
 
 
+def cnn_workload(batch=32):
+    """W6: x, t, make() -> (model, optimizer), step(model, optimizer) -> loss."""
+    import tracejit.layers as L
+    from tracejit.models import Model
+
+    class CNN(Model):
+        def __init__(self):
+            super().__init__()
+            self.c1 = L.Conv2d(16, 3, pad=1)
+            self.c2 = L.Conv2d(32, 3, pad=1)
+            self.fc = L.Linear(10)
+
+        def forward(self, x):
+            # The layers' calls: what _cnn_forward computes from their parameters.
+            h = F.pooling(F.relu(self.c1(x)), 2, 2)
+            h = F.pooling(F.relu(self.c2(h)), 2, 2)
+            return self.fc(F.reshape(h, (x.shape[0], -1)))
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, 1, 28, 28)).astype(np.float32)
+    t = rng.integers(0, 10, batch)
+
+    def make():
+        np.random.seed(0)
+        model = CNN()
+        model(x)                    # creates the lazy weights
+        return model, optimizers.SGD(0.01).setup(model)
+
+    def step(model, opt):
+        loss = F.softmax_cross_entropy(model(x), t)
+        model.cleargrads()
+        loss.backward()
+        opt.update()
+        return loss
+    return x, t, make, step
+
+
+def bench_cnn(rounds, min_time, backend, batch=32):
+    x, t, make, step = cnn_workload(batch)
+    m_e, o_e = make()
+    m_j, o_j = make()
+    step_j = tj.jit(lambda: step(m_j, o_j), backend=backend)
+    W1, b1 = m_e.l0.W.data.copy(), m_e.l0.b.data.copy()
+    W2, b2 = m_e.l1.W.data.copy(), m_e.l1.b.data.copy()
+
+    def numpy_step():
+        h = x @ W1 + b1
+        a = np.maximum(h, 0)
+        logits = a @ W2 + b2
+        m = logits.max(axis=1, keepdims=True)
+        e = np.exp(logits - m)
+        p = e / e.sum(axis=1, keepdims=True)
+        loss = -np.log(p[np.arange(batch), t]).mean()
+        g = p
+        g[np.arange(batch), t] -= 1
+        g /= batch
+        gW2 = a.T @ g
+        gb2 = g.sum(axis=0)
+        ga = g @ W2.T
+        ga *= h > 0
+        gW1 = x.T @ ga
+        gb1 = ga.sum(axis=0)
+        W1[...] -= 0.01 * gW1
+        b1[...] -= 0.01 * gb1
+        W2[...] -= 0.01 * gW2
+        b2[...] -= 0.01 * gb2
+        return loss
+
+    impls = {
+        "tracejit eager": lambda: step(m_e, o_e),
+        "tracejit jit (step inside)": step_j,
+        "numpy by hand": numpy_step,
+    }
+    if torch is not None:
+        tm = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(),
+                                 torch.nn.Linear(256, 10))
+        topt = torch.optim.SGD(tm.parameters(), lr=0.01)
+        tx, tt = torch.from_numpy(x), torch.from_numpy(t)
+
+        def torch_step():
+            topt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(tm(tx), tt)
+            loss.backward()
+            topt.step()
+            return loss
+        impls["torch eager"] = torch_step
+    res = interleaved(impls, rounds, min_time)
+    report("W4 MLP 784-256-10 step, batch 128, float32", res, "numpy by hand",
+           summary_line(step_j))
+    check_no_fallback(step_j)
+
+
+# ------------------------------------------------------------------ W5 while loop
+
+def grow(x):
+    y = x
+    while y.data < 100:
+        y = y + x
+    return y
+
+
+def bench_while(rounds, min_time, backend):
+    xs = [np.array(v) for v in (3.0, 7.0, 11.0)]
+    gj = tj.jit(grow, backend=backend)
+    state = {"i": 0}
+
+    def run(f):
+        def call():
+            x = tj.Variable(xs[state["i"] % 3])
+            state["i"] += 1
+            y = f(x)
+            y.backward()
+            return x.grad
+        return call
+
+    impls = {"tracejit eager": run(grow), "tracejit jit": run(gj)}
+    if jax is not None:
+        jg = jax.jit(jax.value_and_grad(lambda x, n: x * (n + 1)), static_argnums=1)
+
+        def jax_call():
+            v = float(xs[state["i"] % 3])
+            state["i"] += 1
+            n = math.ceil(100 / v) - 1   # the trip count, specialized by hand
+            return jax.block_until_ready(jg(v, n))
+        impls["jax.jit (hand trip count)"] = jax_call
+    res = interleaved(impls, rounds, min_time)
+    report("W5 while loop with gradient, x in (3, 7, 11)", res, "tracejit jit")
+    check_no_fallback(gj)
+
+
+# ------------------------------------------------------------------ W6 CNN step
+
+def _first_compile(jitted, call, n=3):
+    """Seconds of the first n calls (eager warm-up, trace + compile + the check against
+    eager, the first checked compiled call), and the jit's trace/compile stats."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call()
+    info = jitted.cache_info()
+    return (f"first compiled result after {time.perf_counter() - t0:.2f} s (trace "
+            f"{info['trace_seconds']:.2f} s, lowering {info['compile_seconds']:.2f} s, "
+            f"the rest numba and the checks against eager); fallbacks {info['fallbacks']}")
+
+
+def _np_im2col(img, k, s, p):
+    # DeZero's im2col_array (to_matrix=False), verbatim in NumPy.
+    N, C, H, W = img.shape
+    OH, OW = (H + 2 * p - k) // s + 1, (W + 2 * p - k) // s + 1
+    img = np.pad(img, ((0, 0), (0, 0), (p, p + s - 1), (p, p + s - 1)))
+    col = np.ndarray((N, C, k, k, OH, OW), dtype=img.dtype)
+    for j in range(k):
+        for i in range(k):
+            col[:, :, j, i, :, :] = img[:, :, j:j + s * OH:s, i:i + s * OW:s]
+    return col
+
+
+def _np_col2im(col, shape, k, s, p):
+    # DeZero's col2im_array (to_matrix=False).
+    N, C, H, W = shape
+    OH, OW = col.shape[4:]
+    img = np.zeros((N, C, H + 2 * p + s - 1, W + 2 * p + s - 1), dtype=col.dtype)
+    for j in range(k):
+        for i in range(k):
+            img[:, :, j:j + s * OH:s, i:i + s * OW:s] += col[:, :, j, i, :, :]
+    return img[:, :, p:H + p, p:W + p]
+
+
+def numpy_cnn_step(params, x, t, lr=0.01):
+    """The W6 step as DeZero computes it, written out in NumPy: im2col + tensordot
+    convolutions, im2col + argmax pooling, and their backward passes; SGD in place."""
+    W1, b1, W2, b2, Wl, bl = params
+    cache = []
+    h = x
+    for W, b in ((W1, b1), (W2, b2)):
+        col = _np_im2col(h, 3, 1, 1)
+        y = np.rollaxis(np.tensordot(col, W, ((1, 2, 3), (1, 2, 3))) + b, 3, 1)
+        a = np.maximum(y, 0)
+        N, C, H, Wd = a.shape
+        pc = _np_im2col(a, 2, 2, 0).reshape(N, C, 4, H // 2, Wd // 2)
+        idx = pc.argmax(axis=2)
+        cache.append((h, col, y, idx, a.shape))
+        h = pc.max(axis=2)
+    N = x.shape[0]
+    f = h.reshape(N, -1)
+    logits = f @ Wl + bl
+    m = logits.max(axis=1, keepdims=True)
+    e = np.exp(logits - m)
+    prob = e / e.sum(axis=1, keepdims=True)
+    loss = -np.log(prob[np.arange(N), t]).mean()
+    g = prob
+    g[np.arange(N), t] -= 1
+    g /= N
+    grads = [None] * 6
+    grads[4], grads[5] = f.T @ g, g.sum(axis=0)
+    gh = (g @ Wl.T).reshape(h.shape)
+    for li in (1, 0):
+        hin, col, y, idx, ashape = cache[li]
+        W = params[2 * li]
+        Nn, C, OH, OW = gh.shape
+        gcol = np.zeros((Nn * C * OH * OW * 4), dtype=gh.dtype)
+        gcol[idx.ravel() + np.arange(0, idx.size * 4, 4)] = gh.ravel()
+        gcol = gcol.reshape(Nn, C, OH, OW, 2, 2)
+        gcol = np.swapaxes(np.swapaxes(gcol, 2, 4), 3, 5)
+        ga = _np_col2im(gcol, ashape, 2, 2, 0)
+        gy = ga * (y > 0)
+        grads[2 * li] = np.tensordot(gy, col, ((0, 2, 3), (0, 4, 5)))
+        grads[2 * li + 1] = gy.sum(axis=(0, 2, 3))
+        if li:
+            gc = np.rollaxis(np.tensordot(W, gy, (0, 1)), 3)
+            gh = _np_col2im(gc, hin.shape, 3, 1, 1)
+    for q, gq in zip(params, grads):
+        q -= lr * gq
+    return loss
+
+
+def _cnn_forward(x, W1, b1, W2, b2, Wl, bl):
+    h = F.pooling(F.relu(F.conv2d(x, W1, b1, 1, 1)), 2, 2)
+    h = F.pooling(F.relu(F.conv2d(h, W2, b2, 1, 1)), 2, 2)
+    return F.linear(F.reshape(h, (x.shape[0], -1)), Wl, bl)
+
+
 def bench_cnn(rounds, min_time, backend, batch=32):
     import tracejit.layers as L
     from tracejit.models import Model
@@ -649,25 +926,34 @@ def bench_cnn(rounds, min_time, backend, batch=32):
 
         jstate = {"ps": [jnp.asarray(a) for a in init]}
         xj, tj_ = jnp.asarray(x), jnp.asarray(t)
-
-        def jax_call():
-            loss, jstate["ps"] = jax_step(jstate["ps"], xj, tj_)
-            return jax.block_until_ready(loss)
         t0 = time.perf_counter()
+        jcompiled = jax_step.lower(jstate["ps"], xj, tj_).compile()
+
+        def jax_call():      # the executable compiled above (jax_step would compile again)
+            loss, jstate["ps"] = jcompiled(jstate["ps"], xj, tj_)
+            return jax.block_until_ready(loss)
         jax_call()
         print(f"W6 compile cost: jax.jit, first step {time.perf_counter() - t0:.1f} s")
         impls["jax.jit(value_and_grad)"] = jax_call
+    warm_up(impls, 3)        # every column: as many calls as jit's first compile took
     res = interleaved(impls, rounds, min_time)
     report(f"W6 CNN step, batch {batch}x1x28x28 float32: conv16-relu-pool-conv32-relu-pool-"
            f"linear10, softmax CE, SGD", res, "tracejit eager", summary_line(step_j))
     check_no_fallback(step_j, vgj)
+    mem = {name: peak_step_memory(impls[name]) for name in
+           ("tracejit eager", "tracejit jit (step inside)",
+            "tracejit jit(value_and_grad) + SGD", "numpy im2col by hand (DeZero's)")}
+    if jax is not None:
+        mem["jax.jit (XLA's buffer assignment)"] = _xla_memory(jcompiled)
+    report_memory("W6", mem)
 
 
 # ------------------------------------------------------------------ W7 LSTM window
 
-def bench_lstm(rounds, min_time, backend, hidden=100, bptt=30, batch=30):
+def lstm_workload(hidden=100, bptt=30, batch=30):
     """The book's step 60: SinCurve through SeqDataLoader, LSTM(100) + Linear(1), a
-    BPTT window of 30 steps, Adam; the state carries from one window to the next."""
+    BPTT window of 30 steps, Adam; the state carries from one window to the next.
+    Returns xs, ts, make() -> (model, optimizer), and the window's two forms."""
     import tracejit.layers as L
     from tracejit.datasets import SinCurve
     from tracejit.models import Model
@@ -728,7 +1014,13 @@ def bench_lstm(rounds, min_time, backend, hidden=100, bptt=30, batch=30):
             m.rnn.reset_state()
             return loss, h, c
         return window
+    return xs, ts, make, book_window, state_window
 
+
+def bench_lstm(rounds, min_time, backend, hidden=100, bptt=30, batch=30,
+               torch_compile=False):
+    """W7 (lstm_workload), the state carried from one window to the next."""
+    xs, ts, make, book_window, state_window = lstm_workload(hidden, bptt, batch)
     m_e, o_e = make()
     m_b, o_b = make()
     m_j, o_j = make()
@@ -769,11 +1061,109 @@ def bench_lstm(rounds, min_time, backend, hidden=100, bptt=30, batch=30):
             tstate["hc"] = (hc[0].detach(), hc[1].detach())
             return loss
         impls["torch eager"] = torch_window
+        if torch_compile:
+            # The window's forward and loss compiled (backward by AOTAutograd), Adam's
+            # step eager as in the column above. Opt-in: it compiles for minutes.
+            def torch_loss(hc, txs, tts):
+                loss = 0
+                for i in range(bptt):
+                    hc = tl(txs[i], hc)
+                    loss = loss + torch.nn.functional.mse_loss(tf(hc[0]), tts[i])
+                return loss, hc
+            tc_loss = torch.compile(torch_loss)
+            tcstate = {"hc": (torch.zeros(batch, hidden, dtype=torch.float64),
+                              torch.zeros(batch, hidden, dtype=torch.float64))}
+
+            def torch_compiled_window():
+                loss, hc = tc_loss(tcstate["hc"], txs, tts)
+                topt.zero_grad()
+                loss.backward()
+                topt.step()
+                tcstate["hc"] = (hc[0].detach(), hc[1].detach())
+                return loss
+            t0 = time.perf_counter()
+            c0 = time.process_time()
+            torch_compiled_window()
+            print(f"W7 compile cost: torch.compile, first window "
+                  f"{time.perf_counter() - t0:.1f} s ({time.process_time() - c0:.1f} s CPU)")
+            impls["torch.compile (forward + loss)"] = torch_compiled_window
+    if jax is not None:
+        jax_call, jax_mem = _jax_lstm(xs, ts, hidden, bptt, batch)
+        impls["jax.jit(value_and_grad), lax.scan"] = jax_call
+    warm_up(impls, 4)        # every column: as many calls as jit's first compile took
     res = interleaved(impls, rounds, min_time)
     report(f"W7 LSTM({hidden}) + Linear(1) BPTT window of {bptt} steps, batch {batch}, "
            f"Adam (the book's step 60)", res, "tracejit eager (book's loop)",
            summary_line(win_j, state["h"], state["c"]))
     check_no_fallback(win_j, book_j)
+    mem = {name: peak_step_memory(impls[name]) for name in
+           ("tracejit eager (book's loop)", "tracejit jit(window(h, c))",
+            "tracejit jit(book's window)")}
+    if jax is not None:
+        mem["jax.jit (XLA's buffer assignment)"] = jax_mem
+    report_memory("W7", mem)
+
+
+def _jax_lstm(xs, ts, hidden, bptt, batch):
+    """W7 in JAX: the window's 30 cells as jax.lax.scan, one jax.jit of value_and_grad
+    and Adam's update; the state (h, c) and Adam's moments carried between calls.
+    float64 throughout (as the torch column; tracejit's parameters are float32 as
+    DeZero makes them, its activations float64 from the float64 data). The four gates
+    in one (4 * hidden) product, as torch.nn.LSTMCell; h starts at zeros, which is
+    DeZero's first step (no h2* term) with zero gradients for h2*."""
+    rng = np.random.default_rng(0)
+    H = hidden
+    ps = {"Wx": rng.standard_normal((1, 4 * H)) * np.sqrt(1.0),
+          "Wh": rng.standard_normal((H, 4 * H)) * np.sqrt(1.0 / H),
+          "b": np.zeros(4 * H), "Wl": rng.standard_normal((H, 1)) * np.sqrt(1.0 / H),
+          "bl": np.zeros(1)}
+    ps = {k: jnp.asarray(v) for k, v in ps.items()}
+
+    def loss_fn(ps, h, c, xs, ts):
+        def cell(carry, xt):
+            h, c = carry
+            x, t = xt
+            z = x @ ps["Wx"] + h @ ps["Wh"] + ps["b"]
+            f, i, o, u = jnp.split(z, 4, axis=1)
+            f, i, o, u = jax.nn.sigmoid(f), jax.nn.sigmoid(i), jax.nn.sigmoid(o), jnp.tanh(u)
+            c = f * c + i * u
+            h = o * jnp.tanh(c)
+            y = h @ ps["Wl"] + ps["bl"]
+            return (h, c), jnp.sum((y - t) ** 2) / y.shape[0]
+        (h, c), losses = jax.lax.scan(cell, (h, c), (xs, ts))
+        return jnp.sum(losses), (h, c)
+
+    b1, b2, alpha, eps = 0.9, 0.999, 0.001, 1e-8
+
+    @jax.jit
+    def step(ps, m, v, t, h, c, xs, ts):
+        (loss, (h, c)), g = jax.value_and_grad(loss_fn, has_aux=True)(ps, h, c, xs, ts)
+        t = t + 1
+        lr = alpha * jnp.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        m = jax.tree_util.tree_map(lambda m, g: m + (1 - b1) * (g - m), m, g)
+        v = jax.tree_util.tree_map(lambda v, g: v + (1 - b2) * (g * g - v), v, g)
+        ps = jax.tree_util.tree_map(lambda p, m, v: p - lr * m / (jnp.sqrt(v) + eps),
+                                    ps, m, v)
+        return loss, ps, m, v, t, h, c
+
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, ps)
+    st = {"ps": ps, "m": zeros, "v": zeros, "t": jnp.zeros((), jnp.float64),
+          "h": jnp.zeros((batch, H)), "c": jnp.zeros((batch, H))}
+    xj, tj_ = jnp.asarray(xs), jnp.asarray(ts)
+    args = (st["ps"], st["m"], st["v"], st["t"], st["h"], st["c"], xj, tj_)
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    compiled = step.lower(*args).compile()
+    mem = _xla_memory(compiled)
+
+    def call():          # the executable compiled above (a call of step would compile again)
+        loss, st["ps"], st["m"], st["v"], st["t"], st["h"], st["c"] = compiled(
+            st["ps"], st["m"], st["v"], st["t"], st["h"], st["c"], xj, tj_)
+        return jax.block_until_ready(loss)
+    call()
+    print(f"W7 compile cost: jax.jit, first window {time.perf_counter() - t0:.1f} s "
+          f"({time.process_time() - c0:.1f} s CPU)")
+    return call, mem
 
 
 # ------------------------------------------------------------------ latency and memory
@@ -913,6 +1303,8 @@ def main():
     p.add_argument("--blas-threads", default=None,
                    help="OpenBLAS threads (OPENBLAS_NUM_THREADS) and PyTorch's, e.g. 1 on a "
                    "loaded machine")
+    p.add_argument("--w7-torch-compile", action="store_true",
+                   help="add W7's torch.compile column (its compile takes minutes)")
     args = p.parse_args()
     warnings.simplefilter("always", tj.JitWarning)
     rounds, min_time = (3, 0.02) if args.quick else (5, 0.2)
@@ -933,7 +1325,7 @@ def main():
     if "W6" in args.only:
         bench_cnn(rounds, min_time, args.backend)
     if "W7" in args.only:
-        bench_lstm(rounds, min_time, args.backend)
+        bench_lstm(rounds, min_time, args.backend, torch_compile=args.w7_torch_compile)
     if "L" in args.only:
         bench_latency(args.backend)
 
