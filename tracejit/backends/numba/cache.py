@@ -69,6 +69,36 @@ _set_llvm_options()
 PARALLEL_LOCK = threading.Lock()
 
 
+def _noalias_option():
+    """numba's `noalias` flag (LLVM's noalias on a function's pointer arguments) as an
+    njit option: numba has the flag (its parfors set it) but no decorator option.
+
+    Why: a loop kernel that writes several arrays otherwise vectorizes only behind
+    runtime overlap checks of every written array against every other one, and LLVM
+    emits the loop twice (checked vector and scalar). With noalias there are no checks:
+    measured on the LSTM cell's kernel (13 inputs, 12 outputs), numba compile 0.77 s ->
+    0.50 s of CPU, 5024 -> 2677 lines of machine code, the same vector loop.
+    Sound for the loop kernels the plan calls: every array a kernel writes (its outputs,
+    accumulators and epilogue results) is a fresh np.empty / np.zeros / np.full of the
+    plan (plan._emit_group), so it overlaps nothing else passed; LLVM's noalias only
+    constrains memory modified during the call, so inputs that alias each other (x and
+    x.T, one array passed twice) are read correctly
+    (tests/backends/numba/test_kernel_writes_fresh_arrays.py checks the plan side).
+    False when this numba lacks the flag: kernels are then written without it."""
+    try:
+        from numba.core import compiler, cpu, options
+        if not hasattr(compiler.Flags, "noalias"):
+            return False
+        if not hasattr(cpu.CPUTargetOptions, "noalias"):
+            cpu.CPUTargetOptions.noalias = options.TargetOptions.Mapping("noalias")
+        return True
+    except Exception:  # noqa: BLE001 - another numba: no option, no flag
+        return False
+
+
+NOALIAS = _noalias_option()
+
+
 def cache_dir():
     """TRACEJIT_CACHE_DIR, else the user cache directory (XDG) / tracejit."""
     d = os.environ.get("TRACEJIT_CACHE_DIR")

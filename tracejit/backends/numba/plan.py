@@ -566,13 +566,16 @@ def _emit_group(w, node, parallel, use_disk):
         w.kernel_sources.append(spec.source)
     w.notes["kernels"] += 1
     args = []
+    # A flat kernel (K.flat_elementwise) takes every array flattened: a view, or a copy
+    # of an input that is not C-contiguous.
+    flat = ".reshape(-1)" if spec.flat else ""
     for v in spec.inputs:
         x = w.val(v)
-        args.append(f"np.asarray({x})" if v.shape == () else x)
+        args.append(f"np.asarray({x})" if v.shape == () else x + flat)
     for v in spec.outputs:
         o = w.define(v)
         w.emit(f"{o} = np.empty({v.shape!r}, np.{v.dtype.name})")
-        args.append(o)
+        args.append(o + flat)
     finals = []
     for rn, combine, axes, acc in spec.reductions:
         a = f"{acc}_{len(w.names)}"
@@ -587,7 +590,7 @@ def _emit_group(w, node, parallel, use_disk):
         w.emit(f"{e} = np.empty((), np.{v.dtype.name})")
         args.append(e)
     args += [str(c) for c in spec.statics]   # int indices, slice starts
-    args += [str(d) for d in fn.shape]
+    args += [str(d) for d in spec.shape]     # loop extents (flattened: the size)
     args += [str(c) for c in spec.consts]    # index constants for this call's shapes
     call = f"{kname}({', '.join(args)})   # {fn.label}{_where(node, short=True)}"
     if spec.name.find("_par_") >= 0 and not _cache.THREADSAFE_PARALLEL:
