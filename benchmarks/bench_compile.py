@@ -16,7 +16,9 @@ CPU seconds of those calls:
 
 --kernels prints numba's compilations of the first cold process, slowest first (wall
 and the compiling thread's CPU; a kernel's time includes the vecmath functions it
-compiles). CPU time is the number to compare on a loaded machine; wall is printed
+compiles). numba's compilations during the workload's set-up (its eager calls, which
+compile the ops' own numba kernels, e.g. W6's im2col) are not counted: the times are
+those of the calls of the first compile. CPU time is the number to compare on a loaded machine; wall is printed
 with the load average.
 """
 import argparse
@@ -30,6 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CHILD = r"""
 import json, os, sys, threading, time
 sys.path.insert(0, sys.argv[1])
+import tracejit
 which, want_kernels = sys.argv[2], sys.argv[3] == "1"
 import numpy as np
 from numba.core import dispatcher as _d
@@ -64,6 +67,7 @@ else:
     def call():
         loss, st[0], st[1] = j(*st)
     n = 4
+del COMP[:]             # the workload's set-up (eager calls: the ops' own numba kernels)
 t0, c0 = time.perf_counter(), time.process_time()
 for _ in range(n):
     call()
@@ -72,7 +76,7 @@ from tracejit.backends.numba import background
 background.wait()
 wall_all, cpu_all = time.perf_counter() - t0, time.process_time() - c0
 info = j.cache_info()
-print(json.dumps(dict(wall=wall, cpu=cpu, wall_all=wall_all, cpu_all=cpu_all,
+print(json.dumps(dict(tree=os.path.dirname(os.path.dirname(tracejit.__file__)), wall=wall, cpu=cpu, wall_all=wall_all, cpu_all=cpu_all,
                       trace=info["trace_seconds"], lowering=info["compile_seconds"],
                       fallbacks=info["fallbacks"], stats=plan.stats(),
                       numba=sum(c[3] for c in COMP if c[1] == 0),
@@ -81,8 +85,10 @@ print(json.dumps(dict(wall=wall, cpu=cpu, wall_all=wall_all, cpu_all=cpu_all,
 
 
 def run_child(which, env, kernels=False):
+    # cwd: not this checkout, whose tracejit `python -c` would import before
+    # PYTHONPATH's ('' is first on sys.path): an A/B run would time one tree twice.
     out = subprocess.run([sys.executable, "-c", CHILD, HERE, which, "1" if kernels else "0"],
-                         env=env, capture_output=True, text=True)
+                         env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
     if out.returncode:
         raise SystemExit(f"{which}: {out.stderr.strip()[-2000:]}")
     import json
@@ -128,7 +134,8 @@ def main():
                     for name, d, w, c in res["kernels"]:
                         if w > 0.005:
                             print(f"  {'  ' * d}{c:6.3f} s CPU {w:6.3f} s wall  {name}")
-        print(f"\n{which} first compiled result, {args.repeat} processes each "
+        print(f"\n{which} (tracejit from {rows[modes[0]][0]['tree']}) first compiled result, "
+              f"{args.repeat} processes each "
               f"(median; min-max), load average now {os.getloadavg()[0]:.2f}:")
         for mode, rs in rows.items():
             def med(k):

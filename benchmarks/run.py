@@ -1264,8 +1264,10 @@ def bench_latency(backend):
         env["TRACEJIT_CACHE_DIR"] = os.path.join(cache, f"kernels{run}")
         for label in ("cold cache", "warm disk cache"):
             t0 = time.perf_counter()
+            # cwd: `python -c` puts '' first on sys.path, so from the checkout's root
+            # the processes imported its tracejit (no bytecode) instead of the copy.
             out = subprocess.run([sys.executable, "-c", _LATENCY, backend, scipy], env=env,
-                                 capture_output=True, text=True)
+                                 capture_output=True, text=True, cwd=cache)
             wall = time.perf_counter() - t0
             if out.returncode:
                 print(f"  {label}: failed: {out.stderr.strip().splitlines()[-1:]}")
