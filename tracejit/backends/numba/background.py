@@ -10,7 +10,7 @@ The first call after the compilation finished runs both, compares, and only if t
 agree (the runtime checks' tolerances) puts the kernel itself in the plan's slot, so
 later calls pay nothing for this; if they do not, the NumPy path stays (counted in
 cache.STATS["background_mismatches"], and a RuntimeWarning). Why: numba compiles at
-0.2-1 s a kernel, and a first window of an LSTM (15 distinct kernels) waited seconds
+0.2-1 s a kernel, and a first window of an LSTM (12 distinct kernels) waited seconds
 for all of them; LLVM's part of a compilation releases the GIL, so the worker overlaps
 the calls. Off by default: a test counting compilations after a call would race.
 """
