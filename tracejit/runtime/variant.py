@@ -15,6 +15,7 @@ from tracejit import core
 from tracejit.ir import interpret
 from tracejit.core import Config, Constant, RegionFunction, Variable
 from tracejit.ir import Graph, Lit
+from tracejit.passes import FUSED
 from tracejit.trace.pytree import (FLT, PYTHON_SCALAR, SCALAR, VAR, replay_view,
                                    structure_source)
 from tracejit.runtime.signature import matcher_lines
@@ -504,7 +505,7 @@ class Variant:
         self.backward_checks_left = checks
         self.warn = None          # (message) -> None: a JitWarning at the user's line
         self.exe = backend_compile(self.forward_graph)
-        self.copy_outputs = fresh_copies(self.forward_graph, self.exe, self.n_user_outs)
+        self.copy_outputs = fresh_copies(self.forward_graph, self.exe, self.fresh_slots())
         self.check_backward = False     # the trace-time check: backward interpreted
         self.leaf_kinds = call.leaf_forms
         self.runner = build_runner(self, call.leaf_forms)
@@ -513,6 +514,26 @@ class Variant:
         self._interp_bwd = None
         self.backward_runner = None
         self.input_ids = None
+
+    def fresh_slots(self):
+        """The outputs of the forward graph the runner hands out as arrays of their
+        own, each a distinct buffer in eager (fresh_copies): the computed results not
+        rebuilt as views (a replay on a buffer replaces the graph's array), the arrays
+        a rebind effect stores (`W.data = ...`), the .grads grad effects set and the
+        retained .grads of results, and the values returned views are rebuilt on."""
+        slots, k = [], 0
+        for i, (kind, _, _) in enumerate(self.out_leaves):
+            if kind == "out":
+                if i not in self.out_views:
+                    slots.append(k)
+                k += 1
+        slots += [slot for kind, _, slot in self.effects if kind == "rebind"]
+        slots += [slot for gi, (_, slot) in enumerate(self.grad_effects)
+                  if slot is not None and gi not in self.grad_alias
+                  and gi not in self.grad_same]
+        slots += [mg[1] for mg in self.made_grads or () if mg is not None and mg[0] == "out"]
+        slots += list(self.view_base_slots.values())
+        return slots
 
     def hot_runner(self, key):
         """The runner with the signature test in front (build_runner); a variant has one
@@ -676,23 +697,67 @@ def _unchanged():
     return False
 
 
-def fresh_copies(g, exe, n):
-    """The user outputs (of the first n of g) a runner copies so that each computed
-    result is a fresh array of its own, as eager's are: one the backend returns as an
-    input array (the interpret backend does; numba's plans copy), and one that is the
-    same array as an earlier output (the optimizer merged two equal computations:
-    `return F.exp(x), F.exp(x)` gives two arrays in eager)."""
+def fresh_copies(g, exe, slots):
+    """Which outputs of g (among `slots`, the outputs a runner hands out as arrays of
+    their own, Variant.fresh_slots) the runner copies, decided once per variant, so
+    that the arrays share memory exactly where eager's do.
+
+    The graph that runs computes each value as eager did, a movement as the same NumPy
+    view or copy of the same base, so its arrays alias as eager's do, except where the
+    passes made one value of several: common subexpressions merged (`a = F.sin(x) *
+    0.5; b = F.sin(x) * 0.5; return F.reshape(a, (-1,)), b.T` would rebuild both views
+    on one array), a value folded or simplified into an input or another value. So each
+    buffer of the graph that runs (an output followed back through movements, which may
+    be views) is claimed by the base eager's array is a view of or a copy from (the
+    traced output followed back through movements; a graph input claims its own
+    buffer); an output whose base is another gets a copy, in the buffer's own layout
+    (as eager's new array has it), one per traced value: slots holding the same traced
+    value (one eager array) share that copy.
+
+    Returns [(slot, None)] (copy the slot's array) and [(slot, earlier)] (the slot is
+    the copy already made for slot `earlier`), in slot order."""
     opt = getattr(exe, "graph", None)
-    outs = g.outputs[:n] if opt is None or len(opt.outputs) != len(g.outputs) \
-        else opt.outputs[:n]
-    ins = {id(x) for x in g.inputs} if opt is None else set()
-    seen, copies = set(), []
-    for i, x in enumerate(outs):
-        if isinstance(x, Lit):
-            continue         # made into a new array at each return
-        if id(x) in ins or id(x) in seen:
-            copies.append(i)
-        seen.add(id(x))
+    if opt is not None and len(opt.outputs) != len(g.outputs):
+        opt = None
+    outs = g.outputs if opt is None else opt.outputs
+
+    def producers(graph):
+        out = {}
+        for n in graph.nodes:
+            for m in (n.fn.graph.nodes if n.kind == FUSED else (n,)):
+                for o in m.outputs:   # (a fused group's members may run as NumPy views)
+                    out[id(o)] = m
+        return out
+    traced_producer = producers(g)
+    run_producer = traced_producer if opt is None else producers(opt)
+
+    def base(x, producer):
+        while True:
+            n = producer.get(id(x))
+            ins = [u for u in n.inputs if not isinstance(u, Lit)] if n is not None else ()
+            if n is None or n.kind != core.MOVEMENT or len(ins) != 1:
+                return x
+            x = ins[0]
+    # The caller's buffers: claimed by the input itself (a movement of it is eager's
+    # view or copy of it, made by the same NumPy call).
+    claimed = {id(x): x for x in g.inputs}
+    if opt is not None:
+        claimed.update((id(x), x) for x in opt.inputs)
+    inputs = {id(x) for x in g.inputs}
+    copies, copied = [], {}
+    for s in sorted(slots):
+        traced, x = g.outputs[s], outs[s]
+        if isinstance(x, Lit) or isinstance(traced, Lit):
+            continue        # made into a new array at each return
+        if id(traced) in copied:
+            copies.append((s, copied[id(traced)]))
+            continue
+        origin = base(traced, traced_producer)
+        owner = claimed.setdefault(id(base(x, run_producer)), origin)
+        # (A graph run without its graph, opt None, may return an input array itself.)
+        if owner is not origin or (opt is None and id(x) in inputs):
+            copied[id(traced)] = s
+            copies.append((s, None))
     return copies
 
 
@@ -978,8 +1043,9 @@ def build_runner(v, leaf_kinds, key=None):
         body += inline(names, env, [out(k) for k in range(n_outs)])
     else:
         body.append(f"outs = {call}")
-    for i in v.copy_outputs:
-        body.append(f"{out(i)} = {out(i)}.copy()")
+    for i, same in v.copy_outputs:
+        body.append(f"{out(i)} = {out(i)}.copy(order='K')" if same is None else
+                    f"{out(i)} = {out(same)}")
 
     # Every one must take the write before the first is written: a failure halfway (a
     # read-only argument) would leave some effects applied, and the eager rerun that
