@@ -9,7 +9,7 @@ return time on the array the graph computed (pytree.result_views): without care 
 results that are distinct arrays in eager came back as views of one buffer, and a write
 into one changed the other (runtime.variant.fresh_copies now decides, once per variant,
 which handed-out outputs get a buffer of their own). Here each kind of merge meets each kind of view (none,
-F.reshape, F.transpose, .T, a slice of .data), on both backends, for six calls with new
+F.reshape, F.transpose, .T, a slice of .data, .data itself), on both backends, for six calls with new
 arguments and a mutated Parameter; what is compared after each call: values and
 strides, `np.shares_memory` of every pair of buffers, `is` between the result objects,
 and every buffer after a write into each result.
@@ -32,6 +32,7 @@ VIEWS = {
     "transpose": lambda v: F.transpose(v),
     ".T": lambda v: v.T,
     ".data slice": lambda v: v.data[..., 1:] if v.ndim else v.data[...],
+    ".data": lambda v: v.data,          # the array itself (views of it alias it)
 }
 
 
@@ -123,7 +124,7 @@ MERGES = {
 # eagerly, warned), so the state kinds store Variables only.
 _STATE = {"stored as state", "stored and returned"}
 CASES = [(m, a, b) for m in MERGES for a in VIEWS for b in VIEWS
-         if not (m in _STATE and a == ".data slice")
+         if not (m in _STATE and a in (".data slice", ".data"))
          and (a == b or m in ("cse", "one value twice", "stored as state"))]
 
 

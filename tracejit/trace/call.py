@@ -106,12 +106,18 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         out_views, unexpressed = result_views(tr, out_leaves_raw, out_leaves)
         for i, ((where, j), steps) in sorted(out_views.items(),
                                              key=lambda e: (e[1][0][0] == "leaf", e[0])):
+            base = result_objects[j] if where == "leaf" else None
+            base = base._data if isinstance(base, Variable) else base
             if isinstance(result_objects[i], Variable):
+                # A Variable view of another result (`return h.data, h.T`): its data
+                # rebuilt on that result's array, which strip_tracers may have copied.
+                view = replay_view(base, steps) if isinstance(base, np.ndarray) and \
+                    not np.shares_memory(base, result_objects[i]._data) else None
+                if view is not None:
+                    result_objects[i]._data = view
                 continue
             # The traced call's own result: the view itself, not strip_tracers' copy
             # (of the traced call's own result j, when it is a view of that).
-            base = result_objects[j] if where == "leaf" else None
-            base = base._data if isinstance(base, Variable) else base
             view = replay_view(base, steps) if isinstance(base, np.ndarray) else None
             result_objects[i] = view if view is not None else \
                 out_leaves_raw[i].view(np.ndarray)

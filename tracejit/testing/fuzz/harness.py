@@ -177,6 +177,7 @@ def observe(f, args, captures, backward, call, plant=None, between=None, state=N
                                       if isinstance(x, Variable) else x)
         structure, leaves, objs = _flatten(out, args, captures)
         rec["structure"], rec["result"] = structure, leaves
+        rec["objs"] = objs
         if between is not None:
             rec["stage"] = "update between the call and the backward"
             between(call, args)
@@ -227,8 +228,13 @@ def observe(f, args, captures, backward, call, plant=None, between=None, state=N
             rec["state"][f"capture {n}.grad"] = None if c.grad is None else _leaf(c.grad)
         else:
             rec["state"][f"capture {n}"] = _leaf(c)
+    results = rec.pop("objs", [])
     for n, v in (state() if state is not None else {}).items():
         rec["state"][f"state {n}"] = None if v is None else _leaf(v)
+        if v is not None:
+            # The buffers the stored state shares memory with: the call's results,
+            # arguments, captures (a result the passes merged with it must not).
+            rec["state"][f"state {n}"]["alias"] = _aliases(v, args, captures, results)
         if isinstance(v, Variable):
             # Compared exactly (repr), not as a number a float32 tolerance could excuse.
             rec["state"][f"state {n} has a creator"] = dict(

@@ -1050,7 +1050,78 @@ def _target_dtype(b, target):
     return "float64"
 
 
-VIEWS_STEPS = [(_views_returned, 1), (_views_of_grads, 1)]
+# Merged values: equal computations (one value after CSE), one value returned twice,
+# results a pass may simplify into an input (`x * 1.0`, eager: a new array) and a
+# result equal to the state the call stores, each returned as it is or through a view.
+# Eager's arrays of distinct values are distinct buffers: the harness compares which
+# buffers each result (and each stored state) shares memory with.
+_MERGED = [("F.sin({a}) * 0.5", lambda a: 0.5), ("F.tanh({a}) + 1.0", lambda a: 2.0),
+           ("F.exp({a} * 0.25) * 0.5", lambda a: 0.5 * float(np.exp(0.25 * a))),
+           ("{a} * {a} - 0.5", lambda a: a * a + 0.5)]
+_SIMPLIFIABLE = ["{a} * 1.0", "{a} + 0.0", "{a} - 0.0", "{a} / 1.0"]
+
+
+def _merged_view_forms(name, nd):
+    forms = [name, name, f"F.reshape({name}, (-1,))", f"F.transpose({name})",
+             f"{name}.T", f"{name}.data", f"{name}.data.T"]
+    forms += [f"{name}.data[..., 1:]", f"{name}.data[::-1]"] if nd else [f"{name}.data[...]"]
+    return forms
+
+
+def _merged_views(b):
+    v = b.pick(lambda w: w.var and w.bound <= 10, recent=8)
+    if v is None:
+        return b.st_unary()
+    kind = b.draw(st.sampled_from(["cse", "cse", "twice", "simplifiable", "stored"]))
+    if kind == "stored":
+        got = st_rebound_state(b)
+        if got is None:
+            return None
+        w, prev, term = got
+        m = b.fresh("m")
+        # The state's own expression again: CSE makes one value of the two.
+        b.emit(f"if {prev} is None:")
+        b.emit(f"    {m} = F.tanh({w.name} * 0.5)")
+        b.emit("else:")
+        b.emit(f"    {m} = F.tanh({w.name} * 0.5 + {term})")
+        b.add(m, w.shape, _dt(w), 1.0)
+        names, nd = [m], len(w.shape)
+    elif kind == "simplifiable":
+        names = []
+        for tmpl in b.draw(st.lists(st.sampled_from(_SIMPLIFIABLE), min_size=1,
+                                    max_size=2)):
+            m = b.fresh("m")
+            b.emit(f"{m} = {tmpl.format(a=v.name)}")
+            b.add(m, v.shape, v.dtype, v.bound, signed=v.signed)
+            names.append(m)
+        if b.draw(st.booleans()):
+            names.append(v.name)     # the input of the identity too
+        nd = len(v.shape)
+    else:
+        tmpl, bf = b.draw(st.sampled_from([t for t in _MERGED if t[1](v.bound) <= _MAX_BOUND]))
+        bound = bf(v.bound)
+        m1 = b.fresh("m")
+        b.emit(f"{m1} = {tmpl.format(a=v.name)}")
+        b.add(m1, v.shape, v.dtype, bound)
+        names = [m1, m1]
+        if kind == "cse":
+            m2 = b.fresh("m")
+            b.emit(f"{m2} = {tmpl.format(a=v.name)}")
+            b.add(m2, v.shape, v.dtype, bound)
+            names[1] = m2
+        nd = len(v.shape)
+    for name in names:
+        form = b.draw(st.sampled_from(_merged_view_forms(name, nd)))
+        if form == name:
+            b.returned_views.append(name)
+            continue
+        view = b.fresh("mview")
+        b.emit(f"{view} = {form}")
+        b.returned_views.append(view)
+    b.features.add(f"merged_{kind}")
+
+
+VIEWS_STEPS = [(_views_returned, 1), (_views_of_grads, 1), (_merged_views, 1)]
 # ---------------------------------------------------------------- end of returned views
 
 
@@ -1583,6 +1654,7 @@ def st_rebound_state(b):
     b.states.append((holder, ref, k))
     b.features.add(f"rebound_state_{holder}")
     b.add(name, v.shape, _dt(v), 1.0)
+    return v, prev, term
 
 
 def _state_module_lines(b):
