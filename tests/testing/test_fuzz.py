@@ -296,3 +296,36 @@ def test_invalid_programs_are_listed_by_cause():
     text = fuzz.format_summary(results)
     assert "invalid programs by cause" in text
     assert "    2  eager raises UFuncTypeError in the update between" in text
+
+
+def test_the_views_focus_draws_merged_values_and_the_general_generator_too():
+    # The merged values block (programs._merged_views): equal computations CSE makes
+    # one value of, one value returned twice, results a pass may simplify into an
+    # input and a result equal to the stored state, returned through views.
+    progs = fuzz.generate(40, seed=3, focus="views")
+    features = set().union(*(p.features for p in progs))
+    for kind in ("cse", "twice", "simplifiable", "stored"):
+        assert f"merged_{kind}" in features, features
+    for p in progs:
+        compile(p.source, "<program>", "exec")
+    general = fuzz.generate(60, seed=7)
+    assert any(f.startswith("merged_") for p in general for f in p.features)
+
+
+def test_the_stored_states_aliases_with_the_results_are_compared():
+    import numpy as np
+
+    import tracejit.functions as F
+    from tracejit import Variable
+    from tracejit.testing.fuzz.harness import observe
+
+    class H:
+        pass
+    h = H()
+
+    def f(x):
+        y = F.sin(x)
+        h.a = F.transpose(y)
+        return y
+    rec = observe(f, [Variable(np.ones((2, 3)))], {}, None, 0, state=lambda: {"h.a": h.a})
+    assert rec["state"]["state h.a"]["alias"] == ("result leaf 0", "strides (8, 24)")
