@@ -22,7 +22,7 @@ from tracejit.ops.elementwise import (  # noqa: F401
     Equal, NotEqual, Where)
 from tracejit.ops.arrayops import (  # noqa: F401
     Reduction, Sum, Max, Min, SumTo, Reshape, Transpose, BroadcastTo, GetItem, GetItemGrad,
-    MatMul, RandomUniform, RandomSeed)
+    MatMul, Concat, RandomUniform, RandomSeed)
 from tracejit.ops.arrayops import _normalize_axis, _resolve_reshape, _split_index, check_sum_to
 
 # ================================================================ user-facing functions

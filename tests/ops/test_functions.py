@@ -308,6 +308,15 @@ def gen_matmul(data, dtype):
     return Case(lambda a, b: F.MatMul()(a, b), [x, w], np.matmul)
 
 
+def gen_concat(data, dtype):
+    shape = _shape(data, min_dims=1)
+    axis = data.draw(st.integers(0, len(shape) - 1), label="axis")
+    sizes = data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=3), label="sizes")
+    xs = [_array(data, shape[:axis] + (k,) + shape[axis + 1:], dtype) for k in sizes]
+    return Case(lambda *vs: F.Concat(axis)(*vs), xs,
+                lambda *a: np.concatenate(a, axis=axis))
+
+
 def gen_random_uniform(data, dtype):
     shape = _shape(data)
     seed = data.draw(st.integers(0, 2 ** 16), label="seed")
@@ -536,6 +545,7 @@ CASES = {
     "GetItem": gen_get_item,
     "GetItemGrad": gen_get_item_grad,
     "MatMul": gen_matmul,
+    "Concat": gen_concat,
     "RandomUniform": gen_random_uniform,
     "RandomSeed": gen_random_seed,
     "Im2col": gen_im2col,

@@ -9,7 +9,8 @@ import numpy as np
 from tracejit import functions as F
 from tracejit.core import (MATMUL, MOVEMENT, RANDOM, REDUCTION, ShapeDtype, Variable,
                            static_value)
-from tracejit.ops.primitive import Primitive, primitive, probe_dtype, sum_to_shape
+from tracejit.ops.primitive import (KERNEL_FLOATS, Primitive, primitive, probe_dtype,
+                                    sum_to_shape)
 
 # ---------------------------------------------------------------- reductions
 
@@ -602,6 +603,12 @@ class GetItem(Primitive):
                                  shape_free=e[3] is not None))
         return idx, []
 
+    @classmethod
+    def block(cls, axis, start, stop):
+        """x[:, ..., start:stop] on `axis` (a block of a Concat's result)."""
+        full = _Slice((None, None, None))
+        return cls((full,) * axis + (_Slice((int(start), int(stop), None)),))
+
     def view_index(self, node):
         # Basic indexing is a NumPy view (no copy).
         return _join_index(self.key, ()) if self.basic_index_plan(node) is not None else None
@@ -759,6 +766,53 @@ class GetItemGrad(Primitive):
         return idx, conds
 
 
+# ---------------------------------------------------------------- concat
+
+@primitive
+class Concat(Primitive):
+    """np.concatenate(xs, axis): operands of one dtype and rank, equal off `axis`.
+
+    Made by passes/matmul_batching.py (the blocks of a batched product), not by user
+    code. A new array (never a view of an operand); not index arithmetic, so it stays
+    a NumPy call."""
+
+    kind = MOVEMENT
+    params = ("axis",)
+
+    def __init__(self, axis):
+        self.axis = int(axis)
+
+    def forward(self, *xs):
+        return np.concatenate(xs, axis=self.axis)
+
+    def to_onnx(self, b, node):
+        b.bind(node, b.op("Concat", [b.x(node, i) for i in range(len(node.inputs))],
+                          axis=self.axis))
+
+    def backward(self, gy):
+        gxs, start = [], 0
+        for x in self.inputs:
+            stop = start + x.shape[self.axis]
+            gxs.append(F.get_item(gy, (slice(None),) * self.axis + (slice(start, stop),)))
+            start = stop
+        return tuple(gxs)
+
+    def shape_rule(self, *xs):
+        if not xs:
+            raise ValueError("concat: needs at least one operand")
+        rank, a = xs[0].ndim, self.axis
+        if not 0 <= a < rank:
+            raise ValueError(f"concat: axis {a} is out of bounds for rank {rank}")
+        for x in xs:
+            if (x.ndim != rank or x.dtype != xs[0].dtype
+                    or x.shape[:a] + x.shape[a + 1:] != xs[0].shape[:a] + xs[0].shape[a + 1:]):
+                raise ValueError(f"concat: operands {[(s.shape, str(s.dtype)) for s in xs]} "
+                                 f"do not join on axis {a} (one dtype, equal off the axis)")
+        shape = list(xs[0].shape)
+        shape[a] = builtins.sum(x.shape[a] for x in xs)
+        return ShapeDtype(tuple(shape), xs[0].dtype)
+
+
 # ---------------------------------------------------------------- matmul
 
 @primitive
@@ -780,6 +834,28 @@ class MatMul(Primitive):
         gx = F.matmul(gy, _swap_last(W))
         gW = F.matmul(_swap_last(x), gy)
         return sum_to_shape(gx, x.shape), sum_to_shape(gW, W.shape)
+
+    def matrix_operands(self, node):
+        # float32/64 operands (mixed: NumPy casts to the result's dtype before the
+        # product, so a block of a joined operand is cast to the same values).
+        x, W = node.inputs
+        if x.ndim == 2 and W.ndim == 2 and {x.dtype, W.dtype} <= KERNEL_FLOATS:
+            return x, W
+        return None
+
+    def elementwise_form(self, node):
+        # A contraction of length 1 has one term per output: (.., M, 1) @ (.., 1, N)
+        # is the broadcast product (.., M, 1) * (.., 1, N) (matmul broadcasts batch
+        # axes as elementwise ops do), with no sum to round; as a multiply it fuses
+        # into the kernel that reads it instead of a BLAS call (a (30, 1) @ (1, 100)
+        # costs NumPy's matmul ~8 us, the LSTM's input projections 150 of them a step).
+        # Zeros may differ in sign only (BLAS adds the product to +0.0).
+        x, W = node.inputs
+        if (x.ndim >= 2 and W.ndim >= 2 and x.shape[-1] == 1
+                and {x.dtype, W.dtype} <= KERNEL_FLOATS):
+            from tracejit.ops.elementwise import Mul
+            return Mul()
+        return None
 
     def shape_rule(self, x, W):
         if x.ndim < 1 or W.ndim < 1 or x.shape[-1] != W.shape[-2 if W.ndim > 1 else 0]:

@@ -297,6 +297,7 @@ class Cast(Elementwise):
 class Add(Elementwise):
     expr = "{0} + {1}"
     onnx_op = "Add"
+    sums_operands = True
 
     def forward(self, x0, x1):
         return x0 + x1

@@ -69,6 +69,20 @@ class Primitive(Function):
     # its operands cast to the result's dtype; None: the op's to_onnx lowers it, or it
     # has no ONNX form (export then names it).
     onnx_op = None
+    # Elementwise: the output is the sum of the operands (x0 + x1), so a chain of them
+    # is one sum whose terms the matmul batching may regroup (passes/matmul_batching.py).
+    sums_operands = False
+
+    def matrix_operands(self, node):
+        """Matmul: (A, B) when `node` is a plain 2-D product A @ B of float operands,
+        which the batching pass may split into and join from blocks
+        (A @ [B1 B2] = [A@B1 A@B2], [A1 A2] @ [B1; B2] = A1@B1 + A2@B2); else None."""
+        return None
+
+    def elementwise_form(self, node):
+        """Matmul: an elementwise op whose broadcast result over `node`'s inputs is
+        exactly `node`'s result (a product over a contraction of length 1), else None."""
+        return None
 
     def to_onnx(self, b, node):
         """Export: emit `node` as ONNX ops through the builder `b` (b.x(node, i, dtype)

@@ -1,6 +1,7 @@
 """Graph -> Graph passes between tracing and the backends, run by the JIT before any
 backend (pipeline.optimize) in the order of pipeline.PIPELINE: simplify.py (dead code,
-common subexpressions, constants) and fusion.py (elementwise and reduction groups into
+common subexpressions, constants), matmul_batching.py (fewer, larger matrix products)
+and fusion.py (elementwise and reduction groups into
 Fused nodes). remat.py chooses, while the backward is traced, which forward values a
 compiled backward saves or recomputes.
 
@@ -8,10 +9,11 @@ Every pass is a pure function returning a new Graph whose values keep their iden
 so `ir.check` and the interpreter work on every intermediate result.
 """
 from tracejit.passes.fusion import FUSED, Fused, fuse
+from tracejit.passes.matmul_batching import batch_matmuls
 from tracejit.passes.pipeline import PIPELINE, PassError, is_fused, optimize, run_pipeline
 from tracejit.passes.simplify import (eliminate_common_subexpressions, eliminate_dead_code,
                                       fold_constants)
 
-__all__ = ["Fused", "FUSED", "eliminate_dead_code",
+__all__ = ["Fused", "FUSED", "batch_matmuls", "eliminate_dead_code",
            "eliminate_common_subexpressions", "fold_constants", "fuse", "PIPELINE",
            "run_pipeline", "PassError", "is_fused", "optimize"]

@@ -10,14 +10,17 @@ import sys
 import time
 
 from tracejit.passes.fusion import FUSED, fuse
+from tracejit.passes.matmul_batching import batch_matmuls
 from tracejit.passes.simplify import (eliminate_common_subexpressions, eliminate_dead_code,
                                       fold_constants)
 
 
 # ---------------------------------------------------------------- pipeline
 
+# batch_matmuls after CSE: the transposed weights every time step reads are one value
+# by then, so their concatenation is made once per call.
 PIPELINE = (eliminate_dead_code, fold_constants, eliminate_common_subexpressions,
-            eliminate_dead_code, fuse)
+            eliminate_dead_code, batch_matmuls, fuse)
 
 
 class PassError(Exception):

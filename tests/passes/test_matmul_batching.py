@@ -1,0 +1,291 @@
+"""passes.batch_matmuls: fewer, larger matrix products, with eager's results.
+
+Where it rewrites (the optimized graph's op counts): a product over a contraction of
+length 1 becomes a multiply; a sum of products (with other terms) becomes one product of
+joined blocks; small independent products sharing an operand become one product and its
+blocks; DeZero's LSTM unrolled over time steps gets all three. Where it must not: other
+shapes, a product that depends on another of the group, a product read twice, a large
+product, integer products. And jit against eager (values, first and second order
+gradients) over generated shapes, call after call with new values and with the
+captured Parameters changed between calls.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import tracejit as tj
+import tracejit.functions as F
+import tracejit.layers as L
+from tracejit import Parameter, Variable
+from tracejit import optimizers
+from tracejit.passes import matmul_batching, pipeline
+from tracejit.testing import assert_jit_matches_eager
+
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+
+def ops(g):
+    return g.summary()["ops"]
+
+
+def without_batching():
+    return tuple(p for p in pipeline.PIPELINE if p is not matmul_batching.batch_matmuls)
+
+
+def rnd(shape, seed, dtype=np.float64):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+# ---------------------------------------------------------------- where it rewrites
+
+def test_a_contraction_of_length_one_is_a_multiply():
+    def f(x, w):
+        return F.tanh(F.matmul(x, w))
+    g = tj.jit(f).trace(Variable(rnd((6, 1), 0)), Variable(rnd((1, 5), 1, np.float32)))
+    assert ops(g).get("matmul", 0) == 0 and ops(g)["mul"] == 1
+
+
+def test_a_sum_of_products_is_one_product_of_joined_blocks():
+    def f(a1, b1, a2, b2, a3, b3, c):
+        return F.matmul(a1, b1) + c + F.matmul(a2, b2) + F.matmul(a3, b3)
+    args = [Variable(rnd(s, k)) for k, s in enumerate(
+        [(4, 3), (3, 5), (4, 2), (2, 5), (4, 6), (6, 5), (5,)])]
+    g = tj.jit(f).trace(*args)
+    assert ops(g)["matmul"] == 1 and ops(g)["concat"] == 2 and ops(g)["add"] == 1
+
+
+def test_small_products_sharing_an_operand_are_one_product():
+    def left(a, b1, b2, b3):
+        return F.matmul(a, b1), F.tanh(F.matmul(a, b2)), F.matmul(a, b3) * 2
+
+    def right(a1, a2, b):
+        return F.matmul(a1, b), F.matmul(a2, b)
+    g = tj.jit(left).trace(*[Variable(rnd(s, k)) for k, s in
+                             enumerate([(3, 4), (4, 5), (4, 5), (4, 5)])])
+    assert ops(g)["matmul"] == 1 and ops(g)["concat"] == 1 and ops(g)["get_item"] == 3
+    g = tj.jit(right).trace(*[Variable(rnd(s, k)) for k, s in
+                              enumerate([(3, 4), (3, 4), (4, 5)])])
+    assert ops(g)["matmul"] == 1 and ops(g)["concat"] == 1
+
+
+def test_the_backward_sums_its_weight_gradients_over_time_steps_in_one_product():
+    # h_{t+1} = tanh(h_t @ W): W's gradient is sum_t h_t^T @ g_t, one product; the
+    # forward's products depend on each other and stay one per step.
+    W = Parameter(rnd((5, 5), 0) * 0.5)
+
+    def f(h):
+        for _ in range(6):
+            h = F.tanh(F.matmul(h, W))
+        return F.sum(h * h)
+    h = Variable(rnd((3, 5), 1))
+    jf = tj.jit(f)
+    for _ in range(3):
+        jf(h).backward()
+    fwd = ops(jf.trace(h))
+    bwd = ops(jf.backward_graph(h))
+    assert fwd["matmul"] == 6
+    # 6 input gradients (one a step, each depends on the one after) and one for W.
+    assert bwd["matmul"] == 7 and bwd["concat"] == 2
+
+
+def _lstm_window(m, opt, xs, ts):
+    def window():
+        loss = 0
+        for x, t in zip(xs, ts):
+            loss = loss + F.mean_squared_error(m(x), t)
+        m.cleargrads()
+        loss.backward()
+        loss.unchain_backward()
+        opt.update()
+        return loss
+    return window
+
+
+class _RNN(tj.Model):
+    def __init__(self, hidden):
+        super().__init__()
+        self.rnn = L.LSTM(hidden)
+        self.fc = L.Linear(1)
+
+    def forward(self, x):
+        return self.fc(self.rnn(x))
+
+
+def _lstm_models(hidden, xs):
+    made = []
+    for _ in range(2):
+        np.random.seed(0)
+        m = _RNN(hidden)
+        m(xs[0])
+        m(xs[0])                   # the second call creates the h2* weights
+        m.rnn.reset_state()
+        made.append((m, optimizers.Adam().setup(m)))
+    return made
+
+
+def test_the_lstm_training_window_matches_eager_with_fewer_products(monkeypatch):
+    # The book's step 60 at a small size: float32 weights, a float64 input of one
+    # feature (the x2* products are multiplies), the state carried across windows.
+    T, B, H = 5, 3, 4
+    xs = [rnd((B, 1), k) for k in range(T)]
+    ts = [rnd((B, 1), 100 + k) for k in range(T)]
+    (me, oe), (mj, oj) = _lstm_models(H, xs)
+    eager = _lstm_window(me, oe, xs, ts)
+    jitted = tj.jit(_lstm_window(mj, oj, xs, ts))
+    for call in range(6):
+        if call == 3:              # the captured Parameters change between calls
+            for m in (me, mj):
+                m.rnn.h2f.W.data = m.rnn.h2f.W.data * 0.5
+                m.fc.W.data[...] += 0.25
+        le, lj = eager(), jitted()
+        np.testing.assert_allclose(lj.data, le.data, rtol=1e-6)
+        for pe, pj in zip(me.params(), mj.params()):
+            np.testing.assert_allclose(pj.data, pe.data, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(mj.rnn.h.data, me.rnn.h.data, rtol=1e-6, atol=1e-9)
+    assert jitted.cache_info()["fallbacks"] == 0
+    batched = ops(jitted.trace())
+    plain = ops(_traced_without_batching(_lstm_window(mj, oj, xs, ts), monkeypatch))
+    # The x2* products are multiplies, the weight gradients one product per weight
+    # matrix, the h2* input gradients one per step.
+    assert plain["matmul"] > 14 * T and batched["matmul"] <= 7 * T + 6, (plain, batched)
+
+
+def _traced_without_batching(f, monkeypatch, *args):
+    with monkeypatch.context() as mp:
+        mp.setattr(pipeline, "PIPELINE", without_batching())
+        return tj.jit(f).trace(*args)
+
+
+# ---------------------------------------------------------------- where it must not
+
+def test_products_of_other_shapes_or_dependent_ones_stay_apart():
+    def shapes(a, b1, b2):
+        return F.matmul(a, b1), F.matmul(a, b2)
+
+    def dependent(a, b):
+        y = F.matmul(a, b)
+        return y, F.matmul(a, F.tanh(y))
+
+    def read_twice(a1, b1, a2, b2):
+        y = F.matmul(a1, b1)
+        return y + F.matmul(a2, b2), y
+
+    g = tj.jit(shapes).trace(*[Variable(rnd(s, k)) for k, s in
+                               enumerate([(3, 4), (4, 5), (4, 6)])])
+    assert ops(g)["matmul"] == 2 and "concat" not in ops(g)
+    g = tj.jit(dependent).trace(Variable(rnd((3, 3), 0)), Variable(rnd((3, 3), 1)))
+    assert ops(g)["matmul"] == 2 and "concat" not in ops(g)
+    g = tj.jit(read_twice).trace(*[Variable(rnd(s, k)) for k, s in
+                                   enumerate([(3, 4), (4, 5), (3, 2), (2, 5)])])
+    assert ops(g)["matmul"] == 2 and "concat" not in ops(g)
+
+
+def test_large_products_sharing_an_operand_stay_apart():
+    # Measured: BLAS is no faster on the joined product (module docstring).
+    def f(a, b1, b2):
+        return F.matmul(a, b1), F.matmul(a, b2)
+    n = 64                                  # 64**3 multiply-adds > SMALL_PRODUCT
+    assert n ** 3 > matmul_batching.SMALL_PRODUCT
+    g = tj.jit(f).trace(*[Variable(rnd((n, n), k)) for k in range(3)])
+    assert ops(g)["matmul"] == 2 and "concat" not in ops(g)
+
+
+def test_integer_and_batched_products_are_left_alone():
+    def f(a, b, c, d):
+        return F.matmul(a, b) + F.matmul(c, d)
+    ints = [np.arange(12).reshape(s) for s in [(3, 4), (4, 3), (3, 4), (4, 3)]]
+    g = tj.jit(f).trace(*ints)
+    assert ops(g)["matmul"] == 2
+    stacked = [Variable(rnd(s, k)) for k, s in enumerate([(2, 3, 4), (2, 4, 3)] * 2)]
+    g = tj.jit(f).trace(*stacked)
+    assert ops(g)["matmul"] == 2
+
+
+# ---------------------------------------------------------------- jit against eager
+
+def _sum_of_products_case(data, dtype):
+    m = data.draw(st.integers(1, 4), label="m")
+    n = data.draw(st.integers(1, 4), label="n")
+    ks = data.draw(st.lists(st.integers(1, 4), min_size=2, max_size=4), label="ks")
+    bias = data.draw(st.booleans(), label="bias")
+    Ws = [Parameter(rnd((k, n), 10 + i, dtype)) for i, k in enumerate(ks)]
+    b = Parameter(rnd((n,), 99, dtype))
+
+    def f(*As):
+        y = F.matmul(As[0], Ws[0])
+        if bias:
+            y = y + b
+        for a, w in zip(As[1:], Ws[1:]):
+            y = y + F.matmul(a, w)
+        return F.tanh(y)
+
+    def make_args(call):
+        for i, w in enumerate(Ws):      # the captured weights change between calls
+            w.data = rnd(w.shape, 1000 * call + i, dtype)
+        return [Variable(rnd((m, k), 50 * call + i, dtype)) for i, k in enumerate(ks)]
+    return f, make_args, Ws + [b]
+
+
+def _shared_operand_case(data, dtype):
+    m, k, n = (data.draw(st.integers(1, 5), label=s) for s in "mkn")
+    count = data.draw(st.integers(2, 4), label="count")
+    side = data.draw(st.sampled_from(["left", "right"]), label="side")
+    Ws = [Parameter(rnd((k, n) if side == "left" else (m, k), 10 + i, dtype))
+          for i in range(count)]
+
+    def f(a):
+        y = 0
+        for i, w in enumerate(Ws):
+            o = F.matmul(a, w) if side == "left" else F.matmul(w, a)
+            y = y + F.sum(F.sin(o)) * (i + 1)
+        return y
+
+    def make_args(call):
+        for i, w in enumerate(Ws):
+            w.data = rnd(w.shape, 1000 * call + i, dtype)
+        return [Variable(rnd((m, k) if side == "left" else (k, n), 7 + call, dtype))]
+    return f, make_args, Ws
+
+
+@settings(max_examples=12, deadline=None)
+@given(data=st.data())
+@pytest.mark.parametrize("case", [_sum_of_products_case, _shared_operand_case])
+def test_jit_matches_eager_over_generated_shapes(case, data):
+    f, make_args, params = case(data, np.float64)
+    assert_jit_matches_eager(f, make_args=make_args, params=params, calls=4,
+                             second_order=True, backend="interpret")
+
+
+@settings(max_examples=6, deadline=None)
+@given(data=st.data())
+def test_float32_sums_of_products_match_eager(data):
+    f, make_args, params = _sum_of_products_case(data, np.float32)
+    assert_jit_matches_eager(f, make_args=make_args, params=params, calls=4,
+                             second_order=True, rtol=1e-5, atol=1e-6, backend="interpret")
+
+
+def test_lstm_over_time_steps_matches_eager_numba_second_order():
+    # The LSTM layer unrolled, its gradients of first and second order, with the
+    # numba backend; the weights change between calls.
+    T, B, H = 4, 3, 3
+    lstm = L.LSTM(H, in_size=2)
+    lstm(Variable(rnd((B, 2), 0)))
+    lstm(Variable(rnd((B, 2), 1)))
+    lstm.reset_state()
+    params = list(lstm.params())
+
+    def f(*xs):
+        loss = 0
+        for x in xs:
+            loss = loss + F.sum(lstm(x) ** 2)
+        lstm.reset_state()
+        return loss
+
+    def make_args(call):
+        for i, p in enumerate(params):
+            p.data = rnd(p.shape, 500 * call + i, p.dtype) * 0.5
+        return [Variable(rnd((B, 2), 20 * call + t)) for t in range(T)]
+    assert_jit_matches_eager(f, make_args=make_args, params=params, calls=4,
+                             second_order=True)
+    g = tj.jit(f).trace(*make_args(0))
+    assert ops(g)["matmul"] < 8 * T
