@@ -45,6 +45,18 @@ def test_a_contraction_of_length_one_is_a_multiply():
     assert ops(g).get("matmul", 0) == 0 and ops(g)["mul"] == 1
 
 
+def test_a_float32_weight_read_by_float64_products_is_cast_once():
+    # NumPy casts the float32 operand on every call; the graph casts it once.
+    W = Parameter(rnd((4, 4), 0, np.float32))
+
+    def f(h):
+        for _ in range(5):
+            h = F.tanh(F.matmul(h, W))
+        return h
+    g = tj.jit(f).trace(Variable(rnd((3, 4), 1)))
+    assert ops(g)["matmul"] == 5 and ops(g)["cast"] == 1
+
+
 def test_a_sum_of_products_is_one_product_of_joined_blocks():
     def f(a1, b1, a2, b2, a3, b3, c):
         return F.matmul(a1, b1) + c + F.matmul(a2, b2) + F.matmul(a3, b3)
@@ -203,13 +215,14 @@ def test_integer_and_batched_products_are_left_alone():
 
 # ---------------------------------------------------------------- jit against eager
 
-def _sum_of_products_case(data, dtype):
+def _sum_of_products_case(data, dtype, wdtype=None):
+    wdtype = wdtype or dtype
     m = data.draw(st.integers(1, 4), label="m")
     n = data.draw(st.integers(1, 4), label="n")
     ks = data.draw(st.lists(st.integers(1, 4), min_size=2, max_size=4), label="ks")
     bias = data.draw(st.booleans(), label="bias")
-    Ws = [Parameter(rnd((k, n), 10 + i, dtype)) for i, k in enumerate(ks)]
-    b = Parameter(rnd((n,), 99, dtype))
+    Ws = [Parameter(rnd((k, n), 10 + i, wdtype)) for i, k in enumerate(ks)]
+    b = Parameter(rnd((n,), 99, wdtype))
 
     def f(*As):
         y = F.matmul(As[0], Ws[0])
@@ -221,7 +234,7 @@ def _sum_of_products_case(data, dtype):
 
     def make_args(call):
         for i, w in enumerate(Ws):      # the captured weights change between calls
-            w.data = rnd(w.shape, 1000 * call + i, dtype)
+            w.data = rnd(w.shape, 1000 * call + i, wdtype)
         return [Variable(rnd((m, k), 50 * call + i, dtype)) for i, k in enumerate(ks)]
     return f, make_args, Ws + [b]
 
@@ -256,12 +269,63 @@ def test_jit_matches_eager_over_generated_shapes(case, data):
                              second_order=True, backend="interpret")
 
 
+def _value_and_two_orders(f, Ws, arrays, ct):
+    """f's value, gradients and second-order gradients (of the sum of the squared
+    gradients) with respect to Ws and the arguments, as arrays."""
+    xs = [Variable(a) for a in arrays]
+    leaves = list(Ws) + xs
+    for v in leaves:
+        v.cleargrad()
+    y = f(*xs)
+    F.sum(y * ct).backward(create_graph=True)
+    g1 = [v.grad for v in leaves]
+    s = sum(F.sum(g * g) for g in g1)
+    for v in leaves:
+        v.cleargrad()
+    s.backward()
+    return [y.data] + [g.data for g in g1] + [v.grad.data for v in leaves]
+
+
 @settings(max_examples=6, deadline=None)
 @given(data=st.data())
-def test_float32_sums_of_products_match_eager(data):
-    f, make_args, params = _sum_of_products_case(data, np.float32)
-    assert_jit_matches_eager(f, make_args=make_args, params=params, calls=4,
-                             second_order=True, rtol=1e-5, atol=1e-6, backend="interpret")
+@pytest.mark.parametrize("wdtype", [np.float32, np.float64])
+def test_float32_sums_of_products_are_as_close_to_float64_as_eager(wdtype, data):
+    # float32 (weights float32 or float64): the joined product sums in another order
+    # than eager's separate products, so the runtime checks' criterion is the test's:
+    # within RTOL/ATOL of eager, or (float32) as close to the float64 twin as eager's
+    # own rounding allows (runtime/checking.py array_difference with the twin).
+    from tracejit.runtime.checking import array_difference
+    m = data.draw(st.integers(1, 4), label="m")
+    n = data.draw(st.integers(1, 4), label="n")
+    ks = data.draw(st.lists(st.integers(1, 4), min_size=2, max_size=4), label="ks")
+
+    def make(dtype, wd):
+        Ws = [Parameter(rnd((k, n), i, wd)) for i, k in enumerate(ks)]
+
+        def f(*As):
+            y = F.matmul(As[0], Ws[0])
+            for a, w in zip(As[1:], Ws[1:]):
+                y = y + F.matmul(a, w)
+            return F.tanh(y)
+        return f, Ws
+    f_e, W_e = make(np.float32, wdtype)
+    f_j, W_j = make(np.float32, wdtype)
+    f_t, W_t = make(np.float64, np.float64)
+    jf = tj.jit(f_j, backend="interpret")
+    for call in range(6):
+        for side in (W_e, W_j, W_t):    # the captured weights change between calls
+            for i, w in enumerate(side):
+                w.data = rnd(w.shape, 1000 * call + i, wdtype).astype(w.dtype)
+        arrays = [rnd((m, k), 50 * call + i, np.float32) for i, k in enumerate(ks)]
+        ct = rnd((m, n), 7 + call, np.float32)
+        e = _value_and_two_orders(f_e, W_e, arrays, ct)
+        j = _value_and_two_orders(jf, W_j, arrays, ct)
+        t = _value_and_two_orders(f_t, W_t, [a.astype(np.float64) for a in arrays],
+                                  ct.astype(np.float64))
+        for k, (ek, jk, tk) in enumerate(zip(e, j, t)):
+            d = array_difference(ek, jk, f"call {call} leaf {k}", scaled=k > 0, ref=tk)
+            assert d is None, d
+    assert jf.cache_info()["fallbacks"] == 0
 
 
 def test_lstm_over_time_steps_matches_eager_numba_second_order():

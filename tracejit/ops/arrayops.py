@@ -843,6 +843,15 @@ class MatMul(Primitive):
             return x, W
         return None
 
+    def operand_dtype(self, node):
+        # float32 @ float64: NumPy's matmul casts the float32 operand to float64 (exact)
+        # on every call, before BLAS; a weight read by every time step is cast 30 times.
+        x, W = node.inputs
+        dt = node.out.dtype
+        if {x.dtype, W.dtype} <= KERNEL_FLOATS and x.dtype != W.dtype:
+            return dt
+        return None
+
     def elementwise_form(self, node):
         # A contraction of length 1 has one term per output: (.., M, 1) @ (.., 1, N)
         # is the broadcast product (.., M, 1) * (.., 1, N) (matmul broadcasts batch

@@ -79,6 +79,11 @@ class Primitive(Function):
         (A @ [B1 B2] = [A@B1 A@B2], [A1 A2] @ [B1; B2] = A1@B1 + A2@B2); else None."""
         return None
 
+    def operand_dtype(self, node):
+        """Matmul: the dtype NumPy computes `node`'s product in when an operand has
+        another one (it casts that operand on every call), or None."""
+        return None
+
     def elementwise_form(self, node):
         """Matmul: an elementwise op whose broadcast result over `node`'s inputs is
         exactly `node`'s result (a product over a contraction of length 1), else None."""

@@ -39,6 +39,7 @@ or random draw is reordered.
 from tracejit.core import MATMUL
 from tracejit.ir import Node, Value
 from tracejit.ops.arrayops import Concat, GetItem
+from tracejit.ops.elementwise import Cast
 from tracejit.ops.primitive import Primitive
 
 # Rewrite 3 (shared operand) only for products this small (multiply-adds, M*K*N):
@@ -49,8 +50,9 @@ MAX_CONCAT_BYTES = 1 << 26
 
 
 def batch_matmuls(g):
-    """The three rewrites, in order (see the module docstring)."""
+    """The rewrites, in order (see the module docstring)."""
     g = _broadcast_products(g)
+    g = _cast_operands_once(g)
     g = _batch_sums_of_products(g)
     g = _batch_shared_operands(g, "left")
     g = _batch_shared_operands(g, "right")
@@ -113,6 +115,33 @@ def _broadcast_products(g):
             fn = n.fn.elementwise_form(n)
             if fn is not None:
                 n = Node(fn, n.inputs, n.outputs, n.line)
+                changed = True
+        nodes.append(n)
+    return g.replace(nodes=nodes) if changed else g
+
+
+# ---------------------------------------------------------------- 0: casts, once
+
+def _cast_operands_once(g):
+    """A product of a float32 and a float64 operand: NumPy casts the float32 one on
+    every call; cast it once (one Cast node per value and dtype, at its first product),
+    shared by every product that reads it (the weights every time step reads)."""
+    made, nodes, changed = {}, [], False
+    for n in g.nodes:
+        if n.kind == MATMUL and _primitive(n) and len(n.outputs) == 1:
+            dt = n.fn.operand_dtype(n)
+            if dt is not None:
+                ins = []
+                for v in n.inputs:
+                    if isinstance(v, Value) and v.dtype != dt:
+                        c = made.get((id(v), dt))
+                        if c is None:
+                            c = Value(v.shape, dt)
+                            nodes.append(Node(Cast(dt), (v,), (c,), n.line))
+                            made[(id(v), dt)] = c
+                        v = c
+                    ins.append(v)
+                n = Node(n.fn, ins, n.outputs, n.line)
                 changed = True
         nodes.append(n)
     return g.replace(nodes=nodes) if changed else g
