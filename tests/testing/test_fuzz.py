@@ -205,6 +205,18 @@ def test_the_state_focus_draws_each_of_its_constructs():
         compile(p.source, "<program>", "exec")
 
 
+def test_the_matmul_focus_draws_what_the_batching_pass_rewrites():
+    # programs.MATMUL_STEPS: each construct appears, and the programs run compiled with
+    # eager's results (a sum of products, shared operands, a recurrence, an outer product).
+    progs = fuzz.generate(20, seed=5, focus="matmul")
+    features = set().union(*(p.features for p in progs))
+    for f in ("matmul_sum", "matmul_shared", "matmul_recurrence", "matmul_outer"):
+        assert f in features, features
+    chosen = [p for p in progs if {"matmul_sum", "matmul_recurrence"} & set(p.features)][:4]
+    results = fuzz.run_many(chosen, jobs=1, timeout=120)
+    assert [r["cls"] for r in results] == ["match"] * len(chosen), results
+
+
 def test_argument_update_programs_draw_views_of_arguments():
     # The argument views block: intermediates that are views of an argument's buffer,
     # changed by the caller before the backward.

@@ -1282,6 +1282,97 @@ UNCHAIN_STEPS = [(_unchain_inside, 1)]
 # ---------------------------------------------------------------- end of unchain inside f
 
 
+# ---------------------------------------------------------------- matmul batching
+# What passes/matmul_batching.py rewrites: sums of products (A1 @ W1 + A2 @ W2 + a
+# term), products sharing an operand (A @ W1, A @ W2), a recurrence whose weight
+# gradient sums over time steps (h = tanh(h @ W) in a loop), contractions of length 1
+# ((n, 1) @ (1, m)). The operands are scaled before the product, not after it, so the
+# products feed the sum directly. focus="matmul" (--focus matmul) draws these.
+
+def _matrix_values(b):
+    return [v for v in b.vals if v.var and len(v.shape) == 2 and v.shape[1] != B]
+
+
+def _st_sum_of_products(b):
+    vs = _matrix_values(b)
+    if not vs:
+        return b.st_matmul()
+    v = b.draw(st.sampled_from(vs))
+    others = [w for w in vs if w.shape[0] == v.shape[0]]
+    terms = [v] + [b.draw(st.sampled_from(others)) for _ in range(b.draw(st.integers(1, 3)))]
+    m = b.draw(st.integers(1, 4))
+    parts, dts = [], []
+    for w in terms:
+        c = b.capture((w.shape[1], m), "param" if b.draw(st.integers(0, 3)) else None)
+        parts.append(f"F.matmul({w.name} * {1.0 / w.shape[1]!r}, {c[0]})")
+        dts.append(c[3])
+    if b.draw(st.booleans()):
+        c = b.capture((m,), "param")
+        parts.insert(b.draw(st.integers(0, len(parts))), c[0])
+        dts.append(c[3])
+    name = b.fresh()
+    b.emit(f"{name} = " + " + ".join(parts))
+    dtype = "float64" if "float64" in dts or _dt(*terms) == "float64" else "float32"
+    b.add(name, (v.shape[0], m), dtype, sum(w.bound for w in terms) + 1.0)
+    b.features.add("matmul_sum")
+
+
+def _st_shared_operand(b):
+    vs = _matrix_values(b)
+    if not vs:
+        return b.st_matmul()
+    v = b.draw(st.sampled_from(vs))
+    k, m = v.shape[1], b.draw(st.integers(1, 4))
+    names, dts = [], []
+    for _ in range(b.draw(st.integers(2, 3))):
+        c = b.capture((k, m), "param")
+        name = b.fresh()
+        b.emit(f"{name} = F.matmul({v.name} * {1.0 / k!r}, {c[0]})")
+        names.append(name)
+        dts.append(c[3])
+    out = b.fresh()
+    b.emit(f"{out} = " + " * ".join(f"F.tanh({n})" for n in names))
+    dtype = "float64" if "float64" in dts or v.dtype == "float64" else "float32"
+    b.add(out, (v.shape[0], m), dtype, 1.0)
+    b.features.add("matmul_shared")
+
+
+def _st_recurrence(b):
+    vs = _matrix_values(b)
+    if not vs:
+        return b.st_matmul()
+    v = b.draw(st.sampled_from(vs))
+    k = v.shape[1]
+    c = b.capture((k, k), "param")
+    name = b.fresh()
+    b.emit(f"{name} = F.tanh({v.name} * {1.0 / (k * v.bound)!r})")
+    b.emit(f"for _ in range({b.draw(st.integers(2, 4))}):")
+    b.indent += 1
+    b.emit(f"{name} = F.tanh(F.matmul({name}, {c[0]}) * {1.0 / k!r} + {name})")
+    b.indent -= 1
+    b.add(name, v.shape, "float64" if c[3] == "float64" or v.dtype == "float64"
+          else "float32", 1.0)
+    b.features.add("matmul_recurrence")
+
+
+def _st_outer_product(b):
+    v = b.pick(lambda w: w.var and len(w.shape) == 2)
+    if v is None:
+        return b.st_matmul()
+    m = b.draw(st.integers(1, 4))
+    c = b.capture((1, m), "param")
+    name = b.fresh()
+    b.emit(f"{name} = F.matmul(F.sum({v.name}, axis=1, keepdims=True), {c[0]})")
+    b.add(name, (v.shape[0], m), "float64" if c[3] == "float64" or v.dtype == "float64"
+          else "float32", v.bound * (v.shape[1] if v.shape[1] != B else 8))
+    b.features.add("matmul_outer")
+
+
+MATMUL_STEPS = [(_st_sum_of_products, 3), (_st_shared_operand, 2), (_st_recurrence, 2),
+                (_st_outer_product, 1)]
+# ---------------------------------------------------------------- end of matmul batching
+
+
 @st.composite
 def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     """A random program as source text (see the module docstring); `avoid` names
@@ -1290,7 +1381,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     focus="rebound" mostly st_rebound_state (state rebound on a holder across calls);
     focus="unchain" mostly UNCHAIN_STEPS (unchain_backward inside f);
     focus="mixed_dtypes" mostly MIXED_DTYPE_STEPS (float32 results with float64
-    cotangents beside a dead float64 state)."""
+    cotangents beside a dead float64 state);
+    focus="matmul" mostly MATMUL_STEPS (what passes/matmul_batching.py rewrites)."""
     avoid = frozenset(avoid)
     unknown = avoid - set(AVOIDABLE)
     if unknown:
@@ -1346,6 +1438,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
               for g, w in ARGUMENT_VIEW_STEPS]                       # argument views
     if focus == "unchain":      # (only then: the default profile's draws stay as they were)
         table += [(lambda g=g: g(b), w * 12) for g, w in UNCHAIN_STEPS]  # unchain inside
+    if focus == "matmul":       # (only then, as unchain's)
+        table += [(lambda g=g: g(b), w * 6) for g, w in MATMUL_STEPS]     # matmul batching
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
