@@ -57,6 +57,25 @@ def test_a_float32_weight_read_by_float64_products_is_cast_once():
     assert ops(g)["matmul"] == 5 and ops(g)["cast"] == 1
 
 
+def test_the_backward_reads_the_transpose_of_the_forwards_cast(monkeypatch):
+    # A training step inside jit: the forward's h @ W and the backward's g @ W.T read
+    # one cast of W (the transpose of the cast is a view), not one cast each.
+    W = Parameter(rnd((4, 4), 0, np.float32))
+
+    def step(h):
+        y = h
+        for _ in range(3):
+            y = F.tanh(F.matmul(y, W))
+        loss = F.sum(y * y)
+        W.cleargrad()
+        loss.backward()
+        return loss
+    h = Variable(rnd((3, 4), 1))
+    batched = ops(tj.jit(step).trace(h))
+    plain = ops(_traced_without_batching(step, monkeypatch, h))
+    assert batched.get("cast", 0) == plain.get("cast", 0) + 1, (batched, plain)
+
+
 def test_a_sum_of_products_is_one_product_of_joined_blocks():
     def f(a1, b1, a2, b2, a3, b3, c):
         return F.matmul(a1, b1) + c + F.matmul(a2, b2) + F.matmul(a3, b3)

@@ -17,7 +17,10 @@ smallest are all dispatch. Three rewrites, each asking the ops' facets
    same operands is made once and shared, as the four transposed weights every step
    reads).
 3. Independent small products sharing an operand, `A @ B1, A @ B2` (or `A1 @ B, A2 @ B`),
-   are one product `A @ [B1 B2]` (`[A1; A2] @ B`) and its column (row) blocks.
+   with the other operands graph inputs (weights: joined once per call), are one product
+   `A @ [B1 B2]` (`[A1; A2] @ B`) and its column (row) blocks.
+0. (First) a float32 operand of a float64 product, which NumPy casts on every call, is
+   cast once per value (a weight every time step reads: once per call).
 
 Measured (2-core Xeon, OpenBLAS 1 thread, float64, batch 30, hidden 100; one process,
 interleaved, medians): the gate input gradients of 30 steps (4 x (30,100)@(100,100)^T
@@ -36,7 +39,7 @@ shared-operand group at its first product), and a group only takes products whos
 operands are defined before that place: no node moves, so no data dependency, guard
 or random draw is reordered.
 """
-from tracejit.core import MATMUL
+from tracejit.core import MATMUL, MOVEMENT
 from tracejit.ir import Node, Value
 from tracejit.ops.arrayops import Concat, GetItem
 from tracejit.ops.elementwise import Cast
@@ -126,21 +129,33 @@ def _cast_operands_once(g):
     """A product of a float32 and a float64 operand: NumPy casts the float32 one on
     every call; cast it once (one Cast node per value and dtype, at its first product),
     shared by every product that reads it (the weights every time step reads)."""
+    producer = g.producers()
     made, nodes, changed = {}, [], False
+
+    def cast(v, dt, line):
+        c = made.get((id(v), dt))
+        if c is not None:
+            return c
+        p = producer.get(id(v))
+        if (p is not None and p.kind == MOVEMENT and _primitive(p) and len(p.inputs) == 1
+                and isinstance(p.inputs[0], Value) and p.fn.index_foldable(p)):
+            # Index arithmetic commutes with a cast: W.T's cast is the transpose of W's,
+            # the cast the forward's products already read (one cast kernel, not two).
+            c = Value(v.shape, dt)
+            nodes.append(Node(type(p.fn)(*p.params), (cast(p.inputs[0], dt, line),), (c,),
+                              p.line))
+        else:
+            c = Value(v.shape, dt)
+            nodes.append(Node(Cast(dt), (v,), (c,), line))
+        made[(id(v), dt)] = c
+        return c
+
     for n in g.nodes:
         if n.kind == MATMUL and _primitive(n) and len(n.outputs) == 1:
             dt = n.fn.operand_dtype(n)
             if dt is not None:
-                ins = []
-                for v in n.inputs:
-                    if isinstance(v, Value) and v.dtype != dt:
-                        c = made.get((id(v), dt))
-                        if c is None:
-                            c = Value(v.shape, dt)
-                            nodes.append(Node(Cast(dt), (v,), (c,), n.line))
-                            made[(id(v), dt)] = c
-                        v = c
-                    ins.append(v)
+                ins = [cast(v, dt, n.line) if isinstance(v, Value) and v.dtype != dt else v
+                       for v in n.inputs]
                 n = Node(n.fn, ins, n.outputs, n.line)
                 changed = True
         nodes.append(n)
@@ -251,6 +266,13 @@ def _batch_shared_operands(g, side):
         if a.shape[0] * a.shape[1] * b.shape[1] > SMALL_PRODUCT:
             continue
         shared, other = ops[shared_k], ops[other_k]
+        if where.get(id(other)) != -1:
+            # Only graph inputs (the weights): their join is made once per call and
+            # shared by every time step. Computed blocks would be joined by a copy per
+            # group, and the group's blocks read by kernels as slices compile more kernel
+            # variants (the 12-step LSTM window: 17 distinct kernels against 14), for
+            # about 1 us a merged call.
+            continue
         key = (id(shared), other.shape, other.dtype, type(n.fn), n.params)
         grp = open_groups.get(key)
         # Joins the group only if its other operand exists where the group's product
