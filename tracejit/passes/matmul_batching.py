@@ -17,7 +17,7 @@ smallest are all dispatch. Three rewrites, each asking the ops' facets
    same operands is made once and shared, as the four transposed weights every step
    reads).
 3. Independent small products sharing an operand, `A @ B1, A @ B2` (or `A1 @ B, A2 @ B`),
-   with the other operands graph inputs (weights: joined once per call), are one product
+   with the other operands graph inputs (weights, their casts: joined once per call), are one product
    `A @ [B1 B2]` (`[A1; A2] @ B`) and its column (row) blocks.
 0. (First) a float32 operand of a float64 product, which NumPy casts on every call, is
    cast once per value (a weight every time step reads: once per call).
@@ -39,7 +39,9 @@ shared-operand group at its first product), and a group only takes products whos
 operands are defined before that place: no node moves, so no data dependency, guard
 or random draw is reordered.
 """
-from tracejit.core import MATMUL, MOVEMENT
+import numpy as np
+
+from tracejit.core import ELEMENTWISE, MATMUL, MOVEMENT
 from tracejit.ir import Node, Value
 from tracejit.ops.arrayops import Concat, GetItem
 from tracejit.ops.elementwise import Cast
@@ -201,8 +203,10 @@ def _batch_sums_of_products(g):
             else:
                 terms.append(v)
         shape, dtype = r.out.shape, r.out.dtype
-        if any(t.dtype != dtype for t in terms):
-            continue                 # a promoting term: keep NumPy's order of casts
+        if any(t.dtype != dtype if not isinstance(t, Value)
+               else (t.dtype.kind != "f" or np.result_type(t.dtype, dtype) != dtype)
+               for t in terms):
+            continue                 # a term of another kind, or a literal's own dtype
         prods, rest = [], []
         for t in terms:
             p = producer.get(id(t)) if isinstance(t, Value) else None
@@ -256,6 +260,13 @@ def _batch_shared_operands(g, side):
     for i, n in enumerate(g.nodes):
         for v in n.outputs:
             where[id(v)] = i
+    invariant = {id(v) for v in g.inputs}
+    for n in g.nodes:
+        # A weight's cast or transpose (one input, elementwise or index arithmetic, of a
+        # graph input): one value per call, as the input is.
+        if (len(n.inputs) == 1 and len(n.outputs) == 1 and n.kind in (ELEMENTWISE, MOVEMENT)
+                and _primitive(n) and id(n.inputs[0]) in invariant):
+            invariant.add(id(n.out))
     shared_k, other_k, axis = (0, 1, 1) if side == "left" else (1, 0, 0)
     groups, open_groups = [], {}
     for i, n in enumerate(g.nodes):
@@ -266,8 +277,8 @@ def _batch_shared_operands(g, side):
         if a.shape[0] * a.shape[1] * b.shape[1] > SMALL_PRODUCT:
             continue
         shared, other = ops[shared_k], ops[other_k]
-        if where.get(id(other)) != -1:
-            # Only graph inputs (the weights): their join is made once per call and
+        if id(other) not in invariant:
+            # Only graph inputs (the weights, their casts): joined once per call and
             # shared by every time step. Computed blocks would be joined by a copy per
             # group, and the group's blocks read by kernels as slices compile more kernel
             # variants (the 12-step LSTM window: 17 distinct kernels against 14), for
