@@ -84,7 +84,8 @@ class CompiledFunction(RegionFunction):
         leaves = list(self.inputs) if create else [Variable(x._data) for x in self.inputs]
         env = [leaves[diff_pos[i]] if i in diff_pos else
                Constant(current_input(v, i, self.arrays[i])) for i in range(len(g.inputs))]
-        user = Graph(g.name, g.inputs, g.nodes, g.outputs[:v.n_user_outs], g.input_names)
+        inputs, env = v.with_made_leaves(g.inputs, env, leaves)
+        user = Graph(g.name, inputs, g.nodes, g.outputs[:v.n_user_outs])
         rng = None
         if self.rng is not None:
             rng = np.random.get_state()
@@ -234,7 +235,8 @@ class CompiledFunction(RegionFunction):
         diff_pos = v.bwd.joint_diff_position
         env = [self.inputs[diff_pos[i]] if i in diff_pos else Constant(self.arrays[i])
                for i in range(len(g.inputs))]
-        user = Graph(g.name, g.inputs, g.nodes, g.outputs[:v.n_user_outs], g.input_names)
+        inputs, env = v.with_made_leaves(g.inputs, env, self.inputs)
+        user = Graph(g.name, inputs, g.nodes, g.outputs[:v.n_user_outs])
         # This call's outputs still chained to it become the replay's own: the Functions
         # after them in the call read them, so the walk that cuts the replay cuts them
         # (a result that is also used inside the call, `return loss, h`, is unchained as
@@ -397,6 +399,14 @@ class Variant:
         # Made results eager gives as Constants (a create_graph seed): indices.
         self.made_constant = frozenset(m for m, c in enumerate(call.made_constant or ()) if c)
         self.grad_reach = call.grad_reach    # trace.call._grad_reach
+        # Leaves of eager's graph the call makes and returns (`Variable(np.ones(3))`):
+        # inputs of its CompiledFunction ("made" diff sources, by result leaf index);
+        # made_inputs: those whose new array the graph reads in place of the traced
+        # constant (result leaf -> forward input position).
+        self.made_inputs = dict(call.made_inputs or {}) if backward else {}
+        # Result leaf -> (class, name) of a Variable the runner makes, where eager's is
+        # no plain unnamed Variable (a Parameter, a Constant seed, `name="c"`).
+        self.leaf_class = dict(call.leaf_class or {})
         self.cut_sets = call.cut_sets        # trace.call._cut_sets
         user_outs = [v for kind, v, _ in out_leaves if kind == "out"]
         # Effects on live state, replayed after the graph ran and every guard held:
@@ -484,6 +494,9 @@ class Variant:
         self.arg_var_pos = {}
         if backward:
             for k, (kind, o) in enumerate(backward.diff_sources):
+                if kind == "made" and o in self.made_inputs:
+                    # (A made leaf's array, rebound since the call: its new array.)
+                    self.arg_var_pos[self.made_inputs[o]] = k
                 if kind not in ("arg", "arggrad", "grad"):
                     continue
                 for i, (skind, obj, _) in enumerate(self.sources):
@@ -666,6 +679,21 @@ class Variant:
         out.update((id(saved[k]), cf.saved[k]) for k in views)
         out.update(live)
         return out
+
+    def with_made_leaves(self, inputs, env, diff_vars):
+        """A replay of the forward graph (inputs, env) with the joint graph's inputs
+        for the made leaves after them, each the call's made leaf (among its
+        differentiable Variables diff_vars): the replay's operands linked to them
+        (trace.backward._link_made_leaves) read those."""
+        j = self.bwd.joint
+        n = len(inputs)
+        extra = [i for i in range(len(j.inputs)) if i >= n and
+                 i in self.bwd.joint_diff_position]
+        if not extra:
+            return inputs, env
+        pos = self.bwd.joint_diff_position
+        return (list(inputs) + [j.inputs[i] for i in extra],
+                list(env) + [diff_vars[pos[i]] for i in extra])
 
     def backward_with_variables(self, cf, gys):
         """Replay the joint forward+backward graph through the primitives on Variables,
@@ -900,6 +928,19 @@ def read_capture(kind, obj):
     return obj
 
 
+def new_leaf(cls, data, name):
+    """A new Variable of class cls (a Parameter, a Constant) with no creator: a result
+    leaf eager makes of that class in the call (core.wrap_array's fields)."""
+    x = object.__new__(cls)
+    x._data = data
+    x._tv = None
+    x._grad = None
+    x.name = name
+    x.creator = None
+    x.generation = 0
+    return x
+
+
 MISS = object()      # a hot-path runner's answer: the arguments have another signature
 SLOW = object()      # ... the signature, but this variant must go through dispatch
 
@@ -935,10 +976,19 @@ def build_runner(v, leaf_kinds, key=None):
         body.append("if v.checks_left > 0" + (" or state_changed()" if v.state else "")
                     + ": return SLOW")
     names = []
+    made_array = {i: j for j, i in v.made_inputs.items()}
+    copies = {}       # result leaf -> the local holding this call's new array of it
     for i, (kind, obj, spec) in enumerate(v.sources):
         n = f"a{i}"
         names.append(n)
-        if kind == "arg":
+        if i in made_array:
+            # A made leaf's array (`Variable(np.ones(3))` returned): new every call, as
+            # eager's, laid out as it; the graph reads it, and so does the backward.
+            j = made_array[i]
+            body.append(f"c{j} = {const(obj)}.copy(order='K')")
+            body.append(f"{n} = c{j}")
+            copies[j] = f"c{j}"
+        elif kind == "arg":
             lk = leaf_kinds[obj]
             leaf = f"leaves[{obj}]" if key is None else f"l{obj}"   # matcher bound l{i}
             if lk == VAR:
@@ -1082,7 +1132,7 @@ def build_runner(v, leaf_kinds, key=None):
     leaves_ = v.out_leaves
     # The arrays of the results' retained .grads and of returned `Variable(np.ones(3))`
     # made before the views, which may be views of them (pytree.result_views).
-    made_grad_arrays, copies = {}, {}
+    made_grad_arrays = {}
     for m, mg in enumerate(v.made_grads or ()):
         if mg is not None and mg[0] == "out":
             # A new array: the graph may give an input or constant (the seed's ones) here.
@@ -1092,7 +1142,7 @@ def build_runner(v, leaf_kinds, key=None):
             body.append(f"mg{m} = val")
             made_grad_arrays[m] = f"mg{m}"
     for j, (kind, a, _) in enumerate(leaves_):
-        if kind == "wrap" and a[0] == "constcopy":
+        if kind == "wrap" and a[0] == "constcopy" and j not in copies:
             # An array the call made: new every call, laid out as eager's.
             body.append(f"c{j} = {const(a[1])}.copy(order='K')")
             copies[j] = f"c{j}"
@@ -1107,8 +1157,11 @@ def build_runner(v, leaf_kinds, key=None):
         body += _view_lines(v, out, names, dest, const, env, call is not None,
                             target, made_grad_arrays, copies)
     exprs, made = [None] * len(leaves_), []
+    out_slot = {}       # result leaf -> its output slot, for the "out" leaves
     k = 0
     for i, (kind, a, b) in enumerate(leaves_):
+        if kind == "out":
+            out_slot[i] = k
         if kind == "arg":
             exprs[i] = f"leaves[{a}]"
         elif kind == "argdata":
@@ -1127,7 +1180,7 @@ def build_runner(v, leaf_kinds, key=None):
                 spec = v.out_specs[len(made)]
                 creator = spec.dtype.kind in "fc" and (
                     v.has_creator is None or v.has_creator[len(made)])
-                made.append((name, k, creator))
+                made.append((name, k, creator, i))
                 exprs[i] = name
             elif b == FLT:
                 exprs[i] = f"float({out(k)})"
@@ -1157,8 +1210,26 @@ def build_runner(v, leaf_kinds, key=None):
             if kind == "vardata":
                 exprs[i] = array_expr(kind, a)
             elif kind == "wrap":          # Variable(y.data): a new Variable, y's array
-                exprs[i] = f"wrap({copies[i] if i in copies else array_expr(*a[:2])})"
+                arr = copies[i] if i in copies else array_expr(*a[:2])
+                if i in v.leaf_class:     # a Parameter, a Constant, a name: eager's
+                    cls, nm = v.leaf_class[i]
+                    env["new_leaf"] = new_leaf
+                    exprs[i] = f"new_leaf({const(cls)}, {arr}, {const(nm)})"
+                else:
+                    exprs[i] = f"wrap({arr})"
         return exprs[i]
+    made_diff = {o for kind, o in (v.diff_sources if v.bwd is not None else ())
+                 if kind == "made"}
+    for i in sorted(made_diff):
+        kind, a, _ = leaves_[i]
+        if kind == "wrap":
+            # A made leaf that is an input of the call's CompiledFunction: made before
+            # it (a Variable result's array read as its output slot: that result is
+            # made after).
+            if a[0] == "vardata" and a[1] in out_slot and i not in copies:
+                copies[i] = out(out_slot[a[1]])
+            body.append(f"w{i} = {expr_of(i)}")
+            exprs[i] = f"w{i}"
     for i in range(len(leaves_)):
         expr_of(i)
     # One object in several places (`return y, y`, `return h.data, h.data`): made once.
@@ -1172,16 +1243,26 @@ def build_runner(v, leaf_kinds, key=None):
             exprs[i] = exprs[a]
     structure = structure_source(v.out_tree, iter(exprs), const)
     # core.wrap_array written out: three calls of it were a tenth of a 0-d call.
-    plain = [f"{name} = new({'Constant' if m in v.made_constant else 'Variable'}); "
+    def cls_of(m, i):
+        if m in v.made_constant:
+            return "Constant"
+        cls = v.leaf_class.get(i, (Variable, None))[0]
+        return "Variable" if cls is Variable else const(cls)
+
+    def name_of(i):
+        nm = v.leaf_class.get(i, (None, None))[1]
+        return "None" if nm is None else const(nm)
+    plain = [f"{name} = new({cls_of(m, i)}); "
              f"{name}._data = {out(slot)}; {name}._tv = None; "
-             f"{name}._grad = None; {name}.name = None; {name}.creator = None; "
-             f"{name}.generation = 0" for m, (name, slot, _) in enumerate(made)]
+             f"{name}._grad = None; {name}.name = {name_of(i)}; {name}.creator = None; "
+             f"{name}.generation = 0" for m, (name, slot, _, i) in enumerate(made)]
     if v.made_constant:
         env["Constant"] = core.Constant
     if v.bwd is not None:
         n_saved_from = v.n_user_outs + v.n_effect_outs
         diff = ", ".join(diff_names[j] if j in diff_names else
-                         f"leaves[{o}]" if kind == "arg" else const(o)
+                         f"leaves[{o}]" if kind == "arg" else
+                         exprs[o] if kind == "made" else const(o)
                          for j, (kind, o) in enumerate(v.diff_sources))
         body.append("if Config.enable_backprop:")
         saved = f"outs[{n_saved_from}:]" if call is not None else \
@@ -1195,21 +1276,24 @@ def build_runner(v, leaf_kinds, key=None):
             inner.append("cf.saved = saved_views(cf.saved, bwd_arrays, v.bwd)")
         if v.has_random:
             inner.append("cf.rng = rng")      # a create_graph replay draws the same numbers
+        # The outputs eager gives no creator first: one may be a made leaf, an input
+        # of cf.
+        inner += [plain[m] for m, (_, _, creator, _) in enumerate(made) if not creator]
         inner += [
                  f"cf.inputs = ins = [{diff}]",
                  "cf.generation = max([x.generation for x in ins])" if v.diff_sources
                  else "cf.generation = 0"]
-        inner += [f"{name} = wrap({out(slot)}, cf)" if creator else
-                  plain[m] if m in v.made_constant else
-                  f"{name} = wrap({out(slot)})" for m, (name, slot, creator) in enumerate(made)]
+        inner += [f"{name} = wrap({out(slot)}, cf)" +
+                  (f"; {name}.name = {name_of(i)}" if i in v.leaf_class else "")
+                  for name, slot, creator, i in made if creator]
         # An output eager gives no creator is not ours either: a dead entry keeps the
         # creator's output slots numbered as the backward graph's gys.
-        refs = [f"ref({n})" if c else "dead" for n, _, c in made]
+        refs = [f"ref({n})" if c else "dead" for n, _, c, _ in made]
         inner.append(f"cf.outputs = [{', '.join(refs)}]")
         body += ["    " + line for line in inner]
         body.append("else:")
         body += ["    " + line for line in plain] or ["    pass"]
-    elif v.grad_mode and any(c for _, _, c in made):
+    elif v.grad_mode and any(c for _, _, c, _ in made):
         # Nothing differentiable from outside, but eager's outputs have creators.
         # The grad mode is the key's (v.grad_mode): no test of it. Written out as
         # `plain` is: this is the hot path of value_and_grad on ndarrays.
@@ -1219,8 +1303,8 @@ def build_runner(v, leaf_kinds, key=None):
         body.append("cf = new(Inputless)")
         body += [line.replace(".creator = None; ", ".creator = cf; ").replace(
                  ".generation = 0", ".generation = 1") if c else line
-                 for line, (_, _, c) in zip(plain, made)]
-        refs = [f"ref({n})" if c else "dead" for n, _, c in made]
+                 for line, (_, _, c, _) in zip(plain, made)]
+        refs = [f"ref({n})" if c else "dead" for n, _, c, _ in made]
         body.append(f"cf.outputs = [{', '.join(refs)}]")
     else:
         body += plain

@@ -14,11 +14,12 @@ from tracejit.trace.pytree import (FLT, VAR, _BasicIndex, _input_arrays, _overla
 from tracejit.trace.records import BackwardEscape, BackwardPlan
 
 
-def trace_backward(tr, out_raw, out_leaves):
+def trace_backward(tr, out_raw, out_leaves, made=()):
     """Trace the eager backward over the traced forward: (the BackwardPlan, or a
     BackwardEscape, or None when nothing is differentiable; the trace's own Variables at
     the region's boundary, for the caller's use now, never to be kept: they would keep
-    the first call's arguments alive)."""
+    the first call's arguments alive). made: (result leaf index, Variable) of the
+    leaves of eager's graph the call made and returns (trace.call._made_leaves)."""
     # Variables at the region's boundary: arguments and captures, of every dtype (eager
     # gives an int Variable the float gradient of `x + w`; primitives return None for
     # most int inputs, and then so does the compiled backward).
@@ -39,6 +40,12 @@ def trace_backward(tr, out_raw, out_leaves):
             leaf = tr.arg_leaf.get(id(owner))
             boundary.append((("arggrad", leaf) if leaf is not None else ("grad", owner),
                              var))
+    # Leaves of eager's graph made inside the call that it returns (`c = Variable(
+    # np.ones(3)); return x * c, c`): eager's backward from the results gives them
+    # their gradient, so each is an input of the compiled call too, the one its runner
+    # makes anew every call (a ("made", result leaf) source).
+    for i, var in made:
+        boundary.append((("made", i), var))
     outs = [x for x in out_raw if isinstance(x, Variable)]
     roots = [y for y in outs if y.creator is not None and y.creator in tr.functions
              and y.dtype.kind in "fc"]
@@ -199,13 +206,19 @@ def trace_backward(tr, out_raw, out_leaves):
             slot += 1
     bgraph = Graph(g.name + "_backward", bwd_inputs, bwd_nodes, outs_b,
                    [v.name for v in bwd_inputs])
-    # The joint graph (for create_graph): all inputs, all nodes.
-    joint = Graph(g.name + "_joint", g.inputs, g.nodes,
-                  outs_b, g.input_names)
-    pos = {id(v): i for i, v in enumerate(g.inputs)}
+    # The joint graph (for create_graph): all inputs, all nodes, and an input of its
+    # own for each made leaf, which no node reads: a replay's operands that are the
+    # made leaf in eager's graph are linked to it (_link_made_leaves), so the replay
+    # differentiates the call's own made leaf, as eager does.
+    made_values = _link_made_leaves(tr, made)
+    joint = Graph(g.name + "_joint", list(g.inputs) + made_values, g.nodes,
+                  outs_b, list(g.input_names) + [v.name for v in made_values])
+    pos = {id(v): i for i, v in enumerate(joint.inputs)}
+    made_value = {id(var): v for (_, var), v in zip(made, made_values)}
     joint_diff = []
     for src, var in boundary:
-        val = tr.arg_vars[id(var)][1] if src[0] == "arg" else tr.captured_vars[id(var)][1]
+        val = tr.arg_vars[id(var)][1] if src[0] == "arg" else \
+            made_value[id(var)] if src[0] == "made" else tr.captured_vars[id(var)][1]
         joint_diff.append(pos[id(val)])
     joint_gy = {pos[id(v)]: gy_values[id(v)] for v in g.inputs if id(v) in gy_values}
     recomputed_bytes = sum(v.nbytes for n in recomputed.values() for v in n.outputs)
@@ -262,6 +275,28 @@ def trace_backward(tr, out_raw, out_leaves):
         replay_live={k: pos[id(inp)] for k, inp in live_states.items()})
     # The trace's own Variables at the boundary (a .grad source names its owner).
     return plan, [var for _, var in boundary]
+
+
+def _link_made_leaves(tr, made):
+    """A joint graph input per made leaf (trace_backward's `made`), and every operand
+    of a node recorded with grad on that is that Variable in eager's graph linked to
+    it (tr.grad_meta, which a replay reads): unlinked it would be a fresh Constant (a
+    leaf nothing reads the gradient of), linked to the value it was computed as (a
+    result of no_grad, unchained in the call) a Variable of the replay's own."""
+    if not made:
+        return []
+    values = {id(var): tr.new_value(var.shape, var.dtype, var.name or f"made{i}")
+              for i, var in made}
+    for key, uses in tr.leaf_operands.items():
+        meta = tr.grad_meta.get(key)
+        if meta is None or not any(id(x) in values for _, x in uses):
+            continue
+        links = list(meta[1])
+        for k, x in uses:
+            if id(x) in values:
+                links[k] = values[id(x)]
+        tr.grad_meta[key] = (meta[0], tuple(links))
+    return [values[id(var)] for _, var in made]
 
 
 def _grad_dtypes(tr, roots, out_index, boundary):

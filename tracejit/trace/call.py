@@ -16,8 +16,8 @@ from tracejit.trace.pytree import (ARR, FLT, VAR, arg_at, arg_names, flatten_res
                                    strip_tracers, unflatten)
 from tracejit.trace.record import (TracedArray, TracedFloat, Trace, _user_functions,
                                    wrapped_function)
-from tracejit.trace.records import (BackwardEscape, Effect, Escape, SideEffect, Source, Target,
-                                    TracedCall)
+from tracejit.trace.records import (BackwardEscape, BackwardPlan, Effect, Escape, SideEffect,
+                                    Source, Target, TracedCall)
 
 
 def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
@@ -155,8 +155,21 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         backward = None
         boundary = []
         cut = _cut_in_call(tr, n_nodes)
+        made_leaves = _made_leaves(tr, out_leaves_raw, out_leaves) if grad_mode else []
         if grad_mode:
-            backward, boundary = trace_backward(tr, out_leaves_raw, out_leaves)
+            backward, boundary = trace_backward(tr, out_leaves_raw, out_leaves,
+                                                made_leaves)
+        if not isinstance(backward, BackwardPlan):
+            made_leaves = []
+        made_inputs = _made_inputs(tr, made_leaves, out_leaves)
+        # The class and name of each result Variable the runner makes (a Parameter or
+        # a Constant made in the call, `Variable(a, name="c")`): eager's.
+        leaf_class = {i: (type(x), x.name) for i, (x, leaf) in
+                      enumerate(zip(out_leaves_raw, out_leaves))
+                      if leaf[0] in ("wrap", "out") and isinstance(x, Variable)
+                      and (type(x) is not Variable or x.name is not None)}
+        made_leaves = [i for i, _ in made_leaves]
+        tr.leaf_operands = None     # (Variables of the traced call: not kept)
         if cut:
             _unlink_cut(tr, cut)
         made = [x for x, leaf in zip(out_leaves_raw, out_leaves)
@@ -297,7 +310,8 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         made_grads=made_grads, has_random=bool(tr.random_nodes), has_creator=has_creator,
         grad_alias=grad_alias, grad_same=grad_same, made_grad_effect=made_grad_effect,
         grad_constant=grad_constant, made_constant=made_constant, grad_reach=grad_reach,
-        cut_sets=cut_sets, escapes=escapes,
+        cut_sets=cut_sets, escapes=escapes, made_leaves=made_leaves,
+        made_inputs=made_inputs, leaf_class=leaf_class,
         side_effects=side_effects, result=result, grads_before=grads_before,
         # (With the arguments': an object argument keys the variant by identity, and
         # what the caller rebinds on it between calls (`m.buf = new`) is guarded.)
@@ -491,6 +505,43 @@ def _unchanged_container(c, items):
         return all((k1 is k2 or k1 == k2) and v1 is v2
                    for (k1, v1), (k2, v2) in zip(now, items))
     return all(a is b for a, b in zip(now, items))
+
+
+def _made_leaves(tr, raw, leaves):
+    """(result leaf index, Variable) per Variable the call made that is a leaf of
+    eager's graph when it returns and that a node recorded with grad on reads
+    (`c = Variable(np.ones(3)); return x * c, c`; `Variable(x.data)`; a result of
+    no_grad or one unchained, used after): eager's backward from the results gives
+    it a gradient. Not a Constant (backward stores none), once per object."""
+    used = {id(x) for uses in tr.leaf_operands.values() for _, x in uses}
+    out, seen = [], set()
+    for i, (x, leaf) in enumerate(zip(raw, leaves)):
+        if leaf[0] not in ("wrap", "out") or leaf[2] != VAR or not isinstance(x, Variable) \
+                or type(x) is Constant or x.creator is not None or id(x) not in used \
+                or id(x) in seen:
+            continue
+        seen.add(id(x))
+        out.append((i, x))
+    return out
+
+
+def _made_inputs(tr, made, leaves):
+    """result leaf index -> forward input position, for the made leaves that are a new
+    Variable of an array the function made (`Variable(np.ones(3))`, a "constcopy"):
+    the graph reads that array as a constant, and the runner gives it the made leaf's
+    own array of the call instead, so a backward reads the leaf's data as it is then
+    (`c.data *= 2` after the call), as eager's backward does."""
+    pos = {id(v): k for k, v in enumerate(tr.graph.inputs)}
+    out = {}
+    for i, x in made:
+        leaf = leaves[i]
+        if leaf[0] != "wrap" or leaf[1][0] != "constcopy":
+            continue
+        entry = tr.captured_arrays.get(id(leaf[1][1]))
+        k = pos.get(id(entry[1])) if entry is not None else None
+        if k is not None and k not in out.values():
+            out[i] = k
+    return out
 
 
 def _grad_reach(tr, made, has_creator, diff_traced):

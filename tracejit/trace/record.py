@@ -179,6 +179,10 @@ class Trace(core.TraceHooks):
         # outside, (Variable, Value or None), and on a result it made, (x, x.grad, Value).
         self.grad_effects = []
         self.made_grads = []
+        # id(Node) -> ((operand position, Variable), ...): the operands made in the
+        # call of a node recorded with grad on (record); trace.call drops it when the
+        # call is read off.
+        self.leaf_operands = {}
 
     # ---- values
 
@@ -327,6 +331,17 @@ class Trace(core.TraceHooks):
         # Variables differentiates exactly what eager does from this.
         self.grad_meta[id(node)] = (core._state.enable_backprop,
                                     tuple(self._link(x, v) for x, v in zip(inputs, ins)))
+        if core._state.enable_backprop:
+            # The operands made inside the call: one that is a leaf of eager's graph
+            # when the call returns (`Variable(np.ones(3))`, `Variable(x.data)`, a
+            # result of no_grad, one unchained) and outlives it gets its gradient
+            # from eager's backward, so the compiled call takes it as an input of
+            # its own (trace.call._made_leaves).
+            made = tuple((i, x) for i, x in enumerate(inputs)
+                         if type(x) is not core.Constant and not isinstance(ins[i], Lit)
+                         and not self.is_live(x))
+            if made:
+                self.leaf_operands[id(node)] = made
         self.line_of[fn] = node.line
         self.graph.nodes.append(node)
         self.functions.add(fn)
@@ -1081,6 +1096,8 @@ class Trace(core.TraceHooks):
             # Eager's graph is unchanged (y is still op's output of its operand): a
             # create_graph replay links the rebuilt node as it linked the original.
             self.grad_meta[id(fresh)] = self.grad_meta[meta_key]
+            if meta_key in self.leaf_operands:
+                self.leaf_operands[id(fresh)] = self.leaf_operands[meta_key]
             self.owner[id(out)] = y
             y._tv = out
             return out

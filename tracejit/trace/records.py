@@ -106,6 +106,8 @@ class BackwardPlan:
     saved_bytes: int
     recomputed_bytes: int    # what recomputation spared saving
     diff_sources: list       # per differentiable input (the creator's inputs): its source
+                             # (kind, obj): ("arg", leaf), ("var", Variable), ("arggrad",
+                             # leaf), ("grad", owner), ("made", result leaf index)
     # The joint forward+backward graph, for create_graph replays on Variables.
     joint: Any
     joint_diff_inputs: list  # joint input index of each differentiable input
@@ -180,3 +182,12 @@ class TracedCall:
                               # creator): the variant holds while they have none
     cuts: list = ()          # (kind, [Targets]): cuts of the caller's graph the
                              # function made (Trace.unchain_events), in order
+    # Result leaf indices of the leaves of eager's graph the call made and returns
+    # (`c = Variable(np.ones(3)); return x * c, c`), whose gradients eager's backward
+    # sets: inputs of the compiled call ("made" diff sources), in the BackwardPlan's
+    # order, made anew by the runner every call.
+    made_leaves: list = ()
+    made_inputs: dict = None  # made result leaf -> the forward input its array is read
+                              # as (a "constcopy"): the runner's new array goes there
+    leaf_class: dict = None   # result leaf -> (class, name) of a Variable the runner
+                              # makes, where it is not a plain unnamed Variable
