@@ -208,6 +208,8 @@ class CompiledFunction(RegionFunction):
                 arrays.append(self.saved[i])
             elif kind == "input":
                 arrays.append(current_input(v, i, self.arrays[i], self.inputs))
+            elif kind == "madedata":      # a made leaf's data as it is now
+                arrays.append(self.inputs[i]._data)
             elif kind != "gy":
                 arrays.append(read_capture(kind, i))
             else:
@@ -579,6 +581,8 @@ class Variant:
                     k = self.arg_var_pos[i]
                     body.append(f"if cf.inputs[{k}]._data is not {n}: "
                                 f"{n} = rebound(cf.inputs[{k}]._data, {n})")
+            elif kind == "madedata":
+                body.append(f"{n} = cf.inputs[{i}]._data")    # a made leaf's, now
             elif kind == "gy":
                 spec = self.out_specs[i]
                 env[f"d{j}"] = spec.dtype

@@ -113,6 +113,14 @@ def trace_backward(tr, out_raw, out_leaves, made=()):
     # the intermediates computed from the old values, so none computed from captured
     # state is recomputed from its buffer either.
     live = {id(v) for v, _ in tr.captures}
+    # A made leaf's computed value is read as the leaf's data at backward time (need):
+    # like a capture's, the caller may change it, so nothing is recomputed from it.
+    made_data = {}        # id(forward value) -> diff position of the made leaf it is
+    for k, (src, var) in enumerate(boundary):
+        if src[0] == "made" and isinstance(var._tv, Value) and tr.is_mine(var._tv) \
+                and id(var._tv) not in fwd_pos:
+            made_data.setdefault(id(var._tv), k)
+    live |= set(made_data)
     # Arguments: the caller may change them before the backward too (`x.data += 1`,
     # `x.data = ...`), and eager's backward reads them as they are then but the values
     # computed from them as they were. So the backward reads an argument directly (live,
@@ -161,6 +169,13 @@ def trace_backward(tr, out_raw, out_leaves, made=()):
         if not isinstance(v, Value) or id(v) in defined or id(v) in seen:
             return
         seen.add(id(v))
+        if id(v) in made_data:
+            # A made leaf's computed value (`Variable(x.data * 2)` returned): eager's
+            # backward reads the leaf's data as it is then (`c.data *= 3` since), as
+            # the compiled one does, from the call's own made leaf.
+            bwd_inputs.append(v)
+            sources.append(("madedata", made_data[id(v)]))
+            return
         node = recompute.get(id(v))
         if node is not None:
             # Cheaper to recompute in the backward kernel than to store and reload.

@@ -100,6 +100,7 @@ class BackwardPlan:
 
     graph: Any               # the backward Graph: inputs -> one gradient per non-None slot
     sources: list            # per backward input: ("saved", k), ("input", i), ("gy", k),
+                             # ("madedata", k): the data of made leaf input k now,
                              # or a capture's (kind, obj) (read_capture)
     grad_slots: list         # per differentiable input: its output slot, None: no gradient
     saved: list              # forward Values the forward graph outputs for the backward

@@ -15,8 +15,9 @@ stream with the same seed. What is compared after every call, in this order:
   leaf is argument i, capture W, the `.data` of one of those, or the same object as an
   earlier leaf),
 - gradients of `sum_k sum(leaf_k * c_k)` (seeded cotangents c_k) over the Variable
-  leaves, for every Variable argument and captured Variable (None vs not None), and
-  with create_graph, the second-order gradients of `sum(g * g)` over those gradients,
+  leaves, for every Variable argument, captured Variable and result Variable (None vs
+  not None: a leaf the function made and returns has one), and with create_graph, the
+  second-order gradients of `sum(g * g)` over those gradients,
 - the state after the call: arguments (an in-place `a += 1`) and captures (data, grad).
 
 Values compare with a tolerance scaled to the array's magnitude: `rtol_for(program)`
@@ -37,7 +38,7 @@ import numpy as np
 
 import tracejit as tj
 from tracejit import functions as F
-from tracejit.core import Parameter, Variable
+from tracejit.core import Constant, Parameter, Variable
 # One rounding probe for the runtime's checks and the fuzzer: the twin under
 # float32-sized noise, thread-local (tracejit.core's round_hook).
 # NOISE_FACTOR: how many times the noisy twins' largest move a float32 result may be off
@@ -67,6 +68,8 @@ def load(source, path):
 def _kind(x):
     if isinstance(x, Parameter):
         return "Parameter"
+    if isinstance(x, Constant):
+        return "Constant"      # (a create_graph seed returned: eager's class)
     if isinstance(x, Variable):
         return "Variable"
     if isinstance(x, np.ndarray):
@@ -178,6 +181,14 @@ def observe(f, args, captures, backward, call, plant=None, between=None, state=N
         structure, leaves, objs = _flatten(out, args, captures)
         rec["structure"], rec["result"] = structure, leaves
         rec["objs"] = objs
+        # The result Variables' gradients too: a leaf the function made and returns
+        # (`c = Variable(np.ones(3)); return x * c, c`) gets one from eager's backward,
+        # which a comparison over the arguments and captures alone never looks at.
+        known = {id(v) for _, v in targets}
+        for k, y in enumerate(objs):
+            if isinstance(y, Variable) and id(y) not in known:
+                known.add(id(y))
+                targets.append((f"result leaf {k}", y))
         if between is not None:
             rec["stage"] = "update between the call and the backward"
             between(call, args)
@@ -236,6 +247,8 @@ def observe(f, args, captures, backward, call, plant=None, between=None, state=N
             # arguments, captures (a result the passes merged with it must not).
             rec["state"][f"state {n}"]["alias"] = _aliases(v, args, captures, results)
         if isinstance(v, Variable):
+            # (A leaf made in the call and stored as state gets eager's gradient.)
+            rec["state"][f"state {n}.grad"] = None if v.grad is None else _leaf(v.grad)
             # Compared exactly (repr), not as a number a float32 tolerance could excuse.
             rec["state"][f"state {n} has a creator"] = dict(
                 kind="bool", dtype=None, shape=None, value=None, ident=None,

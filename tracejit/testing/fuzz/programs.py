@@ -1371,6 +1371,81 @@ def _st_outer_product(b):
 MATMUL_STEPS = [(_st_sum_of_products, 3), (_st_shared_operand, 2), (_st_recurrence, 2),
                 (_st_outer_product, 1)]
 # ---------------------------------------------------------------- end of matmul batching
+# ------------------------------------------------------------------ made leaves (helper
+# "madeleaf"). A Variable made inside f that is a leaf of eager's graph when f returns
+# (`c = tj.Variable(np.full(x.shape, 0.5))`, a Parameter, `Variable(h.data)`, a result
+# of no_grad) used by an op and then outliving the call: returned (alone, in a list or
+# a tuple) or stored as state the function rebinds. Eager's backward from the results
+# gives it a gradient; the harness compares the .grad of every result Variable and of
+# state Variables, which is how compiled calls that gave it None were found.
+
+MADE_LEAF_KINDS = ("variable", "parameter", "named", "of_data", "of_data_times",
+                   "no_grad")
+MADE_LEAF_ESCAPES = ("returned", "in_list", "in_tuple", "state")
+
+
+def _made_leaf(b):
+    v = b.pick(lambda w: w.bound <= 10, recent=6)
+    if v is None:
+        return b.st_unary()
+    kind = b.draw(st.sampled_from(MADE_LEAF_KINDS))
+    how = b.draw(st.sampled_from(MADE_LEAF_ESCAPES))
+    c = b.fresh("c")
+    full = f"np.full({v.name}.shape, {b.draw(st.sampled_from([0.5, -0.75, 1.25]))!r}, " \
+        f"dtype={v.name}.dtype)"
+    if kind == "variable":
+        b.emit(f"{c} = tj.Variable({full})")
+        bound = 1.25
+    elif kind == "parameter":
+        b.emit(f"{c} = tj.Parameter({full})")
+        bound = 1.25
+    elif kind == "named":
+        b.emit(f"{c} = tj.Variable({full}, name={c!r})")
+        bound = 1.25
+    elif kind == "of_data":
+        b.emit(f"{c} = tj.Variable({v.data})")
+        bound = v.bound
+    elif kind == "of_data_times":
+        b.emit(f"{c} = tj.Variable({v.data} * 0.5)")
+        bound = v.bound * 0.5
+    else:
+        if not v.var:
+            return b.st_unary()
+        b.emit("with tj.no_grad():")
+        b.emit(f"    {c} = F.tanh({v.name}) * 0.5")
+        bound = 0.5
+    use = b.draw(st.sampled_from(["mul", "sin_mul", "square_add"]))
+    h = b.fresh()
+    if use == "mul" or v.bound * bound > 10:
+        b.emit(f"{h} = {v.name} * {c}")
+        hb = v.bound * bound
+    elif use == "sin_mul":
+        b.emit(f"{h} = F.sin({v.name} * {c}) + {c}")
+        hb = 1 + bound
+    else:
+        b.emit(f"{h} = {v.name} + {c} * {c}")
+        hb = v.bound + bound * bound
+    b.add(h, v.shape, v.dtype, hb)
+    if how == "state":
+        if not hasattr(b, "states"):
+            b.states = []
+            b.state_resets = sorted({0, 6} | set(b.draw(st.lists(st.integers(1, 9),
+                                                                 max_size=2))))
+        k = len(b.states)
+        holder = b.draw(st.sampled_from(("object", "layer", "dict", "global")))
+        ref = {"object": f"STATE{k}.h", "layer": f"LAYER{k}.h", "dict": f"STATED{k}['h']",
+               "global": f"H{k}"}[holder]
+        b.emit(f"{ref} = {c}")
+        b.states.append((holder, ref, k))
+    else:
+        b.returned_views.append({"returned": c, "in_list": f"[{c}]",
+                                 "in_tuple": f"({c},)"}[how])
+    b.features.add(f"made_leaf_{kind}")
+    b.features.add(f"made_leaf_{how}")
+
+
+MADE_LEAF_STEPS = [(_made_leaf, 1)]
+# ------------------------------------------------------------------ end of made leaves
 
 
 @st.composite
@@ -1382,7 +1457,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     focus="unchain" mostly UNCHAIN_STEPS (unchain_backward inside f);
     focus="mixed_dtypes" mostly MIXED_DTYPE_STEPS (float32 results with float64
     cotangents beside a dead float64 state);
-    focus="matmul" mostly MATMUL_STEPS (what passes/matmul_batching.py rewrites)."""
+    focus="matmul" mostly MATMUL_STEPS (what passes/matmul_batching.py rewrites);
+    focus="made_leaves" mostly MADE_LEAF_STEPS (leaves made in f that outlive it)."""
     avoid = frozenset(avoid)
     unknown = avoid - set(AVOIDABLE)
     if unknown:
@@ -1436,6 +1512,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
               for g, w in MIXED_DTYPE_STEPS]                         # mixed-dtype cotangents
     table += [(lambda g=g: g(b), w * (8 if focus == "argument_views" else 0))
               for g, w in ARGUMENT_VIEW_STEPS]                       # argument views
+    table += [(lambda g=g: g(b), w * (12 if focus == "made_leaves" else 1))
+              for g, w in MADE_LEAF_STEPS]                           # made leaves
     if focus == "unchain":      # (only then: the default profile's draws stay as they were)
         table += [(lambda g=g: g(b), w * 12) for g, w in UNCHAIN_STEPS]  # unchain inside
     if focus == "matmul":       # (only then, as unchain's)
