@@ -249,3 +249,36 @@ def test_a_made_leaf_whose_results_die_leaves_nothing_alive():
                 assert [r() for r in refs] == [None] * 4
             finally:
                 gc.enable()
+
+
+W = Parameter(np.array([0.5, -1.0, 2.0]))
+
+
+def grad_then_used(x):
+    # A backward inside the call sets W.grad (a new Variable, no creator), which an op
+    # then reads: a leaf of eager's graph that outlives the call on W, returned or not.
+    W.cleargrad()
+    F.sum(F.tanh(W) * x).backward()
+    g = W.grad
+    return F.sin(g * x) + g * g
+
+
+@pytest.mark.parametrize("mode", ["plain", "create_graph"])
+def test_a_grad_set_inside_the_call_and_used_gets_eagers_gradient(mode):
+    jf = tj.jit(grad_then_used)
+    for i in range(5):
+        seen = []
+        for fn in (grad_then_used, jf):
+            x = Variable(np.linspace(-1.0, 1.0, 3) + 0.2 * i)
+            W.data[...] = [0.5 - 0.1 * i, -1.0, 2.0]     # a mutated capture
+            y = fn(x)
+            g = W.grad
+            F.sum(y).backward(create_graph=(mode == "create_graph"))
+            seen.append((_arr(g.grad), _arr(x.grad), g is W.grad))
+            W.cleargrad()
+        for a, b in zip(*seen):
+            if isinstance(a, np.ndarray):
+                np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
+            else:
+                assert a == b
+    assert jf.cache_info()["hits"] >= 2, jf.cache_info()

@@ -1266,7 +1266,9 @@ def build_runner(v, leaf_kinds, key=None):
         n_saved_from = v.n_user_outs + v.n_effect_outs
         diff = ", ".join(diff_names[j] if j in diff_names else
                          f"leaves[{o}]" if kind == "arg" else
-                         exprs[o] if kind == "made" else const(o)
+                         exprs[o] if kind == "made" else
+                         f"{target(*v.grad_effects[o][0])}._grad" if kind == "effgrad" else
+                         const(o)
                          for j, (kind, o) in enumerate(v.diff_sources))
         body.append("if Config.enable_backprop:")
         saved = f"outs[{n_saved_from}:]" if call is not None else \

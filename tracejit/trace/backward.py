@@ -18,8 +18,8 @@ def trace_backward(tr, out_raw, out_leaves, made=()):
     """Trace the eager backward over the traced forward: (the BackwardPlan, or a
     BackwardEscape, or None when nothing is differentiable; the trace's own Variables at
     the region's boundary, for the caller's use now, never to be kept: they would keep
-    the first call's arguments alive). made: (result leaf index, Variable) of the
-    leaves of eager's graph the call made and returns (trace.call._made_leaves)."""
+    the first call's arguments alive). made: (source, Variable) of the leaves of
+    eager's graph the call made that outlive it (trace.call._made_leaves)."""
     # Variables at the region's boundary: arguments and captures, of every dtype (eager
     # gives an int Variable the float gradient of `x + w`; primitives return None for
     # most int inputs, and then so does the compiled backward).
@@ -43,9 +43,10 @@ def trace_backward(tr, out_raw, out_leaves, made=()):
     # Leaves of eager's graph made inside the call that it returns (`c = Variable(
     # np.ones(3)); return x * c, c`): eager's backward from the results gives them
     # their gradient, so each is an input of the compiled call too, the one its runner
-    # makes anew every call (a ("made", result leaf) source).
-    for i, var in made:
-        boundary.append((("made", i), var))
+    # makes anew every call (a ("made", result leaf) source), or the .grad a
+    # backward in the call set and an op then read (("effgrad", grad effect)).
+    for src, var in made:
+        boundary.append((src, var))
     outs = [x for x in out_raw if isinstance(x, Variable)]
     roots = [y for y in outs if y.creator is not None and y.creator in tr.functions
              and y.dtype.kind in "fc"]
@@ -117,7 +118,8 @@ def trace_backward(tr, out_raw, out_leaves, made=()):
     # like a capture's, the caller may change it, so nothing is recomputed from it.
     made_data = {}        # id(forward value) -> diff position of the made leaf it is
     for k, (src, var) in enumerate(boundary):
-        if src[0] == "made" and isinstance(var._tv, Value) and tr.is_mine(var._tv) \
+        if src[0] in ("made", "effgrad") and isinstance(var._tv, Value) and \
+                tr.is_mine(var._tv) \
                 and id(var._tv) not in fwd_pos:
             made_data.setdefault(id(var._tv), k)
     live |= set(made_data)
@@ -233,7 +235,8 @@ def trace_backward(tr, out_raw, out_leaves, made=()):
     joint_diff = []
     for src, var in boundary:
         val = tr.arg_vars[id(var)][1] if src[0] == "arg" else \
-            made_value[id(var)] if src[0] == "made" else tr.captured_vars[id(var)][1]
+            made_value[id(var)] if src[0] in ("made", "effgrad") else \
+            tr.captured_vars[id(var)][1]
         joint_diff.append(pos[id(val)])
     joint_gy = {pos[id(v)]: gy_values[id(v)] for v in g.inputs if id(v) in gy_values}
     recomputed_bytes = sum(v.nbytes for n in recomputed.values() for v in n.outputs)
@@ -300,8 +303,8 @@ def _link_made_leaves(tr, made):
     result of no_grad, unchained in the call) a Variable of the replay's own."""
     if not made:
         return []
-    values = {id(var): tr.new_value(var.shape, var.dtype, var.name or f"made{i}")
-              for i, var in made}
+    values = {id(var): tr.new_value(var.shape, var.dtype, var.name or f"made{k}")
+              for k, (_, var) in enumerate(made)}
     for key, uses in tr.leaf_operands.items():
         meta = tr.grad_meta.get(key)
         if meta is None or not any(id(x) in values for _, x in uses):

@@ -168,7 +168,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
                       enumerate(zip(out_leaves_raw, out_leaves))
                       if leaf[0] in ("wrap", "out") and isinstance(x, Variable)
                       and (type(x) is not Variable or x.name is not None)}
-        made_leaves = [i for i, _ in made_leaves]
+        made_leaves = [src for src, _ in made_leaves]
         tr.leaf_operands = None     # (Variables of the traced call: not kept)
         if cut:
             _unlink_cut(tr, cut)
@@ -508,7 +508,7 @@ def _unchanged_container(c, items):
 
 
 def _made_leaves(tr, raw, leaves):
-    """(result leaf index, Variable) per Variable the call made that is a leaf of
+    """(("made", result leaf index), Variable) per Variable the call made that is a leaf of
     eager's graph when it returns and that a node recorded with grad on reads
     (`c = Variable(np.ones(3)); return x * c, c`; `Variable(x.data)`; a result of
     no_grad or one unchained, used after): eager's backward from the results gives
@@ -521,7 +521,17 @@ def _made_leaves(tr, raw, leaves):
                 or id(x) in seen:
             continue
         seen.add(id(x))
-        out.append((i, x))
+        out.append((("made", i), x))
+    # A .grad a backward inside the call sets on an argument or a captured Variable,
+    # then used as an operand (`g = x.grad; return g * c`): a leaf too, that outlives
+    # the call on its owner, returned or not ("effgrad": the grad effect's .grad).
+    for gi, (var, _) in enumerate(tr.grad_effects):
+        g = var._grad
+        if g is None or type(g) is Constant or g.creator is not None or \
+                id(g) not in used or id(g) in seen:
+            continue
+        seen.add(id(g))
+        out.append((("effgrad", gi), g))
     return out
 
 
@@ -533,9 +543,9 @@ def _made_inputs(tr, made, leaves):
     (`c.data *= 2` after the call), as eager's backward does."""
     pos = {id(v): k for k, v in enumerate(tr.graph.inputs)}
     out = {}
-    for i, x in made:
-        leaf = leaves[i]
-        if leaf[0] != "wrap" or leaf[1][0] != "constcopy":
+    for (kind, i), x in made:
+        leaf = leaves[i] if kind == "made" else None
+        if leaf is None or leaf[0] != "wrap" or leaf[1][0] != "constcopy":
             continue
         entry = tr.captured_arrays.get(id(leaf[1][1]))
         k = pos.get(id(entry[1])) if entry is not None else None

@@ -108,7 +108,8 @@ class BackwardPlan:
     recomputed_bytes: int    # what recomputation spared saving
     diff_sources: list       # per differentiable input (the creator's inputs): its source
                              # (kind, obj): ("arg", leaf), ("var", Variable), ("arggrad",
-                             # leaf), ("grad", owner), ("made", result leaf index)
+                             # leaf), ("grad", owner), ("made", result leaf index),
+                             # ("effgrad", grad effect index): made leaves
     # The joint forward+backward graph, for create_graph replays on Variables.
     joint: Any
     joint_diff_inputs: list  # joint input index of each differentiable input
