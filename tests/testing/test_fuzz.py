@@ -341,3 +341,37 @@ def test_the_stored_states_aliases_with_the_results_are_compared():
         return y
     rec = observe(f, [Variable(np.ones((2, 3)))], {}, None, 0, state=lambda: {"h.a": h.a})
     assert rec["state"]["state h.a"]["alias"] == ("result leaf 0", "strides (8, 24)")
+
+
+def test_the_made_leaves_focus_draws_each_kind_and_escape():
+    # Leaves made in f that outlive it (programs.MADE_LEAF_STEPS), each kind and each
+    # way out; the harness compares the .grad of every result and state Variable.
+    from tracejit.testing.fuzz.programs import MADE_LEAF_ESCAPES, MADE_LEAF_KINDS
+    progs = fuzz.generate(30, seed=3, focus="made_leaves")
+    features = set().union(*(p.features for p in progs))
+    for k in MADE_LEAF_KINDS + MADE_LEAF_ESCAPES:
+        assert f"made_leaf_{k}" in features, features
+    for p in progs:
+        compile(p.source, "<program>", "exec")
+
+
+def test_the_gradients_of_result_variables_are_compared():
+    # How compiled calls hid a made leaf given no gradient: it is neither an argument
+    # nor a capture, so only the result Variables' .grad show it.
+    import numpy as np
+
+    import tracejit as tj
+    from tracejit.testing.fuzz import harness
+
+    def f(x0):
+        c = tj.Variable(np.full(3, 0.5))
+        return x0 * c, c
+
+    def without_grad(x0):
+        y, c = f(x0)
+        return y, tj.Variable(c.data)      # the same value, no gradient from y
+    recs = [harness.observe(g, [tj.Variable(np.ones(3))], {}, "plain", 0)
+            for g in (f, without_grad)]
+    assert recs[0]["grads"]["result leaf 1"] is not None
+    diffs = harness.compare_call(recs[1], recs[0], (1e-7, 0.0))
+    assert any("gradient of result leaf 1" in msg for _, msg in diffs), diffs

@@ -1512,8 +1512,9 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
               for g, w in MIXED_DTYPE_STEPS]                         # mixed-dtype cotangents
     table += [(lambda g=g: g(b), w * (8 if focus == "argument_views" else 0))
               for g, w in ARGUMENT_VIEW_STEPS]                       # argument views
-    table += [(lambda g=g: g(b), w * (12 if focus == "made_leaves" else 1))
-              for g, w in MADE_LEAF_STEPS]                           # made leaves
+    if focus in (None, "made_leaves"):   # (the other focuses draw as they did)
+        table += [(lambda g=g: g(b), w * (12 if focus == "made_leaves" else 1))
+                  for g, w in MADE_LEAF_STEPS]                       # made leaves
     if focus == "unchain":      # (only then: the default profile's draws stay as they were)
         table += [(lambda g=g: g(b), w * 12) for g, w in UNCHAIN_STEPS]  # unchain inside
     if focus == "matmul":       # (only then, as unchain's)
