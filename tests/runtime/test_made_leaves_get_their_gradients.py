@@ -282,3 +282,27 @@ def test_a_grad_set_inside_the_call_and_used_gets_eagers_gradient(mode):
             else:
                 assert a == b
     assert jf.cache_info()["hits"] >= 2, jf.cache_info()
+
+
+def backward_inside(x):
+    # A backward inside the call gives the made leaf its .grad before it is returned;
+    # the caller's backward then adds to it, as eager's does.
+    c = Variable(np.full(3, 0.5))
+    F.sum(F.tanh(x * c)).backward()
+    return F.sin(x * c), c
+
+
+@pytest.mark.parametrize("mode", ["plain", "create_graph"])
+def test_a_made_leaf_keeps_the_grad_a_backward_inside_the_call_gave_it(mode):
+    jf = tj.jit(backward_inside)
+    for i in range(5):
+        seen = []
+        for fn in (backward_inside, jf):
+            x = Variable(np.linspace(-1.0, 1.0, 3) + 0.2 * i)
+            y, c = fn(x)
+            inside = _arr(c.grad)
+            F.sum(y).backward(create_graph=(mode == "create_graph"))
+            seen.append((inside, _arr(c.grad), _arr(x.grad)))
+        for a, b in zip(*seen):
+            np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
+    assert jf.cache_info()["hits"] >= 2, jf.cache_info()

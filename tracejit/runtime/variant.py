@@ -456,6 +456,12 @@ class Variant:
                 effect_values.append(gv)
         if not any(self.made_grads):
             self.made_grads = None
+        # The .grad a backward inside the call gave a made leaf it returns: result
+        # leaf -> output slot.
+        self.wrap_grads = {}
+        for i, gv in sorted((call.wrap_grads or {}).items()):
+            self.wrap_grads[i] = len(user_outs) + len(effect_values)
+            effect_values.append(gv)
         # The values returned views are views of that no result holds (pytree.
         # result_views' "value" roots): outputs of the graph, the views replayed on them.
         self.view_base_slots = {}
@@ -1057,7 +1063,7 @@ def build_runner(v, leaf_kinds, key=None):
         return f"o{k}" if call is None else f"outs[{k}]"
 
     if plan is None or v.bwd is not None or v.effects or v.made_grads or v.grad_effects \
-            or v.view_base_slots:
+            or v.view_base_slots or v.wrap_grads:
         body.append(f"arrays = [{', '.join(names)}]")
         body.append("bwd_arrays = arrays")
 
@@ -1224,7 +1230,7 @@ def build_runner(v, leaf_kinds, key=None):
         return exprs[i]
     made_diff = {o for kind, o in (v.diff_sources if v.bwd is not None else ())
                  if kind == "made"}
-    for i in sorted(made_diff):
+    for i in sorted(made_diff | set(v.wrap_grads)):
         kind, a, _ = leaves_[i]
         if kind == "wrap":
             # A made leaf that is an input of the call's CompiledFunction: made before
@@ -1234,6 +1240,12 @@ def build_runner(v, leaf_kinds, key=None):
                 copies[i] = out(out_slot[a[1]])
             body.append(f"w{i} = {expr_of(i)}")
             exprs[i] = f"w{i}"
+            if i in v.wrap_grads:
+                # (A new array: the graph may give an input or a constant here.)
+                body.append(f"val = {out(v.wrap_grads[i])}")
+                body.append("val = val.copy() if any(val is x for x in arrays) or not "
+                            "val.flags.owndata else val")
+                body.append(f"w{i}._grad = wrap(val)")
     for i in range(len(leaves_)):
         expr_of(i)
     # One object in several places (`return y, y`, `return h.data, h.data`): made once.

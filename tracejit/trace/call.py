@@ -137,8 +137,25 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         tr.made_grads = [(x, x._grad, None if x._grad is None else tr.value_of(x._grad))
                          for x, leaf in zip(out_leaves_raw, out_leaves)
                          if leaf[0] == "out" and leaf[2] == VAR]
+        # The .grad a backward inside the call gave a leaf it made and returns
+        # (`c = Variable(np.ones(3)); F.sum(x * c).backward(); return c`): result leaf
+        # -> its Value, set on the runner's new leaf. Only a .grad of its own (not a
+        # Constant, not another Variable's .grad or a result): the others stay the
+        # first-call check's to refuse.
+        others = {id(var._grad) for var in tr.grad_writes.values()} | \
+            {id(g) for _, g, _ in tr.made_grads} | {id(x) for x in out_leaves_raw}
+        tr.wrap_grads, counted = {}, {}
+        for i, (x, leaf) in enumerate(zip(out_leaves_raw, out_leaves)):
+            if leaf[0] == "wrap" and isinstance(x, Variable) and x._grad is not None:
+                counted[id(x._grad)] = counted.get(id(x._grad), 0) + 1
+        for i, (x, leaf) in enumerate(zip(out_leaves_raw, out_leaves)):
+            g = x._grad if leaf[0] == "wrap" and isinstance(x, Variable) else None
+            if g is not None and type(g) is not Constant and id(g) not in others \
+                    and counted[id(g)] == 1 and isinstance(g._data, np.ndarray):
+                tr.wrap_grads[i] = tr.value_of(g)
         copied = _unshare_grads(tr, list(tr.grad_writes.values()) +
-                                [x for x, g, _ in tr.made_grads if g is not None])
+                                [x for x, g, _ in tr.made_grads if g is not None] +
+                                [out_leaves_raw[i] for i in tr.wrap_grads])
         # A result that is such a .grad's array (`return y.grad, y.grad.data`) is its
         # copy, the array the traced call's .grad now holds.
         result_objects = [copied[id(o)][1] if id(o) in copied and copied[id(o)][0] is o
@@ -304,6 +321,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     parts = _forward_parts(tr, n_inputs) if not escapes else {}
     made_grads = tr.made_grads
     tr.made_grads = None          # the trace keeps no result Variable alive
+    wrap_grads = tr.wrap_grads if not escapes else {}
     return TracedCall(
         graph=tr.graph, n_inputs=n_inputs, n_nodes=n_nodes, grad_mode=grad_mode,
         leaf_forms=tr.leaf_kinds, out_tree=out_tree, out_leaves=out_leaves,
@@ -311,7 +329,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         grad_alias=grad_alias, grad_same=grad_same, made_grad_effect=made_grad_effect,
         grad_constant=grad_constant, made_constant=made_constant, grad_reach=grad_reach,
         cut_sets=cut_sets, escapes=escapes, made_leaves=made_leaves,
-        made_inputs=made_inputs, leaf_class=leaf_class,
+        made_inputs=made_inputs, leaf_class=leaf_class, wrap_grads=wrap_grads,
         side_effects=side_effects, result=result, grads_before=grads_before,
         # (With the arguments': an object argument keys the variant by identity, and
         # what the caller rebinds on it between calls (`m.buf = new`) is guarded.)

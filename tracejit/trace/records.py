@@ -193,3 +193,5 @@ class TracedCall:
                               # as (a "constcopy"): the runner's new array goes there
     leaf_class: dict = None   # result leaf -> (class, name) of a Variable the runner
                               # makes, where it is not a plain unnamed Variable
+    wrap_grads: dict = None   # "wrap" result leaf -> the Value of the .grad a backward
+                              # inside the call gave it (set on the runner's new leaf)
