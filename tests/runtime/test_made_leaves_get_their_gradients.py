@@ -306,3 +306,16 @@ def test_a_made_leaf_keeps_the_grad_a_backward_inside_the_call_gave_it(mode):
         for a, b in zip(*seen):
             np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
     assert jf.cache_info()["hits"] >= 2, jf.cache_info()
+
+
+def test_the_first_call_check_compares_the_gradients_of_made_leaves():
+    # The check against eager differentiates both runs' results: a made leaf the
+    # compiled run leaves out of its graph (as compiled calls did) is a difference.
+    from tracejit.runtime.checking import gradient_difference
+    x = Variable(np.array([0.5, 1.0, 2.0]))
+    expected = direct(x)
+    y, c = direct(x)
+    detached = (y, Variable(c.data.copy()))
+    assert gradient_difference(expected, direct(x), [("argument x", x)]) is None
+    diff = gradient_difference(expected, detached, [("argument x", x)])
+    assert diff is not None and "a leaf the call made" in diff, diff

@@ -423,7 +423,7 @@ def gradient_difference(expected, got, wrt, seed=0, soft=None, ref=NOREF):
     seeds_e, seeds_g, seeds_r = DictGrads(), DictGrads(), DictGrads()
     roots_e, roots_g, roots_r = [], [], []
     ref_leaves = leaves_with_paths(ref[0]) if ref is not NOREF else None
-    pairs = zip(leaves_with_paths(expected), leaves_with_paths(got))
+    pairs = list(zip(leaves_with_paths(expected), leaves_with_paths(got)))
     for k, ((_, e), (_, g)) in enumerate(pairs):
         if not isinstance(e, Variable) or not isinstance(g, Variable) or e._data is None \
                 or e._data.dtype.kind not in "fc":
@@ -483,6 +483,22 @@ def gradient_difference(expected, got, wrt, seed=0, soft=None, ref=NOREF):
             except Exception:  # noqa: BLE001 - a noisy run that fails measures nothing
                 got_n = {}
             noisy_grads.append(got_n)
+    # The result Variables that are leaves of eager's graph, made in the call (`c =
+    # Variable(np.ones(3)); return x * c, c`): eager's backward gives them gradients.
+    known = {id(var) for _, var in wrt}
+    made = [(f"{p} (a leaf the call made)", e, g) for (p, e), (_, g) in pairs
+            if isinstance(e, Variable) and isinstance(g, Variable) and e.creator is None
+            and id(e) not in known and id(g) not in known and type(e) is type(g)]
+    for name, e, g in made:
+        a, b = seeds_e.get(e), seeds_g.get(g)
+        if (a is None) != (b is None):
+            return (f"the gradient of {name} is {'None' if b is None else 'set'} compiled, "
+                    f"{'None' if a is None else 'set'} in eager")
+        if a is not None and a._data is not None and b._data is not None:
+            d = array_difference(a._data, b._data, f"the gradient of {name}", scaled=True,
+                                 soft=soft)
+            if d:
+                return d
     for k, (name, var) in enumerate(wrt):
         a, b = seeds_e.get(var), seeds_g.get(var)
         if (a is None) != (b is None):
