@@ -33,7 +33,8 @@ from tracejit.runtime.checking import (NOISE_RUNS, NOREF, LiveState, Soft,
                                        leaves_with_paths, low_precision_involved,
                                        twin_copy, with_noise)
 from tracejit.core import Config, Parameter, Variable
-from tracejit.trace.pytree import ARR, FLT, STATIC, VAR, flatten_args, leaf_key, unflatten
+from tracejit.trace.pytree import (ARR, FLT, STATIC, VAR, _Identity, flatten_args, leaf_key,
+                                   unflatten)
 from tracejit.runtime.signature import PAR, alias_pattern, key_change, key_distance
 from tracejit.ops.trace_only import GuardFailure
 from tracejit.runtime.variant import (MISS, SLOW, InplaceAlias, JitWarning, Stale, Variant,
@@ -131,7 +132,10 @@ class Jitted:
         self._n = {k: itertools.count() for k in _COUNTED}
 
         self._variants = {}          # key -> list of Variant
-        self._warm = set()
+        self._warm = _BoundedSet(_MAX_WARM)
+        # Identity-keyed storms: the key with its identity-keyed objects replaced by
+        # their classes -> its keys warmed up and not called again (_identity_storm).
+        self._id_forms = _Forms(_MAX_WARM)
         self._eager_keys = {}        # key -> reason (fallback for good)
         # trace() after a fallback: key -> the line the fallback names, and, where a
         # variant was traced and then demoted by a check against eager, its graphs
@@ -681,9 +685,13 @@ class Jitted:
         if key not in self._warm:
             # The first call with a new signature runs eagerly: state created during a
             # call (a lazy Linear, an optimizer's buffers) exists before tracing starts.
+            if self._identity_storm(key):
+                self._count("fallbacks")
+                return self.fn(*args, **kwargs)
             self._warm.add(key)
             self._count("misses")
             return self.fn(*args, **kwargs)
+        self._id_forms.traced(key)
         variants = self._variants.get(key)
         if variants is not None and len(variants) >= self.max_variants:
             self._fallback(key, f"more than max_variants={self.max_variants} variants "
@@ -727,6 +735,36 @@ class Jitted:
         # found that the signature must run eagerly.
         self._count("fallbacks" if key in self._eager_keys else "misses")
         return result
+
+    def _identity_storm(self, key):
+        """Is this new key one of a storm: it differs from _IDENTITY_STORM or more keys
+        warmed up before only in the identity of argument objects (a config or holder
+        object built for each call), whose objects died without a second call? Each such
+        key is warmed up and never called again, so nothing ever compiles: warned once,
+        and such calls run eagerly without entering any table (nothing of theirs kept).
+        Objects that live on (ten models called in turn) are no storm: their keys come
+        back, and trace."""
+        form = _identity_form(key)
+        if form is None:
+            return False
+        one_shot = self._id_forms.get(form)
+        if one_shot is None:
+            one_shot = self._id_forms.add(form)
+        n = sum(1 for k in one_shot.d if _dead_identity(k))
+        if n < _IDENTITY_STORM:
+            one_shot.add(key)
+            return False
+        classes = sorted({c.__name__ for c in _identity_classes(key)})
+        reason = f"identity storm {form!r}"
+        self._warn_once(
+            reason,
+            f"jit({self.__name__}): runs eagerly: a new {' / '.join(classes)} object is "
+            f"passed at every call ({n} died after one call); the signature keys such an argument by "
+            f"identity (what the function reads in it is Python state the variant "
+            f"captures), so no call would ever compile. Pass its arrays as arguments, "
+            f"reuse one object, or make it a frozen dataclass of numbers and strings",
+            tracing.user_line(3))
+        return True
 
     def _eager_after_failed_trace(self, key, error, put_back, args, kwargs):
         """The trace raised: the user's bug if eager raises too (eager's exception is
@@ -1276,6 +1314,91 @@ def _raising_line(error):
             best = f"{os.path.basename(fname)}:{tb.tb_lineno}  {text}"
         tb = tb.tb_next
     return best
+
+
+# Per-signature tables are bounded: keys built from per-call values (new identity-keyed
+# objects, static values) must not grow a Jitted without limit.
+_MAX_WARM = 512
+# The number of keys differing only in identity-keyed objects that makes a storm.
+_IDENTITY_STORM = 8
+
+
+class _BoundedSet:
+    """A set of at most `cap` keys, the oldest forgotten first (a forgotten warm-up key
+    is warmed up again: one more eager call, never a wrong one)."""
+
+    __slots__ = ("cap", "d")
+
+    def __init__(self, cap):
+        self.cap = cap
+        self.d = {}
+
+    def __contains__(self, key):
+        return key in self.d
+
+    def __len__(self):
+        return len(self.d)
+
+    def add(self, key):
+        self.d[key] = None
+        if len(self.d) > self.cap:
+            del self.d[next(iter(self.d))]
+
+    def discard(self, key):
+        self.d.pop(key, None)
+
+    def clear(self):
+        self.d.clear()
+
+
+class _Forms(_BoundedSet):
+    """form -> the _BoundedSet of its one-shot keys (warmed up, not traced yet)."""
+
+    __slots__ = ()
+
+    def get(self, form):
+        return self.d.get(form)
+
+    def add(self, form):
+        self.d[form] = keys = _BoundedSet(4 * _IDENTITY_STORM)
+        if len(self.d) > self.cap:
+            del self.d[next(iter(self.d))]
+        return keys
+
+    def traced(self, key):
+        """key was called again (it traces): not one of a storm."""
+        form = _identity_form(key)
+        keys = self.d.get(form) if form is not None else None
+        if keys is not None:
+            keys.discard(key)
+
+
+def _dead_identity(key):
+    return any(i.obj is None for i in _identity_classes(key, objects=True))
+
+
+def _identity_form(key):
+    """key with every identity-keyed object replaced by its class; None if it has none."""
+    found = []
+
+    def sub(x):
+        if isinstance(x, _Identity):
+            found.append(x)
+            return ("class", x.cls)
+        if type(x) is tuple:
+            return tuple(sub(y) for y in x)
+        return x
+    form = sub(key)
+    return form if found else None
+
+
+def _identity_classes(key, objects=False):
+    """The classes of key's identity-keyed objects (objects=True: their _Identity)."""
+    if isinstance(key, _Identity):
+        yield key if objects else key.cls
+    elif type(key) is tuple:
+        for x in key:
+            yield from _identity_classes(x, objects)
 
 
 def warn_at(message, line):

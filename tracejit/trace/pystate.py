@@ -344,6 +344,15 @@ def argument_objects(args, kwargs):
     return out
 
 
+def argument_object(obj):
+    """Is obj an argument object of default equality that argument_objects walks as a
+    root (its state is the function's Python state)? The signature keys it by identity,
+    as (BY_ID, ...), held weakly (pytree._Identity)."""
+    t = type(obj)
+    return t.__hash__ is object.__hash__ and t.__eq__ is object.__eq__ and \
+        not isinstance(obj, Variable) and _is_namespace_object(obj)
+
+
 def keyed_by_identity(obj):
     """Is obj an argument the signature keys by identity although its class compares
     by value? A user object with __eq__ / __hash__ of its own holds state the function

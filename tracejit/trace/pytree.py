@@ -5,6 +5,7 @@ Used by runtime.jitted to key calls, by trace.call to describe a traced call's r
 (its Leaf records) and by runtime.variant to rebuild a call's results.
 """
 import inspect
+import weakref
 
 import numpy as np
 
@@ -44,7 +45,7 @@ def flatten_args(obj, leaves):
         # tell them apart (isinstance, grad's float64 leaf, the type it returns).
         leaves.append(np.asarray(obj))
         return SCALAR
-    if pystate.keyed_by_identity(obj):
+    if pystate.keyed_by_identity(obj) or pystate.argument_object(obj):
         # An object whose class compares by value (__eq__ / __hash__; a dataclass, whose
         # __hash__ is None) but holds state the function reads (arrays, Variables,
         # mutable attributes): an equal object is not the same state. Keyed by identity
@@ -61,21 +62,49 @@ def flatten_args(obj, leaves):
 
 class _Identity:
     """An object in a signature key by identity (hash and == of id), not by its class's
-    __eq__: one of (STATIC, obj, _Identity(obj))."""
+    __eq__: (BY_ID, _Identity(obj)). Held by a weak reference where the object takes one:
+    a key kept in a Jitted's tables (its warm-up set, its fallbacks) must not keep alive
+    an object the caller built for one call (a config or holder object made per call);
+    once it dies the key equals no live object's (a new object at its address included).
+    `cls` is its class, which stays: the storm check groups keys by it."""
+
+    __slots__ = ("_ref", "_id", "cls")
+
+    def __init__(self, obj):
+        self._id = id(obj)
+        self.cls = type(obj)
+        try:
+            self._ref = weakref.ref(obj)
+        except TypeError:                    # __slots__ without __weakref__: held
+            self._ref = _Strong(obj)
+
+    @property
+    def obj(self):
+        return self._ref()
+
+    def __hash__(self):
+        return self._id
+
+    def __eq__(self, other):
+        if type(other) is not _Identity or other._id != self._id:
+            return False
+        o = self._ref()
+        return o is not None and o is other._ref()
+
+    def __repr__(self):
+        return f"<the {self.cls.__name__} object at {self._id:#x}>"
+
+
+class _Strong:
+    """weakref.ref's call, for an object that takes no weak reference."""
 
     __slots__ = ("obj",)
 
     def __init__(self, obj):
         self.obj = obj
 
-    def __hash__(self):
-        return id(self.obj)
-
-    def __eq__(self, other):
-        return type(other) is _Identity and other.obj is self.obj
-
-    def __repr__(self):
-        return f"<the object at {id(self.obj):#x}>"
+    def __call__(self):
+        return self.obj
 
 
 def unflatten(tree, leaves, it=None, bound=None, argv=None):
