@@ -90,3 +90,22 @@ def test_same_object_reused_after_a_storm_stays_correct():
         x = Variable(np.random.rand(3))
         np.testing.assert_allclose(jf(keep, x).data, f(keep, x).data)
     _info_adds_up(jf.cache_info())
+
+
+def test_objects_called_twice_then_dropped_keep_a_bounded_number_of_variants(monkeypatch):
+    import tracejit.runtime.jitted as jitted
+    monkeypatch.setattr(jitted, "_MAX_SIGNATURES", 4)
+    jf = tj.jit(f)
+    refs = []
+    for i in range(10):
+        o = Plain(float(i))
+        refs.append(weakref.ref(o))
+        for _ in range(4):
+            x = Variable(np.random.rand(3))
+            np.testing.assert_allclose(jf(o, x).data, f(o, x).data)
+        del o
+    gc.collect()
+    info = jf.cache_info()
+    _info_adds_up(info)
+    assert info["variants"] <= 4 and info["hits"] == 20
+    assert sum(r() is not None for r in refs) <= 4

@@ -173,11 +173,11 @@ class Jitted:
         info = {k: _read(c) for k, c in self._n.items()}
         info["hits"] += hot
         info["calls"] = hot + _read(self._n_calls)
-        info["variants"] = sum(len(v) for v in self._variants.values())
+        info["variants"] = sum(map(len, list(self._variants.values())))
         info["eager_signatures"] = len(self._eager_keys)
         if self._threading is not None:
             inner = self._threading[1]
-            info["variants"] += sum(len(v) for v in inner._variants.values())
+            info["variants"] += sum(map(len, list(inner._variants.values())))
             info["eager_signatures"] += len(inner._eager_keys)
         info.update(self.stats)
         return info
@@ -811,6 +811,11 @@ class Jitted:
         if demoted is not None:
             self._demoted[key] = (demoted.forward_graph,
                                   demoted.bwd.graph if demoted.bwd else None)
+        # Bounded as _variants is: a forgotten signature is traced again, and falls back
+        # again (warned once: the reason is known).
+        for table in (self._eager_keys, self._eager_lines, self._demoted):
+            while len(table) > _MAX_SIGNATURES:
+                table.pop(next(iter(table)), None)
         self._warn_once(reason, f"jit({self.__name__}) runs eagerly: {reason}",
                         line or self._def_line())
 
@@ -1194,6 +1199,12 @@ class Jitted:
                 # The traced call may itself have run differently from eager (a tracer
                 # answering a library's isinstance otherwise): eager's result instead.
                 raise _TraceDiverged()
+        if key not in self._variants and len(self._variants) >= _MAX_SIGNATURES:
+            # Signatures built from per-call values (objects called twice and dropped,
+            # static values) must not pile up compiled code and the state it holds:
+            # the oldest signature's variants go (its next call warms up again).
+            del self._variants[next(iter(self._variants))]
+            self._changed()
         self._variants.setdefault(key, []).append(variant)
         return call.result
 
@@ -1319,6 +1330,7 @@ def _raising_line(error):
 # Per-signature tables are bounded: keys built from per-call values (new identity-keyed
 # objects, static values) must not grow a Jitted without limit.
 _MAX_WARM = 512
+_MAX_SIGNATURES = 256     # signatures with variants (and with a fallback) kept
 # The number of keys differing only in identity-keyed objects that makes a storm.
 _IDENTITY_STORM = 8
 
