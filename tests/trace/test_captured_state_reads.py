@@ -269,3 +269,58 @@ def test_a_bound_method_of_a_user_object(kind):
 def test_the_last_item_of_a_deque(kind):
     buf = collections.deque([None], maxlen=4)
     _check(lambda x: F.sum(x * buf[-1]), lambda v: buf.append(v), kind)
+
+
+# ---- behind weak references: the walk follows them (WeakValueDictionary and
+# WeakKeyDictionary items, `r()` of a weakref.ref, a proxy's attributes), so a value
+# rebound behind one retraces instead of being read from the traced call's object.
+
+class _Box:
+    pass
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_weak_value_dictionary_item(kind):
+    import weakref
+    b = _Box()
+    W = weakref.WeakValueDictionary({"b": b})
+    _check(lambda x: F.sum(x * W["b"].w), lambda v: setattr(b, "w", v), kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_weak_key_dictionary_value(kind):
+    import weakref
+    key = _Box()
+    K = weakref.WeakKeyDictionary({key: _Box()})
+    _check(lambda x: F.sum(x * K[key].w), lambda v: setattr(K[key], "w", v), kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_weakref_called_in_the_code(kind):
+    import weakref
+    b = _Box()
+    r = weakref.ref(b)
+    _check(lambda x: F.sum(x * r().w), lambda v: setattr(b, "w", v), kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_weakref_proxy(kind):
+    import weakref
+    b = _Box()
+    p = weakref.proxy(b)
+    _check(lambda x: F.sum(x * p.w), lambda v: setattr(b, "w", v), kind)
+
+
+def test_an_array_behind_a_weak_reference_changed_in_place():
+    import weakref
+    b = _Box()
+    b.w = np.ones(3)
+    W = weakref.WeakValueDictionary({"b": b})
+    f = lambda x: F.sum(x * W["b"].w)         # noqa: E731
+    jf = tj.jit(f)
+    for call in range(6):
+        if call == 4:
+            b.w[...] = 3.0
+        x = tj.Variable(np.arange(3.0) + call)
+        np.testing.assert_allclose(jf(x).data, f(x).data)
+    assert jf.cache_info()["hits"] > 0

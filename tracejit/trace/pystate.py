@@ -81,6 +81,9 @@ class Location:
                 return getattr(self.container, self.key, _MISSING)
             if self.kind == "default":
                 return self.container.__defaults__[self.key]
+            if self.kind == "deref":           # a weak reference's referent
+                v = self.container()
+                return _MISSING if v is None else v
             if self.kind == "item" and isinstance(self.container, _SEQUENCES):
                 c = self.container
                 return c[self.key] if -len(c) <= self.key < len(c) else _MISSING
@@ -99,7 +102,7 @@ class Location:
                 object.__setattr__(self.container, self.key, value)
             else:
                 setattr(self.container, self.key, value)
-        elif self.kind == "default" or isinstance(self.container, tuple):
+        elif self.kind in ("default", "deref") or isinstance(self.container, tuple):
             raise TypeError("immutable location")
         else:
             self.container[self.key] = value
@@ -463,6 +466,25 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
         label = name or (loc.label if loc is not None else "?")
         items = _MAX_ITEMS if max_locations <= _MAX_LOCATIONS else max_locations
         t = type(obj)
+        if isinstance(obj, weakref.ref):
+            # `r()` in the code (a weakref.ref, a KeyedRef): its referent, guarded by
+            # identity as any object (a dead referent reads as absent).
+            frontier.append((Location("deref", obj, None, f"{label}()", loc), None, None,
+                             depth + 1))
+            continue
+        if isinstance(obj, (weakref.WeakValueDictionary, weakref.WeakKeyDictionary)):
+            # Items read as a dict's are (`W["b"].w`): the weak container holds them
+            # in C-level refs the attribute walk does not enter. A WeakKeyDictionary's
+            # keys are objects: its items are locations of those keys.
+            weak_keys = isinstance(obj, weakref.WeakKeyDictionary)
+            try:
+                keys = list(obj.keys())
+            except Exception:  # noqa: BLE001 - changed size while listed (a GC)
+                keys = []
+            first = [k for k in keys[:items] if weak_keys or _is_key(k)]
+            frontier += [(Location("item", obj, k, f"{label}[{k!r}]", loc), None, None,
+                          depth + 1) for k in first]
+            continue
         if t is dict:
             keys = list(obj)
             first = [] if named else [k for k in keys[:items] if _is_key(k)]
