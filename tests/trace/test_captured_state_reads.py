@@ -324,3 +324,82 @@ def test_an_array_behind_a_weak_reference_changed_in_place():
         x = tj.Variable(np.arange(3.0) + call)
         np.testing.assert_allclose(jf(x).data, f(x).data)
     assert jf.cache_info()["hits"] > 0
+
+
+# ---- C-level containers: items of a dict subclass and of a mappingproxy, a
+# functools.partial's bound arguments, a dict an operator.itemgetter reads.
+
+class _OrderedTable(collections.OrderedDict):
+    pass
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("table", [collections.OrderedDict, _OrderedTable,
+                                   lambda: collections.defaultdict(float)])
+def test_an_item_of_a_dict_subclass(kind, table):
+    d = table()
+    _check(lambda x: F.sum(x * d["v"]), lambda v: d.__setitem__("v", v), kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_item_of_a_mappingproxy(kind):
+    import types
+    d = {}
+    mp = types.MappingProxyType(d)
+    _check(lambda x: F.sum(x * mp["v"]), lambda v: d.__setitem__("v", v), kind)
+
+
+def _scale(x, w=None):
+    return x * w
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_functools_partial_keyword(kind):
+    import functools
+    p = functools.partial(_scale, w=None)
+    _check(lambda x: F.sum(p(x)), lambda v: p.keywords.__setitem__("w", v), kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_functools_partial_positional_argument_rebound(kind):
+    import functools
+    holder = [None]
+    _check(lambda x: F.sum(holder[0](x)),
+           lambda v: holder.__setitem__(0, functools.partial(lambda w, x: x * w, v)), kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_operator_itemgetter_of_a_table(kind):
+    import operator
+    d = {}
+    get = operator.itemgetter("v")
+    _check(lambda x: F.sum(x * get(d)), lambda v: d.__setitem__("v", v), kind)
+
+
+@pytest.mark.parametrize("holder", ["odict", "mappingproxy", "partial", "weak"])
+def test_an_array_in_a_c_level_container_changed_in_place(holder):
+    import functools
+    import types
+    import weakref
+    w = np.ones(3)
+    box = _Box()
+    box.w = w
+    if holder == "odict":
+        d = collections.OrderedDict(w=w)
+        f = lambda x: F.sum(x * d["w"])                          # noqa: E731
+    elif holder == "mappingproxy":
+        d = types.MappingProxyType({"w": w})
+        f = lambda x: F.sum(x * d["w"])                          # noqa: E731
+    elif holder == "partial":
+        p = functools.partial(_scale, w=w)
+        f = lambda x: F.sum(p(x))                                # noqa: E731
+    else:
+        W = weakref.WeakValueDictionary({"b": box})
+        f = lambda x: F.sum(x * W["b"].w)                        # noqa: E731
+    jf = tj.jit(f)
+    for call in range(7):
+        if call in (4, 6):
+            w[...] = 2.0 + call
+        x = tj.Variable(np.arange(3.0) + call)
+        np.testing.assert_allclose(jf(x).data, f(x).data)
+    assert jf.cache_info()["hits"] > 0

@@ -485,8 +485,14 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
             frontier += [(Location("item", obj, k, f"{label}[{k!r}]", loc), None, None,
                           depth + 1) for k in first]
             continue
-        if t is dict:
-            keys = list(obj)
+        if t is dict or isinstance(obj, (dict, types.MappingProxyType)):
+            # (A dict subclass (OrderedDict, defaultdict, a user's) and a read-only
+            # mappingproxy hold their items in C: walked as a dict's, a subclass's
+            # attributes too, below.)
+            try:
+                keys = list(obj.keys())
+            except Exception:  # noqa: BLE001 - a user keys() that raises
+                keys = []
             first = [] if named else [k for k in keys[:items] if _is_key(k)]
             if names is not None:
                 have = set(map(_key_id, first))
@@ -495,7 +501,9 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
                     or (type(k) is int and k in indices))]
             frontier += [(Location("item", obj, k, f"{label}[{k!r}]", loc), None, None,
                           depth + 1) for k in first]
-        elif t in (list, tuple, collections.deque) or isinstance(obj, tuple):
+            if t is dict or not namespace:
+                continue
+        if t in (list, tuple, collections.deque) or isinstance(obj, tuple):
             n = len(obj)
             idx = [] if named else list(range(min(n, items)))
             if indices is not None:
@@ -553,9 +561,12 @@ def _key_id(k):
 def _attr_names(obj):
     """An object's attributes a walk reads: its __dict__, its slots, and its classes'
     data attributes (numbers, arrays, Variables, containers, objects: not functions,
-    properties or descriptors, which _getters follows), first the instance's."""
+    properties or descriptors, which _getters follows), first the instance's; a
+    functools.partial's bound arguments (C-level fields, not in its __dict__)."""
     d = probe(obj, "__dict__")
     names = list(d) if isinstance(d, dict) else []
+    if isinstance(obj, functools.partial):
+        names += ["func", "args", "keywords"]
     names += [k for k in _slot_names(type(obj)) if k not in names]
     for klass in type(obj).__mro__[:-1]:
         lib = _library_class(klass)
@@ -605,6 +616,9 @@ def snapshot(locs):
                 or _is_namespace_object(v) \
                 or (type(v) in (list, tuple, dict, collections.deque)
                     and not _bookkeeping(v)) \
+                or isinstance(v, (dict, types.MappingProxyType, weakref.ref,
+                                  weakref.WeakValueDictionary,
+                                  weakref.WeakKeyDictionary, functools.partial)) \
                 or isinstance(v, tuple):      # a namedtuple config (CFG._replace(lr=...))
             snap.append((loc, v, True))
     return snap
