@@ -1888,7 +1888,7 @@ _DEEP_LEAVES = ("variable", "parameter", "array", "float")
 # a attribute, p property, g __getattr__ (KeyError), s __slots__, c slots dataclass,
 # d dict item, t tuple-keyed dict item, l list item, L item 70 of a 100-item list,
 # q the last item of a deque.
-_DEEP_STEPS = "apgscdtlLq"
+_DEEP_STEPS = "apgscdtlLqwro"
 _DEEP_OBJECT_STEPS = "apgsc"
 
 
@@ -1909,11 +1909,14 @@ def _deep_tree_src(steps, leaf, root_class="_deep_obj"):
             "c": f"_deep_dc({inner})", "d": f"{{'n': {inner}}}",
             "t": f"{{(1, 'n'): {inner}}}", "l": f"[{inner}]",
             "L": f"_deep_long({inner})",
-            "q": f"collections.deque([0.0, {inner}], maxlen=4)"}[s]
+            "q": f"collections.deque([0.0, {inner}], maxlen=4)",
+            "w": f"_deep_weak_table({inner})", "r": f"_deep_weak_ref({inner})",
+            "o": f"collections.OrderedDict(n={inner})"}[s]
 
 
 _DEEP_READ = {"a": ".n", "p": ".n", "g": ".n", "s": ".n", "c": ".n", "d": "['n']",
-              "t": "[(1, 'n')]", "l": "[0]", "L": "[70]", "q": "[-1]"}
+              "t": "[(1, 'n')]", "l": "[0]", "L": "[70]", "q": "[-1]",
+              "w": "['n'].n", "r": "().n", "o": "['n']"}
 
 
 def _deep_ref(steps):
@@ -1943,6 +1946,12 @@ _DEEP_CLASSES = [
     "    n: object", "",
     "    def __repr__(self):", "        return '_deep_mdc'", "", "",
     "def _deep_long(n):", "    out = [0.0] * 100", "    out[70] = n", "    return out", "", "",
+    "_DEEP_KEEP = []   # what the weak holders below refer to, kept alive", "", "",
+    "def _deep_weak_table(n):",
+    "    o = _deep_obj(n=n)", "    _DEEP_KEEP.append(o)",
+    "    return weakref.WeakValueDictionary({'n': o})", "", "",
+    "def _deep_weak_ref(n):",
+    "    o = _deep_obj(n=n)", "    _DEEP_KEEP.append(o)", "    return weakref.ref(o)", "", "",
 ]
 
 
@@ -1988,7 +1997,8 @@ def deep_capture_programs(draw, avoid=(), focus=None):
             "both": f"F.sum(F.tanh(x * {ref}) * {ref})"}[op]
     root_class = {"vargument": "_deep_vobj", "dargument": "_deep_mdc"}.get(root, "_deep_obj")
     cut_line = {None: [], "assign": ["x.creator = None"], "unchain": ["x.unchain()"]}[cut]
-    out = ["import collections", "import dataclasses", "", "import numpy as np", "import tracejit as tj",
+    out = ["import collections", "import dataclasses", "import weakref", "",
+           "import numpy as np", "import tracejit as tj",
            "import tracejit.functions as F", "", "", "SHAPE = (3,)", "", ""]
     out += _DEEP_CLASSES
     out += [f"STEPS = {steps!r}   # {_DEEP_LEGEND}",
@@ -2024,7 +2034,11 @@ def deep_capture_programs(draw, avoid=(), focus=None):
             "def _read(v, s):",
             "    if s in 'apgsc':",
             "        return v.n",
-            "    return v['n'] if s == 'd' else v[(1, 'n')] if s == 't' else "
+            "    if s == 'w':",
+            "        return v['n'].n",
+            "    if s == 'r':",
+            "        return v().n",
+            "    return v['n'] if s in 'do' else v[(1, 'n')] if s == 't' else "
             "v[0] if s == 'l' else v[-1] if s == 'q' else v[70]", "", "",
             "def _put(h, s, v):",
             "    if s == 'p':",
@@ -2033,8 +2047,12 @@ def deep_capture_programs(draw, avoid=(), focus=None):
             "        h.d['n'] = v",
             "    elif s in 'asc':",
             "        h.n = v",
-            "    elif s == 'd':",
+            "    elif s in 'do':",
             "        h['n'] = v",
+            "    elif s == 'w':",
+            "        h['n'].n = v",
+            "    elif s == 'r':",
+            "        h().n = v",
             "    elif s == 't':",
             "        h[(1, 'n')] = v",
             "    else:",
@@ -2073,7 +2091,9 @@ def deep_capture_programs(draw, avoid=(), focus=None):
 
 
 _DEEP_LEGEND = ("a attribute, p property, g __getattr__, s slots, c slots dataclass, "
-                "d dict item, t tuple key, l list item, L item 70, q deque's last")
+                "d dict item, t tuple key, l list item, L item 70, q deque's last, "
+                "w WeakValueDictionary item's attribute, r weakref.ref's referent's "
+                "attribute, o OrderedDict item")
 
 
 def _deep_root_src(steps, leaf, root_class):
