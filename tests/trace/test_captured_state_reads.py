@@ -403,3 +403,33 @@ def test_an_array_in_a_c_level_container_changed_in_place(holder):
         x = tj.Variable(np.arange(3.0) + call)
         np.testing.assert_allclose(jf(x).data, f(x).data)
     assert jf.cache_info()["hits"] > 0
+
+
+_KEEP = []
+
+
+def _weak_list(v):
+    b = _Box()
+    b.w = v
+    _KEEP.append(b)
+    return [weakref_ref(b)]
+
+
+def weakref_ref(b):
+    import weakref
+    return weakref.ref(b)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("container", ["list", "dict"])
+def test_a_list_of_weak_references_the_code_reads_through_rebound(kind, container):
+    # (A list of weak references is a Layer's bookkeeping, rebuilt every call, and not
+    # guarded: one the code reads through is state, guarded all the same.)
+    h = _Box()
+    if container == "list":
+        f = lambda x: F.sum(x * h.refs[0]().w)                        # noqa: E731
+        put = lambda v: setattr(h, "refs", _weak_list(v))              # noqa: E731
+    else:
+        f = lambda x: F.sum(x * h.refs["k"]().w)                      # noqa: E731
+        put = lambda v: setattr(h, "refs", {"k": _weak_list(v)[0]})    # noqa: E731
+    _check(f, put, kind)

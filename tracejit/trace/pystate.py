@@ -59,9 +59,12 @@ def probe(obj, name, default=None):
 
 
 class Location:
-    __slots__ = ("kind", "container", "key", "label", "parent")
+    __slots__ = ("kind", "container", "key", "label", "parent", "pinned")
 
     def __init__(self, kind, container, key, label, parent=None):
+        # pinned: guarded by identity although a list of weak references (_bookkeeping)
+        # is not, because the code reads through it (_walk).
+        self.pinned = False
         self.kind = kind            # "cell", "global", "default", "attr", "item"
         self.container = container
         self.key = key
@@ -466,6 +469,14 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
         label = name or (loc.label if loc is not None else "?")
         items = _MAX_ITEMS if max_locations <= _MAX_LOCATIONS else max_locations
         t = type(obj)
+        if t in (list, tuple, dict) and _bookkeeping(obj):
+            # A Layer's `inputs` / `outputs`: weak references rebuilt on every call, not
+            # guarded (snapshot), nor walked: what they refer to is a per-call object.
+            # One the code reads through (its attribute, key and index named: `r.n[0]()`)
+            # is state: guarded by identity (pinned), and walked.
+            if loc is None or not _named(loc, names, indices):
+                continue
+            loc.pinned = True
         if isinstance(obj, weakref.ref):
             # `r()` in the code (a weakref.ref, a KeyedRef): its referent, guarded by
             # identity as any object (a dead referent reads as absent).
@@ -615,7 +626,7 @@ def snapshot(locs):
                             types.BuiltinFunctionType, np.ufunc)) \
                 or _is_namespace_object(v) \
                 or (type(v) in (list, tuple, dict, collections.deque)
-                    and not _bookkeeping(v)) \
+                    and (loc.pinned or not _bookkeeping(v))) \
                 or isinstance(v, (dict, types.MappingProxyType, weakref.ref,
                                   weakref.WeakValueDictionary,
                                   weakref.WeakKeyDictionary, functools.partial)) \
