@@ -6,7 +6,6 @@ import io
 import os
 import random
 import warnings
-import weakref
 
 import numpy as np
 import pytest
@@ -134,17 +133,21 @@ def test_max_variants_names_the_guard_that_keeps_changing():
 
 
 def test_a_value_frozen_out_of_the_tracers_sight_names_the_def_line():
-    # A value behind a weak reference: the tracer does not look there (a __slots__
-    # object, a property, a __getattr__, a bound method it follows).
+    # A value in a context variable (C-level state): the tracer does not look there (a
+    # __slots__ object, a property, a __getattr__, a bound method, a weak reference it
+    # follows).
+    import contextvars
+
     class Holder:
         k = 1.0
     h = Holder()
-    weak = weakref.WeakValueDictionary({"h": h})
+    cv = contextvars.ContextVar("h")
+    cv.set(h)
     table = h.__dict__
 
     def f(x):
         print("step", end="\r")     # a side effect: no perturbation check, the first-call
-        return x * (np.ones(4) * weak["h"].k)    # check sees the frozen array instead
+        return x * (np.ones(4) * cv.get().k)    # check sees the frozen array instead
 
     jf = tj.jit(f)
     with warnings.catch_warnings(record=True) as seen:

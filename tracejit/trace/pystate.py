@@ -3,7 +3,9 @@
 A location is a closure cell, a module global the function loads or stores, a default
 argument, or (up to _MAX_DEPTH levels below those) an attribute (an instance's __dict__
 or __slots__, a class's data attribute), a dict item (string, integer or tuple key) or
-a list/tuple item (namedtuples too); below that, for _DEEP more levels, the reads the
+a list/tuple item (namedtuples too; a dict subclass's or a mappingproxy's item, a
+functools.partial's bound arguments, and what a weak reference refers to: a
+WeakValueDictionary's or WeakKeyDictionary's item, a weakref.ref's referent); below that, for _DEEP more levels, the reads the
 code names (its attribute names, keys and indices), which are also followed past a
 container's first _MAX_ITEMS items and past the location bound (`BIG[80]`, one
 attribute of an object with a thousand). Module-level helper functions the function
