@@ -489,3 +489,84 @@ def test_a_view_of_a_captured_parameter_the_call_updates():
         W.data[0, 1] = 3.0
     for second_order in (False, True):
         _compare_calls(f, make, update, second_order)
+
+
+# Random draws: a dropout mask drawn in the forward, under a seed, with an argument of
+# any shape (0-d and size-1 graphs compile to one scalar kernel, and remat cuts them
+# differently: it may save the argument's snapshot and the uniform draw, not the mask
+# times the argument). What the replay computes from a draw and a snapshot is the
+# call's, not recomputed from the argument as the caller left it.
+
+class _Scale(tj.Function):
+    def forward(self, x):
+        return x * 3.0
+
+    def backward(self, gy):
+        return gy * 3.0
+
+
+def dropout_square(x, p):
+    h = F.dropout(x, 0.3)
+    return F.sum(h * h)
+
+
+def dropout_then_math(x, p):
+    h = F.dropout(F.tanh(x) * p, 0.5)
+    return F.sum(h * x + F.exp(h * 0.5) * p)
+
+
+def dropout_user_function(x, p):
+    h = F.dropout(_Scale()(x), 0.3)
+    return F.sum(h * h * p)
+
+
+def two_draws(x, p):
+    h = F.dropout(x, 0.4)
+    k = F.dropout(x * p, 0.6)
+    return F.sum(h * k + h * h)
+
+
+RANDOM_PROGRAMS = [dropout_square, dropout_then_math, dropout_user_function, two_draws]
+
+
+def _compare_seeded(fn, shape, update, second_order, n=5):
+    f = tj.jit(fn)
+    for i in range(n):
+        got = []
+        for g in (fn, f):
+            rng = np.random.RandomState(i)
+            x = Variable(np.asarray(rng.randn(*shape) + 1.5))
+            p = Variable(np.asarray(rng.randn(*shape)))
+            np.random.seed(i)
+            y = g(x, p)
+            update(x, p)
+            y.backward(create_graph=second_order)
+            res = [None if a.grad is None else a.grad.data.copy() for a in (x, p)]
+            if second_order:
+                gs = [a.grad for a in (x, p) if a.grad is not None]
+                x.cleargrad()
+                p.cleargrad()
+                sum(F.sum(gx * gx) for gx in gs).backward()
+                res += [None if a.grad is None else a.grad.data.copy() for a in (x, p)]
+            got.append(res)
+        for a, b in zip(*got):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert a.shape == b.shape and a.dtype == b.dtype
+                np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+RANDOM_UPDATES = {
+    "x.data *= -0.5": lambda x, p: (x.data.__imul__(-0.5), p.data.__iadd__(1.0)),
+    "rebind": lambda x, p: (setattr(x, "data", x.data * -0.5),
+                            setattr(p, "data", p.data + 1.0)),
+    "nothing": lambda x, p: None,
+}
+
+
+@pytest.mark.parametrize("second_order", [False, True], ids=["first", "create_graph"])
+@pytest.mark.parametrize("update", RANDOM_UPDATES.values(), ids=RANDOM_UPDATES.keys())
+@pytest.mark.parametrize("shape", [(), (1,), (3,)], ids=["0d", "size1", "3"])
+@pytest.mark.parametrize("fn", RANDOM_PROGRAMS)
+def test_dropout_under_a_seed_then_update_then_backward(fn, shape, update, second_order):
+    _compare_seeded(fn, shape, update, second_order)

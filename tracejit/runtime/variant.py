@@ -670,19 +670,51 @@ class Variant:
                 known[id(v)] = cf.saved[snaps[i]]
             elif i in bwd.fixed_inputs:
                 known[id(v)] = cf.arrays[i]
-        for n in g.nodes:
-            if n.kind not in (GUARD, core.RANDOM) and \
-                    not isinstance(n.fn, (UserCall, UserBackward)) and \
-                    all(isinstance(u, Lit) or id(u) in known for u in n.inputs):
-                ys = n.fn.forward(*[u.value if isinstance(u, Lit) else known[id(u)]
-                                    for u in n.inputs])
-                ys = (ys,) if len(n.outputs) == 1 and not isinstance(ys, tuple) else ys
-                for v, y in zip(n.outputs, ys):
-                    known[id(v)] = out[id(v)] = y if type(y) is np.ndarray else np.asarray(y)
-            else:
-                for v in n.outputs:
-                    if id(v) in out:
-                        known[id(v)] = out[id(v)]
+        # The call's random draws (a dropout mask) are known too, else everything after
+        # one (the mask times a snapshotted argument) would be left to the replay, which
+        # computes it from the argument as it is now (the caller may have updated it:
+        # `x.data *= -0.5` before the backward). A draw the call saved is its saved
+        # value; one it did not is drawn again from the call's stream (cf.rng), in the
+        # forward's order, the global stream restored after. A user Function's forward
+        # may draw unseen: after one, the stream cannot be followed.
+        saved_rand = {id(v): cf.saved[k] for k, v in enumerate(saved) if k not in views}
+        follow = cf.rng is not None
+        if follow:
+            now = np.random.get_state()
+            np.random.set_state(cf.rng)
+        try:
+            for n in g.nodes:
+                if isinstance(n.fn, (UserCall, UserBackward)):
+                    follow = False
+                if n.kind == core.RANDOM:
+                    if follow:
+                        # (np.random.seed, an effect with no output, runs too)
+                        ys = n.fn.forward(*[u.value if isinstance(u, Lit) else known.get(id(u))
+                                            for u in n.inputs])
+                    for v in n.outputs:
+                        y = saved_rand.get(id(v))
+                        if y is None and follow:
+                            y = ys if len(n.outputs) == 1 else ys[n.outputs.index(v)]
+                            y = y if type(y) is np.ndarray else np.asarray(y)
+                        if y is not None:
+                            known[id(v)] = out[id(v)] = y
+                    continue
+                if n.kind != GUARD and \
+                        not isinstance(n.fn, (UserCall, UserBackward)) and \
+                        all(isinstance(u, Lit) or id(u) in known for u in n.inputs):
+                    ys = n.fn.forward(*[u.value if isinstance(u, Lit) else known[id(u)]
+                                        for u in n.inputs])
+                    ys = (ys,) if len(n.outputs) == 1 and not isinstance(ys, tuple) else ys
+                    for v, y in zip(n.outputs, ys):
+                        known[id(v)] = out[id(v)] = \
+                            y if type(y) is np.ndarray else np.asarray(y)
+                else:
+                    for v in n.outputs:
+                        if id(v) in out:
+                            known[id(v)] = out[id(v)]
+        finally:
+            if cf.rng is not None:
+                np.random.set_state(now)
         # A view eager's backward reads through the buffer (saved_views): the replay's
         # backward nodes read it as the buffer is now; what the forward computed from
         # it stays the forward's (known, above).
