@@ -378,7 +378,8 @@ def main(argv=None):
                         f"{k}: {v}" for k, v in sorted(AVOIDABLE.items())))
     ap.add_argument("--focus", default=None,
                     choices=["state", "nested_grad", "views", "rebound", "argument_views",
-                             "unchain", "mixed_dtypes", "matmul", "made_leaves"],
+                             "unchain", "mixed_dtypes", "matmul", "made_leaves",
+                             "scalar_dropout"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
@@ -393,7 +394,8 @@ def main(argv=None):
                     "matmul (sums of products, products sharing an operand, recurrences, "
                     "length-1 contractions: what the matmul batching pass rewrites); "
                     "made_leaves (Variables made in f, leaves of its graph, returned or "
-                    "stored as state: their gradients)")
+                    "stored as state: their gradients); "
+                    "scalar_dropout (0-d inputs and dropout masks)")
     ap.add_argument("--generator", default="programs", choices=sorted(GENERATORS),
                     help="programs: the general generator; argument_updates: its programs "
                     "with the caller changing the arguments between call and backward")

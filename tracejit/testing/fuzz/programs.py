@@ -1458,7 +1458,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     focus="mixed_dtypes" mostly MIXED_DTYPE_STEPS (float32 results with float64
     cotangents beside a dead float64 state);
     focus="matmul" mostly MATMUL_STEPS (what passes/matmul_batching.py rewrites);
-    focus="made_leaves" mostly MADE_LEAF_STEPS (leaves made in f that outlive it)."""
+    focus="made_leaves" mostly MADE_LEAF_STEPS (leaves made in f that outlive it);
+    focus="scalar_dropout" mostly 0-d inputs and dropout (argument_update_programs)."""
     avoid = frozenset(avoid)
     unknown = avoid - set(AVOIDABLE)
     if unknown:
@@ -1471,6 +1472,9 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     inputs = []
     for i in range(n_in):
         forms = ["batched", "batched", "fixed", "scalar"]
+        if focus == "scalar_dropout":
+            # 0-d arguments (compiled as one scalar kernel, cut differently by remat).
+            forms += ["scalar"] * 4
         if "size1" not in avoid:
             forms.append("batched_ones")
         form = draw(st.sampled_from(forms))
@@ -1499,7 +1503,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     steps = draw(st.integers(2, max_steps))
     table = [(b.st_unary, 6), (b.st_binary, 6), (b.st_scalar, 2), (b.st_reduce, 3),
              (b.st_movement, 2), (b.st_matmul, 1), (b.st_capture_op, 3), (b.st_if, 2),
-             (b.st_loop, 1), (b.st_no_grad, 1), (b.st_dropout, 1), (b.st_user_function, 2),
+             (b.st_loop, 1), (b.st_no_grad, 1),
+             (b.st_dropout, 8 if focus == "scalar_dropout" else 1), (b.st_user_function, 2),
              (b.st_inner_step, 1), (b.st_inplace_arg, 1)]
     table += [(getattr(b, m), w * (12 if focus == "state" else 1)) for m, w in STATE_STEPS]
     table += [(lambda g=g: g(b), w) for g, w in ESCAPES_STEPS]     # escapes block
@@ -1736,10 +1741,14 @@ def argument_update_programs(draw, avoid=(), focus=None):
     after each call and before the backward (harness: `BETWEEN(call, args)`): in place
     (`x.data += c`, an entry, a fill), or rebinding `x.data`, per argument and call,
     each update one its argument's dtype allows."""
-    if focus is None and draw(st.booleans()):
-        focus = "argument_views"       # argument views block: half the programs
+    if focus is None:
+        # argument views block: a third of the programs; 0-d arguments with dropout
+        # (a mask drawn in the forward, which the create_graph replay must take from
+        # the call, not recompute from the updated argument): a third.
+        focus = draw(st.sampled_from([None, "argument_views", "scalar_dropout"]))
     p = draw(source_programs(avoid=avoid, focus=focus))
-    backward = draw(st.sampled_from(["plain", "create_graph"]))
+    backward = draw(st.sampled_from(["plain", "create_graph"] +
+                                    ["create_graph"] * (focus == "scalar_dropout")))
     if backward == "create_graph" and "create_graph_inplace" in avoid:
         backward = "plain"
     src = p.source
