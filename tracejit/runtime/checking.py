@@ -533,13 +533,90 @@ def _region(roots, stop):
     return seen
 
 
-def _float64(a):
+def _float64(a, memo=None):
     if a is None:
         return None
     a = np.asarray(a)
     if a.dtype in LOW_PRECISION:
-        return a.astype(np.complex128 if a.dtype.kind == "c" else np.float64)
-    return a.copy()
+        return layout_copy(a, memo, np.complex128 if a.dtype.kind == "c" else np.float64)
+    return layout_copy(a, memo)
+
+
+# A base up to this size (or this many times the argument's) is copied whole, so that
+# arguments that are views of one buffer stay views of one copy; a view of a bigger
+# buffer (a batch of a dataset) gets a copy of its own span.
+_WHOLE_BASE_BYTES = 1 << 24
+
+
+def layout_copy(a, memo=None, dtype=None, values=None):
+    """A copy of ndarray `a` for a rerun of the user's function (the checks against
+    eager, the float64 twin) laid out as `a` is: the same strides (scaled to `dtype`'s
+    itemsize), over a copy of the region of its base buffer it spans, so a reshape of
+    the copy copies exactly where one of `a` would (`x.data.reshape(-1)` of a
+    non-contiguous argument is a copy, of a contiguous one a view: the function's
+    behaviour may depend on it), and arguments that are views of one buffer are views
+    of one copy (memo: one copied region per base, for one rerun's arguments).
+    `values` (a's shape): what the copy holds instead of a's values (a perturbation).
+    A plain C-contiguous copy where the layout cannot be rebuilt."""
+    dtype = a.dtype if dtype is None else np.dtype(dtype)
+    plain = None
+    if a.ndim == 0 or a.size == 0 or a.base is None and a.flags.c_contiguous:
+        plain = True
+    elif a.dtype.hasobject or dtype.hasobject or a.itemsize == 0:
+        plain = True
+    if not plain:
+        try:
+            out = _strided_copy(a, memo, dtype)
+        except (ValueError, TypeError):
+            out = None
+        if out is not None:
+            if values is not None:
+                out[...] = values
+            return out
+    if values is not None:
+        return np.array(values, dtype=dtype, copy=True)
+    return a.astype(dtype, copy=True)
+
+
+def _lowest(a):
+    """a's element at its lowest address (negative strides counted), as a 1-d byte array."""
+    corner = a[tuple(slice(a.shape[k] - 1, None) if st < 0 else slice(0, 1)
+                     for k, st in enumerate(a.strides))]
+    return corner.reshape(1).view(np.uint8)       # a view: one element, all axes 1
+
+
+def _strided_copy(a, memo, dtype):
+    from numpy.lib.array_utils import byte_bounds
+    root = a
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    lo, hi = byte_bounds(a)
+    at = a
+    if root is not a and root.dtype == a.dtype and root.size and (
+            root.nbytes <= max(_WHOLE_BASE_BYTES, 4 * a.nbytes)):
+        r_lo, r_hi = byte_bounds(root)
+        if r_lo <= lo and hi <= r_hi and (lo - r_lo) % a.itemsize == 0:
+            lo, hi, at = r_lo, r_hi, root
+    size = a.itemsize
+    if (hi - lo) % size or any(st % size for st in a.strides):
+        return None
+    regions = None if memo is None else memo.setdefault(("layout", id(root), dtype.str), [])
+    flat = None
+    for f_lo, f_hi, f in regions or ():
+        # A region copied for another argument of the same base that holds this one.
+        if f_lo <= lo and hi <= f_hi and (lo - f_lo) % size == 0:
+            lo, flat = f_lo, f
+            break
+    if flat is None:
+        span = np.lib.stride_tricks.as_strided(_lowest(at), (hi - lo,), (1,), writeable=False)
+        flat = span.view(a.dtype).astype(dtype, copy=True)
+        if regions is not None:
+            regions.append((lo, hi, flat))
+    offset = (byte_bounds(a)[0] - lo) // size * dtype.itemsize
+    strides = tuple(st // size * dtype.itemsize for st in a.strides)
+    # (offset: of the lowest-addressed element; np.ndarray wants the first element's)
+    first = offset + sum((n - 1) * -st for n, st in zip(a.shape, strides) if st < 0)
+    return np.ndarray(a.shape, dtype, buffer=flat, offset=first, strides=strides)
 
 
 def twin_copy(x, memo):
@@ -554,11 +631,11 @@ def twin_copy(x, memo):
         # the gradient rules tell them apart).
         cls = type(x) if type(x) in (Variable, Parameter, Constant) else \
             Parameter if isinstance(x, Parameter) else Variable
-        y = cls(_float64(x._data), x.name)
+        y = cls(_float64(x._data, memo), x.name)
         if x._grad is not None and cls is not Constant:
-            y._grad = Variable(_float64(x._grad._data))
+            y._grad = Variable(_float64(x._grad._data, memo))
     elif isinstance(x, np.ndarray):
-        y = _float64(x)
+        y = _float64(x, memo)
     else:
         y = x
     memo[id(x)] = y

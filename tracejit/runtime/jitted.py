@@ -31,7 +31,7 @@ from tracejit.runtime.checking import (NOISE_RUNS, NOREF, LiveState, Soft,
                                        first_difference, float32_noise,
                                        gradient_difference, identity_difference,
                                        leaves_with_paths, low_precision_involved,
-                                       twin_copy, with_noise)
+                                       twin_copy, with_noise, layout_copy)
 from tracejit.core import Config, Parameter, Variable
 from tracejit.trace.pytree import (ARR, FLT, STATIC, VAR, _Identity, flatten_args, leaf_key,
                                    unflatten)
@@ -858,7 +858,8 @@ class Jitted:
         grads_before = grads_before or {}
         copy = _perturbed if perturb else _copied
         p_leaves = [memo[id(x)] if id(x) in memo else
-                    memo.setdefault(id(x), copy(x, rng, grads_before.get(id(x), _NOW)))
+                    memo.setdefault(id(x), copy(x, rng, grads_before.get(id(x), _NOW),
+                                            memo=memo))
                     for x in leaves]
 
         def rebuild(new_leaves):
@@ -1231,47 +1232,50 @@ _PERTURB = 1e-3   # relative: far above the checks' tolerance, small for control
 _NOW = object()
 
 
-def _perturbed(x, rng, grad=_NOW):
+def _perturbed(x, rng, grad=_NOW, memo=None):
     """A slightly changed copy of x; a Variable's copy has a changed copy of `grad` (its
-    .grad before the call; _NOW: the one it has now) as its .grad."""
+    .grad before the call; _NOW: the one it has now) as its .grad. Arrays are copied
+    with their layout (checking.layout_copy; memo: the regions copied for this rerun's
+    arguments, so views between them stay views)."""
     if isinstance(x, Variable):
         d = x._data
         # The key tells Parameters apart; a Constant (backward's seed) stores no
         # gradient, so the gradient check's copy is one too.
         cls = Parameter if isinstance(x, Parameter) else \
             core.Constant if type(x) is core.Constant else Variable
-        y = cls(_perturbed(d, rng), x.name) if d is not None and d.dtype.kind == "f" \
-            else cls(d.copy() if d is not None else None, x.name)
+        y = cls(_perturbed(d, rng, memo=memo), x.name) \
+            if d is not None and d.dtype.kind == "f" \
+            else cls(layout_copy(d, memo) if d is not None else None, x.name)
         g = x._grad if grad is _NOW else grad
         if g is not None and cls is not core.Constant:
             # Its .grad is state the call reads (and adds to): the copy has one too.
-            y._grad = _perturbed(g, rng)
+            y._grad = _perturbed(g, rng, memo=memo)
         return y
     if isinstance(x, np.ndarray):
         if x.dtype.kind != "f":
-            return x.copy()
+            return layout_copy(x, memo)
         scale = 1 + _PERTURB * rng.uniform(0.5, 1.0, x.shape) * rng.choice([-1, 1], x.shape)
-        return np.asarray(x * scale, dtype=x.dtype)   # 0-d arithmetic gives a scalar
+        return layout_copy(x, memo, values=np.asarray(x * scale, dtype=x.dtype))
     if type(x) is float:
         return x * (1 + _PERTURB * 0.75)
     return x
 
 
-def _copied(x, rng, grad=_NOW):
+def _copied(x, rng, grad=_NOW, memo=None):
     """An unperturbed copy of x (as _perturbed makes, scale 1): the check that tells a
     frozen value (agrees here) from a graph that computes otherwise (differs here)."""
     if isinstance(x, Variable):
         d = x._data
         cls = Parameter if isinstance(x, Parameter) else \
             core.Constant if type(x) is core.Constant else Variable
-        y = cls(None if d is None else d.copy(), x.name)
+        y = cls(None if d is None else layout_copy(d, memo), x.name)
         g = x._grad if grad is _NOW else grad
         if g is not None and cls is not core.Constant:
-            y._grad = Variable(g._data.copy()) if isinstance(g, Variable) else \
-                _copied(g, rng)
+            y._grad = Variable(layout_copy(g._data, memo)) if isinstance(g, Variable) else \
+                _copied(g, rng, memo=memo)
         return y
     if isinstance(x, np.ndarray):
-        return x.copy()
+        return layout_copy(x, memo)
     return x
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from tracejit.core import Variable, as_variable
 from tracejit import functions as F
+from tracejit.runtime.checking import layout_copy
 
 __all__ = ["gradcheck", "assert_jit_matches_eager", "assert_call_matches_eager"]
 
@@ -479,7 +480,8 @@ def _perturb(a, rng):
 def _copy_args(args):
     """Each side's own arguments: Variables (of their own class, name and gradient) and
     ndarrays copied, one object given twice copied once, a Variable's .data given beside
-    it the copy's .data (aliasing is part of the call)."""
+    it the copy's .data (aliasing is part of the call), arrays laid out as the caller's
+    (checking.layout_copy)."""
     memo = {}
 
     def copy(a):
@@ -490,7 +492,9 @@ def _copy_args(args):
             if a.grad is not None:
                 c.grad = copy(a.grad)
         elif isinstance(a, np.ndarray):
-            c = a.copy(order="K")
+            # Its strides, and views of one buffer stay views of one copy: a reshape
+            # copies on each side exactly where the caller's would.
+            c = layout_copy(a, memo)
         else:
             return a
         memo[id(a)] = c
