@@ -138,6 +138,12 @@ class Trace(core.TraceHooks):
         self.line_of = {}            # Function -> the user line that called it
         self.bwd_line = None         # while backward runs: the line of the op it differentiates
         self.late_escapes = []       # escapes reported after the others
+        # id(buffer) -> line: a view op on it (x.data.reshape(-1)) that copied because
+        # of its strides, where an array of the same shape and dtype with other
+        # strides gives a view; the key does not hold strides, so after an in-place
+        # update of the buffer (which a view shows, a copy does not) the call's
+        # result depends on the layout: it runs eagerly (_view_of, record_inplace).
+        self.layout_copies = {}
         self.views = {}              # id(buffer) -> [(weakref to a tracer or Variable,
                                      # line, its operand's layout, rebuild)]: views
                                      # NumPy would give of it (_note_view)
@@ -892,6 +898,13 @@ class Trace(core.TraceHooks):
         root = _root(base)
         whole = root.shape == base.shape and root.dtype == base.dtype
         layout = _layout(base)
+        copy_line = self.layout_copies.get(id(root))
+        if copy_line is not None:
+            self.late_escapes.append((f"an in-place update of an array a view op copied "
+                                      f"(at {copy_line}: its strides do not allow a view; "
+                                      f"with other strides it is a view, which shows the "
+                                      f"update, and the signature does not hold strides)",
+                                      user_line(3)))
         view_line = getattr(target, "_view_line", None)
         if view_line is not None:
             # A NumPy view of an argument's or captured buffer (_view_of), written in
@@ -1068,6 +1081,10 @@ class Trace(core.TraceHooks):
                 src = x.view(np.ndarray)
                 self._note_view(t, src, user_line(3), self._data_op_rebuilder(fn, src, args))
                 return t
+        src = x.view(np.ndarray)
+        if not src.flags.c_contiguous and isinstance(numpy_result, np.ndarray) and \
+                numpy_result.shape == y._data.shape:
+            self.layout_copies.setdefault(id(_root(src)), user_line(3))
         return self._wrap(y._data, tv)
 
     def _note_view(self, target, src, line, rebuild):
