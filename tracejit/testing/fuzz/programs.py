@@ -1219,6 +1219,12 @@ def _argument_view(b):
     t = b.fresh("av")
     b.emit(f"{t} = {form}")
     if flip and b.draw(st.booleans()):
+        # The argument updated in place after: the view shows it, the copy (the
+        # layouts where the reshape copies) does not; a variant traced on one layout
+        # must not run the other (and the checks must rerun on copies of this layout).
+        b.emit(f"{x}.data += 0.25")
+        b.features.add("argument_layout_flip_update")
+    if flip and b.draw(st.booleans()):
         # Returned too: the harness compares what each result aliases.
         b.returned_views.append(t)
         b.features.add("argument_layout_flip_returned")
