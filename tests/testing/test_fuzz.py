@@ -242,15 +242,35 @@ def test_the_views_and_state_focus_draw_views_of_grads():
         compile(p.source, "<program>", "exec")
 
 
-def test_the_compared_aliases_include_grads_and_a_views_strides():
+def test_the_compared_aliases_include_grads_and_a_views_index_map():
     import numpy as np
 
     from tracejit import Variable
     from tracejit.testing.fuzz.harness import _aliases
     x = Variable(np.ones((2, 3)))
-    x.grad = Variable(np.ones((2, 3)))
-    assert _aliases(x.grad.data.T, [x], {}, []) == ("argument 0's .grad", "strides (8, 24)")
+    x.grad = Variable(np.arange(6.0).reshape(2, 3))
+    before = x.grad.data.copy()
+    assert _aliases(x.grad.data.T, [x], {}, []) == (
+        "argument 0's .grad", "as argument 0's .grad: (3, 2) [0, 3, 1, 4, 2, 5]")
+    np.testing.assert_array_equal(x.grad.data, before)     # the probe puts it back
     assert _aliases(x.grad.data.T.copy(), [x], {}, []) == ()
+
+
+def test_the_alias_index_map_tells_a_wrong_view_but_not_a_layout():
+    import numpy as np
+
+    from tracejit.testing.fuzz.harness import _aliases
+    c = np.arange(6.0).reshape(2, 3)
+    f = np.asfortranarray(c)
+    # A result returned twice: the same elements, whatever its memory order.
+    assert _aliases(c, [], {}, [c]) == _aliases(f, [], {}, [f])
+    # A view of it: the same index map in C and in Fortran order...
+    assert _aliases(c.T, [], {}, [c]) == _aliases(f.T, [], {}, [f])
+    assert _aliases(c[:, 1:], [], {}, [c]) == _aliases(f[:, 1:], [], {}, [f])
+    # ... but another view is another map.
+    assert _aliases(c[:, 1:], [], {}, [c]) != _aliases(c[:, :2], [], {}, [c])
+    assert _aliases(c.T, [], {}, [c]) != _aliases(c.reshape(3, 2), [], {}, [c])
+    np.testing.assert_array_equal(c, np.arange(6.0).reshape(2, 3))
 
 
 def test_the_mixed_dtypes_focus_draws_float64_cotangents_beside_a_dead_state():
@@ -340,7 +360,8 @@ def test_the_stored_states_aliases_with_the_results_are_compared():
         h.a = F.transpose(y)
         return y
     rec = observe(f, [Variable(np.ones((2, 3)))], {}, None, 0, state=lambda: {"h.a": h.a})
-    assert rec["state"]["state h.a"]["alias"] == ("result leaf 0", "strides (8, 24)")
+    assert rec["state"]["state h.a"]["alias"] == (
+        "result leaf 0", "as result leaf 0: (3, 2) [0, 3, 1, 4, 2, 5]")
 
 
 def test_the_made_leaves_focus_draws_each_kind_and_escape():

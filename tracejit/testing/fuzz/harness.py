@@ -107,8 +107,11 @@ def _buffer(x):
 def _aliases(x, args, captures, earlier):
     """The buffers (arguments', captures', their .grads', earlier results') a result
     leaf shares memory with: eager returns views (`x.data[0:2]`, F.reshape(x),
-    F.transpose(x.grad) of a seed passed through), a copy would not alias; and, when it
-    shares any, its strides (a view's layout is the buffer's)."""
+    F.transpose(x.grad) of a seed passed through), a copy would not alias; and, for each
+    buffer it shares, which of that buffer's elements each of its elements is (_probe):
+    the view as an index map, which a wrong view (another slice, a transpose too many)
+    changes and the memory layout of a computed result (C or Fortran order, NumPy's K
+    rule, not part of the contract) does not."""
     d = _buffer(x)
     if d is None:
         return ()
@@ -119,9 +122,29 @@ def _aliases(x, args, captures, earlier):
     named += [(f"capture {n}'s .grad", c.grad) for n, c in captures.items()
               if isinstance(c, Variable)]
     named += [(f"result leaf {j}", e) for j, e in enumerate(earlier)]
-    shared = tuple(label for label, o in named
-                   if _buffer(o) is not None and np.shares_memory(d, _buffer(o)))
-    return shared + ((f"strides {d.strides}",) if shared else ())
+    shared = [(label, _buffer(o)) for label, o in named
+              if _buffer(o) is not None and np.shares_memory(d, _buffer(o))]
+    return tuple(label for label, _ in shared) + tuple(
+        f"as {label}: {_probe(d, b)}" for label, b in shared)
+
+
+def _probe(d, base):
+    """Which element of `base` each element of `d` (a view sharing its memory) is:
+    base filled with 0, 1, 2, ... in its logical (C index) order, d read back, both
+    put back exactly as they were. -1 marks an element of d outside base. Arrays that
+    cannot be written (a broadcast view) or hold no numbers give their strides."""
+    if not (d.flags.writeable and base.flags.writeable) or d.dtype.kind not in "iuf" \
+            or base.dtype.kind not in "iuf" or base.size >= 2 ** 24:
+        return f"strides {d.strides}"
+    keep_d, keep_b = d.copy(), base.copy()
+    try:
+        d[...] = -1
+        base[...] = np.arange(base.size).reshape(base.shape)
+        image = d.astype(np.int64)
+    finally:
+        base[...] = keep_b
+        d[...] = keep_d
+    return f"{d.shape} {image.ravel().tolist()}"
 
 
 def _leaf(x, ident=None):
