@@ -858,7 +858,7 @@ class MatMul(Primitive):
         # axes as elementwise ops do), with no sum to round; as a multiply it fuses
         # into the kernel that reads it instead of a BLAS call (a (30, 1) @ (1, 100)
         # costs NumPy's matmul ~8 us, the LSTM's input projections 150 of them a step).
-        # Zeros may differ in sign only (BLAS adds the product to +0.0).
+        # (passes/matmul_batching adds + 0.0 after it: BLAS adds the product to +0.0.)
         x, W = node.inputs
         if (x.ndim >= 2 and W.ndim >= 2 and x.shape[-1] == 1
                 and {x.dtype, W.dtype} <= KERNEL_FLOATS):

@@ -7,8 +7,9 @@ smallest are all dispatch. Three rewrites, each asking the ops' facets
 
 1. A product over a contraction of length 1 ((M, 1) @ (1, N), the LSTM's input
    projections of a 1-feature input and the output layer's input gradient) is the
-   broadcast product, exactly: an elementwise multiply, which fusion puts in the kernel
-   that reads it.
+   broadcast product, exactly: an elementwise multiply (and + 0.0, the sum's start:
+   a -0.0 product is +0.0, as BLAS gives it), which fusion puts in the kernel that
+   reads it.
 2. A sum of products, `A1 @ B1 + A2 @ B2 + ... (+ other terms)`, is one product
    `[A1 A2 ...] @ [B1; B2; ...]` (+ the other terms): the backward's weight gradient
    accumulated over the time steps (sum_t h_t^T @ g_t) and an input gradient summed over
@@ -42,9 +43,9 @@ or random draw is reordered.
 import numpy as np
 
 from tracejit.core import ELEMENTWISE, MATMUL, MOVEMENT
-from tracejit.ir import Node, Value
+from tracejit.ir import Lit, Node, Value
 from tracejit.ops.arrayops import Concat, GetItem
-from tracejit.ops.elementwise import Cast
+from tracejit.ops.elementwise import Add, Cast
 from tracejit.ops.primitive import Primitive
 
 # Rewrite 3 (shared operand) only for products this small (multiply-adds, M*K*N):
@@ -119,7 +120,13 @@ def _broadcast_products(g):
         if n.kind == MATMUL and _primitive(n) and len(n.outputs) == 1:
             fn = n.fn.elementwise_form(n)
             if fn is not None:
-                n = Node(fn, n.inputs, n.outputs, n.line)
+                # + 0.0 after the multiply: BLAS adds the product to +0.0, so a -0.0
+                # product is +0.0 in eager's result (x + 0.0 is x for every other x,
+                # NaN and infinities included); fusion keeps both in the kernel.
+                out = n.outputs[0]
+                t = Value(out.shape, out.dtype)
+                nodes.append(Node(fn, n.inputs, (t,), n.line))
+                n = Node(Add(), (t, Lit(0.0, out.dtype)), n.outputs, n.line)
                 changed = True
         nodes.append(n)
     return g.replace(nodes=nodes) if changed else g
