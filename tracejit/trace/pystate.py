@@ -476,7 +476,7 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
             # guarded (snapshot), nor walked: what they refer to is a per-call object.
             # One the code reads through (its attribute, key and index named: `r.n[0]()`)
             # is state: guarded by identity (pinned), and walked.
-            if loc is None or not _named(loc, names, indices):
+            if loc is None or not _named(loc, names, indices) or _layer_own(loc):
                 continue
             loc.pinned = True
         if isinstance(obj, weakref.ref):
@@ -635,6 +635,14 @@ def snapshot(locs):
                 or isinstance(v, tuple):      # a namedtuple config (CFG._replace(lr=...))
             snap.append((loc, v, True))
     return snap
+
+
+def _layer_own(loc):
+    """A Layer's own `inputs` / `outputs`, which Layer.__call__ rebinds on every call
+    (the names its code has are its own store, not a read through them)."""
+    from tracejit.layers import Layer
+    return loc.kind == "attr" and loc.key in ("inputs", "outputs") and \
+        isinstance(loc.container, Layer)
 
 
 def _bookkeeping(container):
