@@ -207,9 +207,19 @@ class TraceHooks:
         Variable, or a list of them)."""
         raise NotImplementedError
 
-    def backward_of(self, fn):
+    def backward_of(self, fn, deferrable=False):
         """backprop is about to run fn's backward step (None: the backward pass ended):
-        for what the trace reports about the lines it records. Returns nothing."""
+        for what the trace reports about the lines it records. Returns True to leave
+        fn's step out of this walk (a Function from before the call, in the caller's
+        graph; only when `deferrable`, a walk keeping gradients in .grad): backprop then
+        hands the Functions left out to backward_outside once the walk is done."""
+        raise NotImplementedError
+
+    def backward_outside(self, fns, retain_grad, create_graph):
+        """A backward inside the traced function reached the Functions `fns` from
+        before the call (backward_of returned True for them), its own walk is done:
+        the trace goes on into the caller's graph as eager's walk would. Returns
+        nothing."""
         raise NotImplementedError
 
     def input_grads(self, fn, gys):
@@ -465,6 +475,36 @@ def repeat_cut(kind, xs):
             x.creator = None
 
 
+def backward_from(xs, retain_grad=False, create_graph=False):
+    """Go on with a backward from the Variables xs, whose .grad holds what a walk
+    that stopped at them gave them (a compiled call's backward inside the function,
+    reaching into the caller's graph from its arguments and captured Variables): one
+    walk from all of them, as eager's from the loss would go on."""
+    roots = [x for x in xs if x.creator is not None]
+    if roots:
+        backprop(roots, retain_grad=retain_grad, create_graph=create_graph)
+
+
+def graph_reach(xs):
+    """The Variables a backward from xs can read or change the .grad of: xs and the
+    inputs and (live) outputs of every Function upstream of them."""
+    found = {id(x): x for x in xs}
+    todo, seen = [x.creator for x in xs], set()
+    while todo:
+        f = todo.pop()
+        if f is None or id(f) in seen:
+            continue
+        seen.add(id(f))
+        for r in getattr(f, "outputs", ()):
+            y = r()
+            if y is not None:
+                found.setdefault(id(y), y)
+        for x in getattr(f, "inputs", ()):
+            found.setdefault(id(x), x)
+            todo.append(x.creator)
+    return found
+
+
 def wrap_array(data, creator=None):
     """A Variable for a trusted fresh ndarray, skipping __init__'s checks (the
     compiled call's outputs: the hot path of a jitted call)."""
@@ -538,14 +578,23 @@ def backprop(outputs, retain_grad=False, create_graph=False, grads=None, within=
 
     for y in outputs:
         push(y.creator)
+    outside = []
     while heap:
         f = heapq.heappop(heap)[2]
-        if tr is not None:
-            tr.backward_of(f)
+        if tr is not None and tr.backward_of(f, grads is None and within is None):
+            # A Function of the caller's graph, reached from a traced call: the trace
+            # walks on from there once its own part is done (backward_outside). The
+            # Functions from before the call come after every one of the call's that
+            # gives them a gradient (their outputs' generations are lower), so one walk
+            # of the call's part, then one of the caller's, is eager's one walk.
+            outside.append(f)
+            continue
         for x in _backward_step(f, store, create_graph, retain_grad):
             push(x.creator)
     if tr is not None:
         tr.backward_of(None)
+        if outside:
+            tr.backward_outside(outside, retain_grad, create_graph)
 
 
 def _input_grads(f, gys):

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 # What core calls on the active trace. `call` is the abstract trace's alone (it takes
 # each Function call over), `before_forward` and `record` the recording trace's alone.
 HOOKS = {"new_variable", "read_data", "write_data", "read_grad", "write_grad", "literal",
-         "scalar_input", "before_forward", "record", "call", "backward_of", "input_grads",
+         "scalar_input", "before_forward", "record", "call", "backward_of", "backward_outside",
+         "input_grads",
          "unchaining"}
 ABSTRACT_ONLY = {"call"}
 RECORDING_ONLY = {"before_forward", "record"}

@@ -26,7 +26,8 @@ import contextlib
 
 import numpy as np
 
-from tracejit.core import Constant, DictGrads, Parameter, Variable, _state, backprop
+from tracejit.core import (Constant, DictGrads, Parameter, Variable, _state, backprop,
+                           graph_reach)
 from tracejit.trace.pytree import _is_namedtuple
 
 RTOL, ATOL = 1e-5, 1e-7
@@ -143,6 +144,15 @@ class LiveState:
         targets += [("var", w, var) for (w, var), _ in v.grad_effects]
         objs += [(kind, resolve(w, t)) for kind, w, t in targets if w != "leaf"]
         objs = [(kind, o) for kind, o in objs if o is not None]
+        # A backward inside the call that goes on into the caller's graph changes the
+        # .grad of Variables there (and the call's outputs' creators' inputs): the
+        # caller's graph from the Variables it goes on from is state too.
+        roots = [resolve(w, t) if w != "leaf" else
+                 (leaves[t] if t < len(leaves) else None)
+                 for ev in getattr(v, "cuts", ()) if ev[0] == "backward" for w, t in ev[1]]
+        roots = [x for x in roots if isinstance(x, Variable)]
+        if roots:
+            objs += [("var", x) for x in graph_reach(roots).values()]
         objs += [("var", x) for x in leaves if isinstance(x, Variable)]
         objs += [("array", x) for x in leaves if isinstance(x, np.ndarray)]
         for kind, obj in objs:

@@ -423,6 +423,9 @@ class Variant:
         # Cuts of the caller's graph the function made (unchain_backward inside it
         # reaching an argument), repeated after the graph ran: (kind, [Targets]).
         self.cuts = list(call.cuts)
+        # Variables whose .grad the function touched after a backward of it went on
+        # into the caller's graph: the variant holds while that walk leaves them.
+        self.walk_untouched = list(getattr(call, "walk_untouched", ()))
         self.effects = []
         for kind, target, v in call.effects:
             self.effects.append((kind, target, len(user_outs) + len(effect_values)))
@@ -1010,6 +1013,11 @@ def build_runner(v, leaf_kinds, key=None):
         env[name] = obj
         return name
 
+    def target(where, obj):
+        if where == "leafgrad":
+            return f"leaves[{obj}]._grad"
+        return f"leaves[{obj}]" if where == "leaf" else const(obj)
+
     body = []
     if key is not None:
         body += matcher_lines(key, env, "return MISS", grad_mode=False)
@@ -1078,6 +1086,21 @@ def build_runner(v, leaf_kinds, key=None):
         msg = (f"{_label(var) if where != 'leaf' else f'argument {var}'} had no creator "
                f"when traced (a backward inside the call stopped at it), has one now")
         body.append(f"if {t}.creator is not None: raise Stale({msg!r})")
+    walks = [ev for ev in v.cuts if ev[0] == "backward"]
+    if walks:
+        env["backward_from"] = core.backward_from
+    if walks and v.walk_untouched:
+        # The function read or set their .grad after its backward went on into the
+        # caller's graph, where that walk did not reach them when traced: a walk that
+        # does now would change them before (eager) or after (compiled) the function
+        # sees them.
+        env["graph_reach"] = core.graph_reach
+        roots = ", ".join(target(*t) for ev in walks for t in ev[1])
+        body.append(f"reach = graph_reach([{roots}])")
+        for t in v.walk_untouched:
+            body.append(f"if id({target(*t)}) in reach: raise Stale('a backward "
+                        f"inside the call goes on into the caller\\'s graph, which now "
+                        f"reaches a Variable whose .grad the call reads or sets after it')")
     plan = getattr(v.exe, "plan", None)
     inline = getattr(plan, "inline", None)
     n_outs = len(v.forward_graph.outputs)
@@ -1098,11 +1121,6 @@ def build_runner(v, leaf_kinds, key=None):
             or v.view_base_slots or v.wrap_grads:
         body.append(f"arrays = [{', '.join(names)}]")
         body.append("bwd_arrays = arrays")
-
-    def target(where, obj):
-        if where == "leafgrad":
-            return f"leaves[{obj}]._grad"
-        return f"leaves[{obj}]" if where == "leaf" else const(obj)
 
     effects = [(kind, target(where, obj), slot) for kind, (where, obj), slot in v.effects]
     # The array each in-place effect writes into.
@@ -1145,13 +1163,29 @@ def build_runner(v, leaf_kinds, key=None):
     if dest:
         body.append(f"if not ({' and '.join(d + '.flags.writeable' for d in dest.values())}): "
                     f"raise ValueError('output array is read-only')")
+    # A backward inside the function that went on into the caller's graph goes on
+    # from the same Variables here, after the effects the function made before it (an
+    # in-place update after it is one eager's walk did not see) and after the .grad
+    # values the call sets (what that walk started from: Trace.backward_outside).
+    walk_at = {}
+    for ev in walks:
+        walk_at.setdefault(min(ev[3], len(effects)), []).append(ev)
+    grad_lines = []
+    effect_lines = []
     for i, (kind, t, slot) in enumerate(effects):
+        if i in walk_at:
+            effect_lines.append(("walks", walk_at[i]))
         if i in dest:
-            body.append(f"np.copyto({dest[i]}, {out(slot)}, casting='unsafe')")
+            effect_lines.append(f"np.copyto({dest[i]}, {out(slot)}, casting='unsafe')")
         else:
-            body.append(f"val = {out(slot)}")
-            body.append(f"{t}._data = val.copy() if any(val is x for x in arrays) else val")
+            effect_lines.append(f"val = {out(slot)}")
+            effect_lines.append(f"{t}._data = val.copy() if any(val is x for x in arrays) "
+                                f"else val")
+    if len(effects) in walk_at:
+        effect_lines.append(("walks", walk_at[len(effects)]))
     aliased = {}      # made index -> grad effect targets whose .grad it is
+    body_before_grads = body
+    body = grad_lines
     for gi, ((where, var), slot) in enumerate(v.grad_effects):
         t = target(where, var)
         if gi in v.grad_alias:
@@ -1170,6 +1204,20 @@ def build_runner(v, leaf_kinds, key=None):
             body.append(f"{t}._grad = " + ("Constant(val)" if gi in v.grad_constant
                                             else "wrap(val)"))
             env["Constant"] = core.Constant
+    body = body_before_grads
+    grads_done = False
+    for line in effect_lines:
+        if isinstance(line, str):
+            body.append(line)
+            continue
+        if not grads_done:
+            body += grad_lines
+            grads_done = True
+        for ev in line[1]:
+            body.append(f"backward_from([{', '.join(target(*t) for t in ev[1])}], "
+                        f"{ev[2]!r})")
+    if not grads_done:
+        body += grad_lines
     # Outputs: each leaf's expression, then the user's structure around them.
     leaves_ = v.out_leaves
     # The arrays of the results' retained .grads and of returned `Variable(np.ones(3))`
@@ -1371,8 +1419,11 @@ def build_runner(v, leaf_kinds, key=None):
             env["Constant"] = core.Constant
     if v.cuts:
         env["repeat_cut"] = core.repeat_cut
-        for kind, ts in v.cuts:
-            body.append(f"repeat_cut({kind!r}, [{', '.join(target(*t) for t in ts)}])")
+        # (A backward event is placed among the effects above; the trace refuses a
+        # cut before one.)
+        for kind, ts, *_ in v.cuts:
+            if kind != "backward":
+                body.append(f"repeat_cut({kind!r}, [{', '.join(target(*t) for t in ts)}])")
     body += late
     body.append(f"return {structure}")
     # args/kwargs: the call's own, for a result that is an argument's container.

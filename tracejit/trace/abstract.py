@@ -41,7 +41,10 @@ class _AbstractTrace(core.TraceHooks):
             var._data, var._grad = data, grad
         self.kept.clear()
 
-    def backward_of(self, fn):
+    def backward_of(self, fn, deferrable=False):
+        pass
+
+    def backward_outside(self, fns, retain_grad, create_graph):
         pass
 
     def unchaining(self, var, backward):

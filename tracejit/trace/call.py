@@ -130,7 +130,10 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
                 f"result {unexpressed[0]} is a view of an argument's, a captured array's "
                 f"or another result's buffer that compiled calls cannot rebuild (they "
                 f"would return an unaliased copy)", def_line))
-        tr.grad_effects = [(var, None if var._grad is None else tr.value_of(var._grad))
+        # A .grad that a backward going on into the caller's graph touched after: the
+        # one that walk started from (it is repeated at call time, after these).
+        grad_of = _grads_before_walks(tr)
+        tr.grad_effects = [(var, None if grad_of(var) is None else tr.value_of(grad_of(var)))
                            for var in tr.grad_writes.values()]
         # The .grad backward left on a result made inside the call (retain_grad, or
         # the loss's own): the variant sets it on the new result (variant.py).
@@ -155,13 +158,13 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
                 tr.wrap_grads[i] = tr.value_of(g)
         copied = _unshare_grads(tr, list(tr.grad_writes.values()) +
                                 [x for x, g, _ in tr.made_grads if g is not None] +
-                                [out_leaves_raw[i] for i in tr.wrap_grads])
+                                [out_leaves_raw[i] for i in tr.wrap_grads], grad_of)
         # A result that is such a .grad's array (`return y.grad, y.grad.data`) is its
         # copy, the array the traced call's .grad now holds.
         result_objects = [copied[id(o)][1] if id(o) in copied and copied[id(o)][0] is o
                           else o for o in result_objects]
         _rebuild_owned_views(tr, out_leaves_raw, out_leaves, out_views, result_objects)
-        if _unreturned_grad_graph(tr, out_leaves_raw):
+        if _unreturned_grad_graph(tr, out_leaves_raw, grad_of):
             tr.escapes.append((
                 "backward(create_graph=True) inside the function leaves a .grad with "
                 "graph history that it does not return: compiled calls would give it "
@@ -210,7 +213,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         # is that one (made_grad_effect).
         grad_alias, grad_same, first_set = {}, {}, {}
         for gi, (var, _) in enumerate(tr.grad_effects):
-            g = var._grad
+            g = grad_of(var)
             if g is None:
                 continue
             if id(g) in made_pos:
@@ -224,7 +227,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         # A create_graph seed is a Constant (it stores no gradient): a .grad that is
         # one stays one.
         grad_constant = frozenset(gi for gi, (var, _) in enumerate(tr.grad_effects)
-                                  if type(var._grad) is Constant)
+                                  if type(grad_of(var)) is Constant)
         # The traced call's Variables (boundary): used here, never kept (they would
         # keep the first call's arguments alive).
         grad_reach = _grad_reach(tr, made, has_creator, boundary) \
@@ -338,7 +341,8 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         mutated=frozenset(mutated_inputs(tr)) if backward is not None else frozenset(),
         sources=parts.get("sources", []), effects=parts.get("effects", []),
         grad_effects=parts.get("grad_effects", []), grad_none=parts.get("grad_none", []),
-        leaf_required=parts.get("leaf_required", []), cuts=parts.get("cuts", []))
+        leaf_required=parts.get("leaf_required", []), cuts=parts.get("cuts", []),
+        walk_untouched=parts.get("walk_untouched", []))
 
 
 def _forward_parts(tr, n_inputs):
@@ -380,7 +384,12 @@ def _forward_parts(tr, n_inputs):
         grad_none=[target(var) for var, was_none in tr.grad_reads.values() if was_none],
         effects=[Effect(kind, target(obj), v) for kind, obj, v in tr.effects],
         leaf_required=[target(var) for var in tr.backward_leaves.values()],
-        cuts=[(kind, [target(x) for x in xs]) for kind, xs in tr.unchain_events],
+        cuts=[(ev[0], [target(x) for x in ev[1]]) + tuple(ev[2:])
+              for ev in tr.unchain_events],
+        # Variables from outside the function touched the .grad of after a backward
+        # that went on into the caller's graph, which that walk did not touch: the
+        # variant holds while the walk at call time does not either.
+        walk_untouched=[target(var) for var in tr.after_walk.values()],
         grad_effects=[(target(var), gv) for var, gv in tr.grad_effects])
 
 
@@ -658,14 +667,26 @@ def _unlink_cut(tr, cut):
                                              for u in links))
 
 
-def _unshare_grads(tr, vars_):
+def _grads_before_walks(tr):
+    """var -> the .grad the call leaves on var before the walks into the caller's graph
+    it repeats (Trace.backward_outside): as the first such walk that touches var found
+    it (the function touches it no more after), else the .grad it has."""
+    walked = tr.walk_grads
+
+    def grad_of(var):
+        entry = walked.get(id(var))
+        return entry[1] if entry is not None and entry[0] is var else var._grad
+    return grad_of
+
+
+def _unshare_grads(tr, vars_, grad_of=None):
     """The traced call's .grad objects holding an array the graph reads as a capture
     made in the call (backward's seed: `loss = x + 1.0` gives x.grad the seed itself)
     get a copy: the caller may change them in place (ClipGrad), the graph's must not.
     Returns id(old array) -> (old array, its copy)."""
     copied = {}
     for var in vars_:
-        g = var._grad
+        g = var._grad if grad_of is None else grad_of(var)
         if g is not None and id(g._data) in tr.captured_arrays and \
                 id(g._data) not in tr.names:
             old = g._data
@@ -725,13 +746,13 @@ def _rebuild_owned_views(tr, raw, leaves, views, objects):
         todo = later
 
 
-def _unreturned_grad_graph(tr, results):
+def _unreturned_grad_graph(tr, results, grad_of):
     """A .grad the call set (on a Variable from outside or a result) that has a creator
     from the trace and is not itself a result: the variant's runner sets it as a plain
     Variable, only a result gets the compiled call as its creator."""
     returned = {id(x) for x in results}
     for var in list(tr.grad_writes.values()) + [x for x, _, _ in tr.made_grads]:
-        g = var._grad
+        g = grad_of(var)
         if g is not None and g.creator is not None and g.creator in tr.functions and \
                 id(g) not in returned:
             return True

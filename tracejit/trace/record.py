@@ -168,6 +168,13 @@ class Trace(core.TraceHooks):
         self.unchain_events = []     # (kind, [Variables from outside]): cuts of the
                                      # caller's graph compiled calls repeat (unchaining)
         self.cut_ids = set()         # ids of the Variables from outside those cut
+                                     # (and ("backward", roots, retain_grad, effects
+                                     # before it): a backward that went on into the
+                                     # caller's graph from roots, backward_outside)
+        self.walk_touched = {}       # id -> Variable whose .grad such a walk can touch
+        self.walk_grads = {}         # id -> (Variable, its .grad as the walk found it)
+        self.after_walk = {}         # id -> Variable from outside whose .grad the
+                                     # function touched after such a walk (untouched)
         self.backward_leaves = {}    # id(Variable) -> Variable from outside that such a
                                      # backward gave a .grad: a leaf then, and the
                                      # variant holds while it is one
@@ -452,17 +459,86 @@ class Trace(core.TraceHooks):
         op = UserGrad(call, len(fn.inputs), len(fwd_outs), inst=fn)
         return op.per_input(op(*fn.inputs, *ys, *gys))
 
-    def backward_of(self, fn):
+    def backward_of(self, fn, deferrable=False):
         line = self.line_of.get(fn)
         self.bwd_line = f"grad of {line}" if line and not line.startswith("grad of") else line
         self.in_backprop = fn is not None
         if fn is not None and not self.region_backward and fn not in self.functions:
             # Past a Variable from outside that has a creator (the state an earlier
-            # call left, not cut by unchain_backward): eager's backward goes on into
-            # the graph from before the call, a compiled call's stops at its inputs.
+            # call left, not cut by unchain_backward, a result of the caller's graph):
+            # eager's backward goes on into the graph from before the call. A walk
+            # keeping gradients in .grad leaves it out and goes on from the call's
+            # Variables once its own part is done (backward_outside): an event
+            # compiled calls repeat on the caller's graph at call time.
+            if deferrable:
+                return True
+            self.escape("a backward inside the function that keeps its gradients aside "
+                        "(grad(), value_and_grad) goes on into the graph from before the "
+                        "call (through an argument or captured Variable with a "
+                        "creator); compiled calls stop at the call's inputs")
+        return False
+
+    def backward_outside(self, fns, retain_grad, create_graph):
+        """A backward inside the function reached Functions from before the call: it
+        goes on from the Variables from outside they made (the call's arguments and
+        captured Variables, each .grad what the call's part of the walk gave it) into
+        the caller's graph, run for real, unrecorded, as eager's walk goes on (the
+        traced call is a real one). Compiled calls repeat it as an event after their
+        graph ran (core.backward_from, in the runner's order of effects): the .grad
+        they set on those Variables is what this walk started from (walk_grads), and
+        what the walk touches the function must not read or set after it (read_grad,
+        write_grad: those would need the walk done inside the compiled graph)."""
+        roots = []
+        var_values = {id(v) for v, (kind, _) in self.captures if kind == "var"}
+        refusal = None
+        for f in fns:
+            for r in f.outputs:
+                y = r()
+                if y is None or any(y is z for z in roots) or not self.is_live(y):
+                    continue
+                if id(y) not in self.arg_vars and id(self.captured_vars[id(y)][1]) \
+                        not in var_values:
+                    refusal = "through a captured Variable's .grad"
+                roots.append(y)
+        if create_graph:
+            refusal = "with create_graph=True (the gradients it carries there would " \
+                      "need a history through the compiled call)"
+        elif not roots:
+            refusal = "from a Variable the call cannot name"
+        elif any(ev[0] != "backward" for ev in self.unchain_events):
+            refusal = "after an unchain_backward()/unchain() inside the function " \
+                      "(compiled calls repeat cuts after the backward)"
+        if refusal is not None:
             self.escape("a backward inside the function goes on into the graph from "
-                        "before the call (through an argument or captured Variable "
-                        "with a creator); compiled calls stop at the call's inputs")
+                        f"before the call {refusal}; compiled calls cannot go on with it")
+        else:
+            reach = core.graph_reach(roots)
+            for key, var in self.grad_writes.items():
+                if key in reach and key not in self.walk_grads:
+                    self.walk_grads[key] = (var, var._grad)
+            self.walk_touched.update(reach)
+            self.unchain_events.append(("backward", roots, bool(retain_grad),
+                                        len(self.effects)))
+        prev = core.set_trace(None)
+        try:
+            core.backprop(roots or [y for f in fns for y in (r() for r in f.outputs)
+                                    if y is not None],
+                          retain_grad=retain_grad, create_graph=create_graph)
+        finally:
+            core.set_trace(prev)
+
+    def _after_walk(self, var, what):
+        """The function reads or sets the .grad of a Variable from outside after a
+        backward inside it went on into the caller's graph (backward_outside)."""
+        entry = self.walk_touched.get(id(var))
+        if entry is var:
+            self.escape(f"the function {what} the .grad of a Variable that its backward, "
+                        f"going on into the graph from before the call, changes there; "
+                        f"compiled calls go on with that backward after the call")
+        else:
+            # Not touched now: the variant holds while the walk at call time does not
+            # touch it either (runner: Stale).
+            self.after_walk.setdefault(id(var), var)
 
     def unchaining(self, var, backward):
         """An unchain_backward (backward) or unchain() of var inside the function: the
@@ -779,6 +855,8 @@ class Trace(core.TraceHooks):
     def read_grad(self, var):
         g = var._grad
         outside = self.is_live(var) or var._tv is None     # an argument, or from outside
+        if outside and self.walk_touched:
+            self._after_walk(var, "reads")
         if outside and id(var) not in self.grad_writes and id(var) not in self.arg_vars:
             # The .grad the call found (None or not) is state it reads, as backward reads
             # it to add to: the variant holds while it is None / set again (an
@@ -799,6 +877,8 @@ class Trace(core.TraceHooks):
 
     def write_grad(self, var, value):
         if self.is_live(var) or var._tv is None:     # a live Variable, or one from outside
+            if self.walk_touched:
+                self._after_walk(var, "sets")
             self.grad_writes[id(var)] = var
             if self.in_backprop and not self.region_backward and var.creator is None \
                     and id(var) not in self.cut_ids:

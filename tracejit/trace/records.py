@@ -183,7 +183,10 @@ class TracedCall:
     leaf_required: list = ()  # Targets a backward inside the call stopped at (no
                               # creator): the variant holds while they have none
     cuts: list = ()          # (kind, [Targets]): cuts of the caller's graph the
-                             # function made (Trace.unchain_events), in order
+                             # function made (Trace.unchain_events), in order; and
+                             # ("backward", [Targets], retain_grad, n): a backward
+                             # inside it that goes on from those Variables into the
+                             # caller's graph, after the call's first n effects
     # Result leaf indices of the leaves of eager's graph the call made and returns
     # (`c = Variable(np.ones(3)); return x * c, c`), whose gradients eager's backward
     # sets: inputs of the compiled call ("made" diff sources), in the BackwardPlan's
@@ -195,3 +198,5 @@ class TracedCall:
                               # makes, where it is not a plain unnamed Variable
     wrap_grads: dict = None   # "wrap" result leaf -> the Value of the .grad a backward
                               # inside the call gave it (set on the runner's new leaf)
+    walk_untouched: list = ()  # Targets whose .grad the function touches after such
+                               # a backward: the variant holds while it leaves them
