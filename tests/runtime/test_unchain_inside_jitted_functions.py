@@ -145,8 +145,9 @@ def test_compiled_calls_cut_what_eager_cuts(fn, create_graph):
 def test_a_backward_inside_then_a_cut():
     """backward inside the function, then unchain_backward reaching the argument: with
     a leaf argument the backward stops at it and compiled calls cut after it (nothing to
-    cut); with a chained one eager's backward goes on into the caller's graph, which
-    compiled calls cannot: that call runs eagerly, warned, with eager's results."""
+    cut); with a chained one eager's backward goes on into the caller's graph, and so
+    does the compiled call's (after its graph ran, before it repeats the cut), giving x
+    eager's gradient and leaving h cut."""
     def f(h):
         y = F.sum(h * W)
         y.backward()
@@ -164,9 +165,17 @@ def test_a_backward_inside_then_a_cut():
             _same(a, b)
         W.data = W.data + 0.1
     assert jf.cache_info()["hits"] >= 2
-    with pytest.warns(tj.JitWarning, match="goes on into the graph from before"):
-        for i in range(2):
-            x = tj.Variable(np.random.randn(3))
+    for i in range(5):
+        got = []
+        x_data = np.random.RandomState(10 + i).randn(3)
+        for fn in (f, jf):
+            x = tj.Variable(x_data.copy())
             h = x * 2.0
-            jf(h)
+            W.cleargrad()
+            fn(h)
             assert h.creator is None and _grad(x) is not None     # eager's: backward, cut
+            got.append((_grad(x), _grad(h), _grad(W)))
+        for a, b in zip(*got):
+            _same(a, b)
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] >= 4, info

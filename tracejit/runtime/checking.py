@@ -151,8 +151,9 @@ class LiveState:
                  (leaves[t] if t < len(leaves) else None)
                  for ev in getattr(v, "cuts", ()) if ev[0] == "backward" for w, t in ev[1]]
         roots = [x for x in roots if isinstance(x, Variable)]
-        if roots:
-            objs += [("var", x) for x in graph_reach(roots).values()]
+        # (And their creators: an unchain_backward after that backward cuts them.)
+        self.graph = list(graph_reach(roots).values()) if roots else []
+        objs += [("var", x) for x in self.graph]
         objs += [("var", x) for x in leaves if isinstance(x, Variable)]
         objs += [("array", x) for x in leaves if isinstance(x, np.ndarray)]
         for kind, obj in objs:
@@ -168,10 +169,14 @@ class LiveState:
         vs = [(var._data, None if var._data is None else var._data.copy(), var._grad,
                None if var._grad is None else var._grad._data.copy()) for var in self.vars]
         arrs = [a.copy() for a in self.arrays]
+        if self.graph:
+            return vs, arrs, [(x.creator, x.generation) for x in self.graph]
         return vs, arrs
 
     def restore(self, snap):
-        vs, arrs = snap
+        vs, arrs = snap[:2]
+        for x, (creator, generation) in zip(self.graph, snap[2] if len(snap) > 2 else ()):
+            x.creator, x.generation = creator, generation
         for var, (data, data_copy, grad, grad_copy) in zip(self.vars, vs):
             if data is not None:
                 np.copyto(data, data_copy)
@@ -188,8 +193,8 @@ class LiveState:
     def difference(self, snap, soft=None, ref=NOREF):
         """The first difference of the state now from snapshot `snap` (eager's); soft
         and ref as in array_difference, ref a snapshot of the float64 twin's run."""
-        vs, arrs = snap
-        ref_vs, ref_arrs = ref if ref is not NOREF else (None, None)
+        vs, arrs = snap[:2]
+        ref_vs, ref_arrs = ref[:2] if ref is not NOREF else (None, None)
         for k, (var, (_, data_copy, _, grad_copy)) in enumerate(zip(self.vars, vs)):
             data_now = var._data
             grad_now = None if var._grad is None else var._grad._data

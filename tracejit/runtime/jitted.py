@@ -244,10 +244,11 @@ class Jitted:
                             put_back = _StatePutBack(self._reach(args, kwargs), leaves)
                         try:
                             self._trace_and_compile(key, args, kwargs)
-                        except _TraceDiverged:
-                            pass          # eager from now on: the RuntimeError below
+                        except _TraceDiverged as td:
+                            td.undo_walks()     # eager from now on: the RuntimeError below
                         except _StateFound as sf:
                             found = sf.locs
+                            sf.undo_walks()
                         self._changed()
                         v = self._select(key, leaves)
                 finally:
@@ -710,6 +711,7 @@ class Jitted:
             # The function rebinds Variables it reaches: thread them (the trace's
             # changes put back), and run this call so.
             self._changed()
+            sf.undo_walks()
             put_back.restore()
             if self._threads_for:
                 raise _Rethread(sf.locs) from None
@@ -718,10 +720,11 @@ class Jitted:
         except JitWarning:
             self._count("misses")        # our own warning, raised as an error: as is
             raise
-        except _TraceDiverged:
+        except _TraceDiverged as td:
             # The first-call check found the variant unlike eager (and made the signature
             # eager): this call too is eager's, from the state before the trace.
             self._changed()
+            td.undo_walks()
             put_back.restore()
             self._count("fallbacks")
             return self.fn(*args, **kwargs)
@@ -1154,7 +1157,7 @@ class Jitted:
         if call.rebound:
             # Before the escapes: threaded, this state may trace without them (a lazy
             # Layer the traced path first used, created by the threaded warm-up).
-            raise _StateFound(call.rebound)
+            raise _StateFound(call.rebound, call.walk_undo)
         if call.escapes:
             reason, line = call.escapes[0]
             self._fallback(key, reason, line)
@@ -1199,7 +1202,7 @@ class Jitted:
                 self._fallback(key, reason, demoted=variant)
                 # The traced call may itself have run differently from eager (a tracer
                 # answering a library's isinstance otherwise): eager's result instead.
-                raise _TraceDiverged()
+                raise _TraceDiverged(call.walk_undo)
         if key not in self._variants and len(self._variants) >= _MAX_SIGNATURES:
             # Signatures built from per-call values (objects called twice and dropped,
             # static values) must not pile up compiled code and the state it holds:
@@ -1532,17 +1535,33 @@ def _rebound_variable(change, v):
 class _StateFound(Exception):
     """A trace found Variables the function rebinds (TracedCall.rebound)."""
 
-    def __init__(self, locs):
+    def __init__(self, locs, walk_undo=()):
         super().__init__()
         self.locs = locs
+        self.walk_undo = walk_undo
+
+    def undo_walks(self):
+        """Put back the .grad of the caller's graph that a backward inside the traced
+        call, going on into it, changed (the call runs again, threaded)."""
+        for var, g in reversed(self.walk_undo):
+            var._grad = g
+        self.walk_undo = ()
 
 
 class _Rethread(Exception):
     """Raised by a threading Jitted to its owner: thread these locations too."""
 
-    def __init__(self, locs):
+    def __init__(self, locs, walk_undo=()):
         super().__init__()
         self.locs = locs
+        self.walk_undo = walk_undo
+
+    def undo_walks(self):
+        """Put back the .grad of the caller's graph that a backward inside the traced
+        call, going on into it, changed (the call runs again, threaded)."""
+        for var, g in reversed(self.walk_undo):
+            var._grad = g
+        self.walk_undo = ()
 
 
 def _put_back_state(locs, state):
@@ -1554,6 +1573,12 @@ def _put_back_state(locs, state):
 
 class _TraceDiverged(Exception):
     """The first-call check made the signature eager: the call is rerun eagerly."""
+
+    def __init__(self, walk_undo=()):
+        super().__init__()
+        self.walk_undo = walk_undo
+
+    undo_walks = _StateFound.undo_walks
 
 
 class _StatePutBack:

@@ -342,7 +342,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         sources=parts.get("sources", []), effects=parts.get("effects", []),
         grad_effects=parts.get("grad_effects", []), grad_none=parts.get("grad_none", []),
         leaf_required=parts.get("leaf_required", []), cuts=parts.get("cuts", []),
-        walk_untouched=parts.get("walk_untouched", []))
+        walk_untouched=parts.get("walk_untouched", []), walk_undo=tr.walk_undo)
 
 
 def _forward_parts(tr, n_inputs):

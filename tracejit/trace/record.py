@@ -175,6 +175,7 @@ class Trace(core.TraceHooks):
         self.walk_grads = {}         # id -> (Variable, its .grad as the walk found it)
         self.after_walk = {}         # id -> Variable from outside whose .grad the
                                      # function touched after such a walk (untouched)
+        self.walk_undo = []          # (Variable, .grad) before such walks changed it
         self.backward_leaves = {}    # id(Variable) -> Variable from outside that such a
                                      # backward gave a .grad: a leaf then, and the
                                      # variant holds while it is one
@@ -519,6 +520,10 @@ class Trace(core.TraceHooks):
             self.walk_touched.update(reach)
             self.unchain_events.append(("backward", roots, bool(retain_grad),
                                         len(self.effects)))
+        undone = {id(x) for x, _ in self.walk_undo}
+        self.walk_undo += [(x, x._grad) for k, x in core.graph_reach(
+            roots or [y for f in fns for y in (r() for r in f.outputs) if y is not None]
+        ).items() if k not in undone]
         prev = core.set_trace(None)
         try:
             core.backprop(roots or [y for f in fns for y in (r() for r in f.outputs)
@@ -532,9 +537,10 @@ class Trace(core.TraceHooks):
         backward inside it went on into the caller's graph (backward_outside)."""
         entry = self.walk_touched.get(id(var))
         if entry is var:
-            self.escape(f"the function {what} the .grad of a Variable that its backward, "
-                        f"going on into the graph from before the call, changes there; "
-                        f"compiled calls go on with that backward after the call")
+            self.escape(f"the function {what} the .grad of a Variable after a backward "
+                        f"inside it goes on into the graph from before the call and "
+                        f"changes that .grad there; compiled calls go on with that "
+                        f"backward after the call")
         else:
             # Not touched now: the variant holds while the walk at call time does not
             # touch it either (runner: Stale).

@@ -200,3 +200,6 @@ class TracedCall:
                               # inside the call gave it (set on the runner's new leaf)
     walk_untouched: list = ()  # Targets whose .grad the function touches after such
                                # a backward: the variant holds while it leaves them
+    walk_undo: list = ()     # (Variable, .grad before): what such a backward changed
+                             # in the caller's graph while tracing (to put back if
+                             # the call runs again)
