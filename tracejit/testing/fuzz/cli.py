@@ -379,7 +379,7 @@ def main(argv=None):
     ap.add_argument("--focus", default=None,
                     choices=["state", "nested_grad", "views", "rebound", "argument_views",
                              "unchain", "mixed_dtypes", "matmul", "made_leaves",
-                             "scalar_dropout"],
+                             "scalar_dropout", "backward_into"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
@@ -395,7 +395,9 @@ def main(argv=None):
                     "length-1 contractions: what the matmul batching pass rewrites); "
                     "made_leaves (Variables made in f, leaves of its graph, returned or "
                     "stored as state: their gradients); "
-                    "scalar_dropout (0-d inputs and dropout masks)")
+                    "scalar_dropout (0-d inputs and dropout masks); "
+                    "backward_into (a backward inside f going on into the "
+                    "caller's graph through arguments with a creator)")
     ap.add_argument("--generator", default="programs", choices=sorted(GENERATORS),
                     help="programs: the general generator; argument_updates: its programs "
                     "with the caller changing the arguments between call and backward")

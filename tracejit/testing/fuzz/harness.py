@@ -262,6 +262,10 @@ def observe(f, args, captures, backward, call, plant=None, between=None, state=N
     rec["state"] = {}
     for i, a in enumerate(args):
         rec["state"][f"argument {i}"] = _leaf(a.data if isinstance(a, Variable) else a)
+        if isinstance(a, Variable):
+            # What a backward inside f left (also without the harness's backward): one
+            # going on into the caller's graph gives the caller's leaves gradients.
+            rec["state"][f"argument {i}.grad"] = None if a.grad is None else _leaf(a.grad)
     for n, c in captures.items():
         if isinstance(c, Variable):
             rec["state"][f"capture {n}.data"] = _leaf(c.data)

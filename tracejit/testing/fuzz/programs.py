@@ -1452,6 +1452,55 @@ def _made_leaf(b):
 
 MADE_LEAF_STEPS = [(_made_leaf, 1)]
 # ------------------------------------------------------------------ end of made leaves
+# ------------------------------------------- backward inside f into the caller's graph
+# (focus "backward_into"). Arguments with a creator, made by the caller in args() from
+# x0 (u = F.tanh(x0 * 0.5); sometimes a second one sharing u's creator, F.exp(u * 0.5)),
+# and a backward inside f of a loss that reaches them (or, on a guard, one or the
+# other): eager's walk goes on past them into the caller's graph, giving x0 (which the
+# loss may also reach directly) its gradient, each upstream Function run once; every
+# compiled call must do the same (the harness compares every argument's .grad after
+# the call), with the backward's retain_grad.
+
+BACKWARD_INTO_SOURCES = ("F.tanh(x0 * 0.5)", "F.sin(x0) * 2.0")
+
+
+def _backward_into_caller(b):
+    x0 = b.args[0][2]
+    v = b.pick()
+    if v is None or not x0.var:
+        return b.st_unary()
+    k = len(b.extra_args)
+    us = [f"u{k}"]
+    b.extra_args.append((us[0], b.draw(st.sampled_from(BACKWARD_INTO_SOURCES))))
+    if b.draw(st.booleans()):
+        us.append(f"u{k + 1}")
+        b.extra_args.append((us[1], f"F.exp({us[0]} * 0.5)"))
+    for u in us:
+        b.add(u, x0.shape, x0.dtype, 3.0, signed=True)
+    shape = bcast(v.shape, x0.shape)
+    dtype = _dt(v, x0) if shape is not None else x0.dtype
+
+    def term(u):
+        return f"F.mean(F.tanh({v.name} * {u}))" if shape is not None else \
+            f"F.mean(F.sin({u}))"
+    loss = b.fresh("loss")
+    if len(us) == 2 and b.draw(st.booleans()):
+        # Which argument the backward goes on from is data (a guard).
+        b.emit(f"if F.sum({us[0]}).data > 0:")
+        b.emit(f"    {loss} = {term(us[0])}")
+        b.emit("else:")
+        b.emit(f"    {loss} = {term(us[1])} * 2.0")
+        b.features.add("backward_into_caller_guarded")
+    else:
+        b.emit(f"{loss} = {' + '.join(term(u) for u in us)}")
+    retain = b.draw(st.booleans())
+    b.emit(f"{loss}.backward(retain_grad={retain})")
+    b.add(loss, (), dtype, 2.0 * len(us))
+    b.features.add("backward_into_caller" + ("_retain" if retain else ""))
+
+
+BACKWARD_INTO_STEPS = [(_backward_into_caller, 1)]
+# ------------------------------------ end of backward inside f into the caller's graph
 
 
 @st.composite
@@ -1465,7 +1514,9 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     cotangents beside a dead float64 state);
     focus="matmul" mostly MATMUL_STEPS (what passes/matmul_batching.py rewrites);
     focus="made_leaves" mostly MADE_LEAF_STEPS (leaves made in f that outlive it);
-    focus="scalar_dropout" mostly 0-d inputs and dropout (argument_update_programs)."""
+    focus="scalar_dropout" mostly 0-d inputs and dropout (argument_update_programs);
+    focus="backward_into" mostly BACKWARD_INTO_STEPS (a backward inside f going on
+    into the caller's graph through arguments with a creator)."""
     avoid = frozenset(avoid)
     unknown = avoid - set(AVOIDABLE)
     if unknown:
@@ -1530,6 +1581,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         table += [(lambda g=g: g(b), w * 12) for g, w in UNCHAIN_STEPS]  # unchain inside
     if focus == "matmul":       # (only then, as unchain's)
         table += [(lambda g=g: g(b), w * 6) for g, w in MATMUL_STEPS]     # matmul batching
+    if focus == "backward_into":  # (only then, as unchain)
+        table += [(lambda g=g: g(b), w * 12) for g, w in BACKWARD_INTO_STEPS]
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
