@@ -475,30 +475,37 @@ def repeat_cut(kind, xs):
             x.creator = None
 
 
-def backward_from(xs, retain_grad=False, create_graph=False):
+def backward_from(xs, retain_grad=False, seeds=()):
     """Go on with a backward from the Variables xs, whose .grad holds what a walk
     that stopped at them gave them (a compiled call's backward inside the function,
     reaching into the caller's graph from its arguments and captured Variables): one
-    walk from all of them, as eager's from the loss would go on."""
+    walk from all of them, as eager's from the loss would go on. seeds: per x, the
+    array that walk left in its .grad (None: the .grad it has)."""
+    for x, g in zip(xs, seeds):
+        if g is not None:
+            x._grad = wrap_array(g)
     roots = [x for x in xs if x.creator is not None]
+    create_graph = False
     if roots:
         backprop(roots, retain_grad=retain_grad, create_graph=create_graph)
 
 
-def graph_reach(xs):
-    """The Variables a backward from xs can read or change the .grad of: xs and the
-    inputs and (live) outputs of every Function upstream of them."""
-    found = {id(x): x for x in xs}
+def graph_reach(xs, inputs_only=False):
+    """id -> Variable, for the Variables a backward from xs can read or change the
+    .grad of: xs and the inputs and (live) outputs of every Function upstream of them
+    (inputs_only: those Functions' inputs alone, the ones it adds to)."""
+    found = {} if inputs_only else {id(x): x for x in xs}
     todo, seen = [x.creator for x in xs], set()
     while todo:
         f = todo.pop()
         if f is None or id(f) in seen:
             continue
         seen.add(id(f))
-        for r in getattr(f, "outputs", ()):
-            y = r()
-            if y is not None:
-                found.setdefault(id(y), y)
+        if not inputs_only:
+            for r in getattr(f, "outputs", ()):
+                y = r()
+                if y is not None:
+                    found.setdefault(id(y), y)
         for x in getattr(f, "inputs", ()):
             found.setdefault(id(x), x)
             todo.append(x.creator)

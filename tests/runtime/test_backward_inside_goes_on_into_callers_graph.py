@@ -288,3 +288,35 @@ def test_a_grad_read_after_the_walk_it_reaches_only_later(record_jit_warnings):
         for e, j in zip(*out):
             _same(e, j, f"call {i}")
     assert jf.cache_info()["hits"] >= 2, jf.cache_info()
+
+
+def test_two_backwards_each_going_on_into_the_callers_graph():
+    """Two backwards inside f, each reaching the caller's graph through u0 (and x0
+    directly): the first with retain_grad, the second adding to x0's .grad, which the
+    first walk gave a part too, and to u0's, which it kept; f returns u0.grad after the
+    second walk cleared it. Each walk is seeded with what its own backward left."""
+    def f(x0, u0, u1):
+        l1 = F.mean(F.tanh(x0 * u0))
+        l1.backward(retain_grad=True)
+        kept = u0.grad * 1.0
+        l2 = F.mean(F.sin(u0 * u1)) + F.mean(x0 * x0)
+        l2.backward()
+        return l2, kept, u0.grad
+
+    def make(rng):
+        x0 = tj.Variable(rng.standard_normal(3))
+        u0 = F.tanh(x0 * 0.5)
+        u1 = F.exp(u0 * 0.5)
+        return [x0, u0, u1], (x0, u0, u1)
+    jf = tj.jit(f)
+    rng = np.random.default_rng(1)
+    for i in range(6):
+        seed = int(rng.integers(1 << 30))
+        (e_vars, e_args), (j_vars, j_args) = make(np.random.default_rng(seed)), \
+            make(np.random.default_rng(seed))
+        for e, j in zip(f(*e_args), jf(*j_args)):
+            _same(e, j, f"call {i}: result")
+        for k, (ev, jv) in enumerate(zip(e_vars, j_vars)):
+            _same(ev.grad, jv.grad, f"call {i}: .grad of caller's Variable {k}")
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] >= 2, info

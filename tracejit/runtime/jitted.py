@@ -1541,27 +1541,19 @@ class _StateFound(Exception):
         self.walk_undo = walk_undo
 
     def undo_walks(self):
-        """Put back the .grad of the caller's graph that a backward inside the traced
-        call, going on into it, changed (the call runs again, threaded)."""
-        for var, g in reversed(self.walk_undo):
-            var._grad = g
+        """Put back what the traced call changed in the caller's graph (a backward
+        inside it going on into it: .grad; a cut: creators), as the call runs again."""
+        for var, field, value in reversed(self.walk_undo):
+            setattr(var, field, value)
         self.walk_undo = ()
 
 
 class _Rethread(Exception):
     """Raised by a threading Jitted to its owner: thread these locations too."""
 
-    def __init__(self, locs, walk_undo=()):
+    def __init__(self, locs):
         super().__init__()
         self.locs = locs
-        self.walk_undo = walk_undo
-
-    def undo_walks(self):
-        """Put back the .grad of the caller's graph that a backward inside the traced
-        call, going on into it, changed (the call runs again, threaded)."""
-        for var, g in reversed(self.walk_undo):
-            var._grad = g
-        self.walk_undo = ()
 
 
 def _put_back_state(locs, state):

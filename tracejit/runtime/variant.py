@@ -472,6 +472,19 @@ class Variant:
             if where == "value" and id(r) not in self.view_base_slots:
                 self.view_base_slots[id(r)] = len(user_outs) + len(effect_values)
                 effect_values.append(r)
+        # A backward inside the function that goes on into the caller's graph: its
+        # roots' seeds are graph outputs. (targets, retain_grad, effects before it,
+        # seed slots or None.)
+        self.walks = []
+        for ev in self.cuts:
+            if ev[0] == "backward":
+                slots = []
+                for sv in ev[4]:
+                    slots.append(None if sv is None else len(user_outs) + len(effect_values))
+                    if sv is not None:
+                        effect_values.append(sv)
+                self.walks.append((ev[1], ev[2], ev[3], slots))
+        self.walk_checks = list(getattr(call, "walk_checks", ()))
         # Backward: what the forward saves, and where each backward input comes from.
         # diff_sources: sources (as in self.sources) of the creator's inputs.
         self.diff_sources = backward.diff_sources if backward else []
@@ -1086,21 +1099,36 @@ def build_runner(v, leaf_kinds, key=None):
         msg = (f"{_label(var) if where != 'leaf' else f'argument {var}'} had no creator "
                f"when traced (a backward inside the call stopped at it), has one now")
         body.append(f"if {t}.creator is not None: raise Stale({msg!r})")
-    walks = [ev for ev in v.cuts if ev[0] == "backward"]
+    walks = v.walks
     if walks:
         env["backward_from"] = core.backward_from
-    if walks and v.walk_untouched:
-        # The function read or set their .grad after its backward went on into the
-        # caller's graph, where that walk did not reach them when traced: a walk that
-        # does now would change them before (eager) or after (compiled) the function
-        # sees them.
+    if walks and (v.walk_untouched or v.walk_checks):
+        # The function sees the .grad of these after its backward went on into the
+        # caller's graph: that walk must leave them now as it did when traced (not
+        # touched; cleared; kept; a leaf's, added to), or the function would see them
+        # otherwise in eager than in the compiled call.
         env["graph_reach"] = core.graph_reach
-        roots = ", ".join(target(*t) for ev in walks for t in ev[1])
-        body.append(f"reach = graph_reach([{roots}])")
-        for t in v.walk_untouched:
-            body.append(f"if id({target(*t)}) in reach: raise Stale('a backward "
-                        f"inside the call goes on into the caller\\'s graph, which now "
-                        f"reaches a Variable whose .grad the call reads or sets after it')")
+        stale = "raise Stale('a backward inside the call goes on into the caller\\'s " \
+            "graph, which now touches the .grad of a Variable the call sees after it " \
+            "otherwise than when traced')"
+        for n in sorted({n for _, n in v.walk_untouched}):
+            before = ", ".join(target(*t) for w in walks[:n] for t in w[0])
+            body.append(f"reach = graph_reach([{before}])")
+            for t, m in v.walk_untouched:
+                if m == n:
+                    body.append(f"if id({target(*t)}) in reach: {stale}")
+        for n in sorted({n for _, kind, n in v.walk_checks if kind != "leaf"}):
+            roots = ", ".join(target(*t) for t in walks[n][0])
+            body.append(f"reach{n} = graph_reach([{roots}])")
+            body.append(f"ins{n} = graph_reach([{roots}], True)")
+        for t, kind, n in v.walk_checks:
+            x = target(*t)
+            if kind == "cleared":
+                body.append(f"if {x}.creator is None or id({x}) not in reach{n}: {stale}")
+            elif kind == "kept":
+                body.append(f"if id({x}) in ins{n}: {stale}")
+            else:
+                body.append(f"if {x}.creator is not None: {stale}")
     plan = getattr(v.exe, "plan", None)
     inline = getattr(plan, "inline", None)
     n_outs = len(v.forward_graph.outputs)
@@ -1118,7 +1146,7 @@ def build_runner(v, leaf_kinds, key=None):
         return f"o{k}" if call is None else f"outs[{k}]"
 
     if plan is None or v.bwd is not None or v.effects or v.made_grads or v.grad_effects \
-            or v.view_base_slots or v.wrap_grads:
+            or v.view_base_slots or v.wrap_grads or v.walks:
         body.append(f"arrays = [{', '.join(names)}]")
         body.append("bwd_arrays = arrays")
 
@@ -1168,8 +1196,8 @@ def build_runner(v, leaf_kinds, key=None):
     # in-place update after it is one eager's walk did not see) and after the .grad
     # values the call sets (what that walk started from: Trace.backward_outside).
     walk_at = {}
-    for ev in walks:
-        walk_at.setdefault(min(ev[3], len(effects)), []).append(ev)
+    for w in walks:
+        walk_at.setdefault(min(w[2], len(effects)), []).append(w)
     grad_lines = []
     effect_lines = []
     for i, (kind, t, slot) in enumerate(effects):
@@ -1213,9 +1241,14 @@ def build_runner(v, leaf_kinds, key=None):
         if not grads_done:
             body += grad_lines
             grads_done = True
-        for ev in line[1]:
-            body.append(f"backward_from([{', '.join(target(*t) for t in ev[1])}], "
-                        f"{ev[2]!r})")
+        for ts, retain, _, slots in line[1]:
+            # (A new array, as eager's: the graph may give an input or a constant of
+            # the trace here, the seed's ones, which the walk may hand on to a .grad.)
+            seeds = ", ".join("None" if k is None else f"fresh({out(k)}, arrays)"
+                              for k in slots)
+            env["fresh"] = _fresh
+            body.append(f"backward_from([{', '.join(target(*t) for t in ts)}], "
+                        f"{retain!r}, ({seeds}{',' if len(slots) == 1 else ''}))")
     if not grads_done:
         body += grad_lines
     # Outputs: each leaf's expression, then the user's structure around them.
@@ -1433,6 +1466,11 @@ def build_runner(v, leaf_kinds, key=None):
     run = env["run"]
     run.source = src
     return run
+
+
+def _fresh(val, arrays):
+    """val, or a copy of it where it is an input of the call or a view."""
+    return val.copy() if any(val is x for x in arrays) or not val.flags.owndata else val
 
 
 def _view_lines(v, out, names, dest, const, env, listed, target, made_grad_arrays,

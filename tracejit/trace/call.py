@@ -137,6 +137,12 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
                            for var in tr.grad_writes.values()]
         # The .grad backward left on a result made inside the call (retain_grad, or
         # the loss's own): the variant sets it on the new result (variant.py).
+        if tr.reseed:
+            tr.escapes.append((
+                "a backward inside the function sets the .grad of a Variable after an "
+                "earlier backward went on from it into the graph from before the call, "
+                "and no later one goes on from it; compiled calls cannot order the two",
+                def_line))
         tr.made_grads = [(x, x._grad, None if x._grad is None else tr.value_of(x._grad))
                          for x, leaf in zip(out_leaves_raw, out_leaves)
                          if leaf[0] == "out" and leaf[2] == VAR]
@@ -342,7 +348,8 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         sources=parts.get("sources", []), effects=parts.get("effects", []),
         grad_effects=parts.get("grad_effects", []), grad_none=parts.get("grad_none", []),
         leaf_required=parts.get("leaf_required", []), cuts=parts.get("cuts", []),
-        walk_untouched=parts.get("walk_untouched", []), walk_undo=tr.walk_undo)
+        walk_untouched=parts.get("walk_untouched", []), walk_undo=tr.walk_undo,
+        walk_checks=parts.get("walk_checks", []))
 
 
 def _forward_parts(tr, n_inputs):
@@ -389,7 +396,8 @@ def _forward_parts(tr, n_inputs):
         # Variables from outside the function touched the .grad of after a backward
         # that went on into the caller's graph, which that walk did not touch: the
         # variant holds while the walk at call time does not either.
-        walk_untouched=[target(var) for var in tr.after_walk.values()],
+        walk_untouched=[(target(var), n) for var, n in tr.after_walk.values()],
+        walk_checks=[(target(var), kind, n) for var, kind, n in tr.walk_checks.values()],
         grad_effects=[(target(var), gv) for var, gv in tr.grad_effects])
 
 

@@ -171,11 +171,19 @@ class Trace(core.TraceHooks):
                                      # (and ("backward", roots, retain_grad, effects
                                      # before it): a backward that went on into the
                                      # caller's graph from roots, backward_outside)
-        self.walk_touched = {}       # id -> Variable whose .grad such a walk can touch
-        self.walk_grads = {}         # id -> (Variable, its .grad as the walk found it)
+        self.walk_touched = {}       # id -> (Variable, kind): a .grad such a walk
+                                     # touched, and what the trace knows of it after
+                                     # (backward_outside)
+        self.walk_grads = {}         # id -> (Variable, the call's own part of its .grad)
+                                     # for a leaf such a walk added to (a shadow)
+        self.walk_checks = {}        # id -> (Variable, kind): touched ones the function
+                                     # sees after: the walk must leave them so at call time
+        self.reseed = {}             # id -> Variable touched that a later backward set,
+                                     # which a later walk must go on from (else escape)
         self.after_walk = {}         # id -> Variable from outside whose .grad the
                                      # function touched after such a walk (untouched)
-        self.walk_undo = []          # (Variable, .grad) before such walks changed it
+        self.walk_undo = []          # (Variable, field, value) before such walks (or a
+                                     # cut of the caller's graph) changed it
         self.backward_leaves = {}    # id(Variable) -> Variable from outside that such a
                                      # backward gave a .grad: a leaf then, and the
                                      # variant holds while it is one
@@ -485,10 +493,12 @@ class Trace(core.TraceHooks):
         captured Variables, each .grad what the call's part of the walk gave it) into
         the caller's graph, run for real, unrecorded, as eager's walk goes on (the
         traced call is a real one). Compiled calls repeat it as an event after their
-        graph ran (core.backward_from, in the runner's order of effects): the .grad
-        they set on those Variables is what this walk started from (walk_grads), and
-        what the walk touches the function must not read or set after it (read_grad,
-        write_grad: those would need the walk done inside the compiled graph)."""
+        graph ran (core.backward_from, in the runner's order of effects), seeding each
+        of those Variables with the .grad this walk started from (a graph output).
+        What the walk touches (its .grad) the function may see after it only where the
+        trace knows what it holds (walk_touched: cleared, kept; a leaf's, as the call's
+        own part of it, shadowed: added to by a later backward), checked at call time
+        (walk_checks); anything else it touches there escapes (_after_walk)."""
         roots = []
         var_values = {id(v) for v, (kind, _) in self.captures if kind == "var"}
         refusal = None
@@ -509,42 +519,101 @@ class Trace(core.TraceHooks):
         elif any(ev[0] != "backward" for ev in self.unchain_events):
             refusal = "after an unchain_backward()/unchain() inside the function " \
                       "(compiled calls repeat cuts after the backward)"
+        walked = roots or [y for f in fns for y in (r() for r in f.outputs) if y is not None]
+        reach = core.graph_reach(walked)
+        before = {k: x._grad for k, x in reach.items()}
+        self.walk_undo += [(x, "_grad", before[k]) for k, x in reach.items()]
         if refusal is not None:
             self.escape("a backward inside the function goes on into the graph from "
                         f"before the call {refusal}; compiled calls cannot go on with it")
         else:
-            reach = core.graph_reach(roots)
-            for key, var in self.grad_writes.items():
-                if key in reach and key not in self.walk_grads:
-                    self.walk_grads[key] = (var, var._grad)
-            self.walk_touched.update(reach)
+            # Each root's seed: the .grad the call's part of the walk left (a value of
+            # the graph), or none (its .grad from before the call, as eager reads it).
+            seeds = [self.value_of(x._grad) if x._grad is not None and
+                     id(x) in self.grad_writes and (x._grad._tv is PENDING or
+                                                    self.is_mine(x._grad._tv)) else None
+                     for x in roots]
             self.unchain_events.append(("backward", roots, bool(retain_grad),
-                                        len(self.effects)))
-        undone = {id(x) for x, _ in self.walk_undo}
-        self.walk_undo += [(x, x._grad) for k, x in core.graph_reach(
-            roots or [y for f in fns for y in (r() for r in f.outputs) if y is not None]
-        ).items() if k not in undone]
+                                        len(self.effects), seeds))
+            n_walk = sum(ev[0] == "backward" for ev in self.unchain_events) - 1
+            for x in roots:
+                self.reseed.pop(id(x), None)
         prev = core.set_trace(None)
         try:
-            core.backprop(roots or [y for f in fns for y in (r() for r in f.outputs)
-                                    if y is not None],
-                          retain_grad=retain_grad, create_graph=create_graph)
+            core.backprop(walked, retain_grad=retain_grad, create_graph=create_graph)
         finally:
             core.set_trace(prev)
+        if refusal is not None:
+            return
+        for k, x in reach.items():
+            old, new = before[k], x._grad
+            entry = self.walk_touched.get(k)
+            if entry is not None and entry[0] is x and entry[1] in ("shadow", "opaque"):
+                continue
+            if new is None and x.creator is not None:
+                kind = "cleared"          # None after it, as the trace sees it
+            elif new is old and x.creator is not None:
+                kind = "kept"             # retain_grad: as the call's part left it
+            elif x.creator is None and new is not old:
+                # A leaf the walk added to: the trace goes on with the call's part of
+                # its .grad (walk_grads), which a later backward may add to.
+                kind = "shadow"
+                if not (k in self.walk_grads and self.walk_grads[k][0] is x):
+                    self.walk_grads[k] = (x, old)
+            else:
+                kind = "opaque"
+            # (A .grad cleared by one walk and kept by a later one is as the later
+            # one left it: the checks name the walk the function saw it after.)
+            self.walk_touched[k] = (x, kind, n_walk)
 
     def _after_walk(self, var, what):
         """The function reads or sets the .grad of a Variable from outside after a
-        backward inside it went on into the caller's graph (backward_outside)."""
+        backward inside it went on into the caller's graph (backward_outside).
+        Returns the .grad the trace goes on with (a shadow for a leaf the walk added
+        to), or None for the Variable's own."""
         entry = self.walk_touched.get(id(var))
-        if entry is var:
-            self.escape(f"the function {what} the .grad of a Variable after a backward "
-                        f"inside it goes on into the graph from before the call and "
-                        f"changes that .grad there; compiled calls go on with that "
-                        f"backward after the call")
-        else:
+        if entry is None or entry[0] is not var:
             # Not touched now: the variant holds while the walk at call time does not
             # touch it either (runner: Stale).
-            self.after_walk.setdefault(id(var), var)
+            self.after_walk.setdefault(id(var), (var, sum(
+                ev[0] == "backward" for ev in self.unchain_events)))
+            return None
+        kind = entry[1]
+        if kind in ("cleared", "kept") and (what == "reads" or self.in_backprop):
+            # What eager's walk left, if it leaves the same at call time (walk_checks);
+            # an addition by a backward must be one a later walk goes on from (reseed).
+            self.walk_checks.setdefault((id(var), entry[2]), (var, kind, entry[2]))
+            if what == "sets":
+                self.reseed[id(var)] = var
+            return None
+        if kind == "shadow" and self.in_backprop:
+            self.walk_checks.setdefault((id(var), entry[2]), (var, "leaf", entry[2]))
+            if what == "reads" and id(var) not in self.grad_writes and \
+                    id(var) not in self.arg_vars:
+                self.grad_reads.setdefault(id(var), (var, self.walk_grads[id(var)][1] is None))
+            return self.walk_grads[id(var)]
+        self.escape(f"the function {what} the .grad of a Variable after a backward "
+                    f"inside it goes on into the graph from before the call and "
+                    f"changes that .grad there; compiled calls go on with that "
+                    f"backward after the call")
+        return None
+
+    def _shadow(self, var, trace_grad):
+        """What a backward inside the function adds to, for a leaf an earlier walk into
+        the caller's graph added to: the real .grad's data (the traced call is a real
+        one), standing in the graph for the call's own part of it (trace_grad)."""
+        real = var._grad
+        if trace_grad is None:
+            tv = self.array_value(np.zeros(real.shape, real.dtype))
+        elif trace_grad._tv is PENDING or self.is_mine(trace_grad._tv):
+            tv = self.value_of(trace_grad)
+        else:
+            tv = self._outside_grad_value(var, trace_grad)
+        s = Variable.__new__(type(real))
+        s._data, s._grad, s.name, s.creator, s.generation = real._data, None, None, None, 0
+        s._tv = tv
+        self.created.append(s)
+        return s
 
     def unchaining(self, var, backward):
         """An unchain_backward (backward) or unchain() of var inside the function: the
@@ -559,6 +628,11 @@ class Trace(core.TraceHooks):
             # step): the cut is of the caller's graph all the same; captured here, it
             # is an input the runner finds and cuts at every call.
             self.value_of(var)
+        # What the cut changes in the caller's graph, to put back if the call runs
+        # again (a trace that finds state to thread).
+        for x in (core.graph_reach([var]) if backward else {id(var): var}).values():
+            if x.creator is not None and x.creator not in self.functions:
+                self.walk_undo += [(x, "creator", x.creator), (x, "generation", x.generation)]
         if not backward:
             event = ("unchain", [var]) if self.is_live(var) else None
         elif self.is_live(var):
@@ -861,8 +935,10 @@ class Trace(core.TraceHooks):
     def read_grad(self, var):
         g = var._grad
         outside = self.is_live(var) or var._tv is None     # an argument, or from outside
-        if outside and self.walk_touched:
-            self._after_walk(var, "reads")
+        if outside and self.walk_touched and not self.region_backward:
+            shadow = self._after_walk(var, "reads")
+            if shadow is not None:
+                return self._shadow(var, shadow[1])
         if outside and id(var) not in self.grad_writes and id(var) not in self.arg_vars:
             # The .grad the call found (None or not) is state it reads, as backward reads
             # it to add to: the variant holds while it is None / set again (an
@@ -871,20 +947,33 @@ class Trace(core.TraceHooks):
         if g is None or self.is_mine(g._tv) or g._tv is PENDING:
             return g
         if outside and id(g) not in self.captured_vars:
-            # The stale gradient of a live Variable (accumulated into by backward):
-            # read through its owner at every call, not as the object seen now.
-            v = self.add_input(g.shape, g.dtype,
-                               (self.name_of(var) or var.name or "p") + ".grad")
-            self.captured_vars[id(g)] = (g, v)
-            self.captures.append((v, ("grad", var)))
-            g._tv = v
-            self.created.append(g)
+            self._outside_grad_value(var, g)
         return g
+
+    def _outside_grad_value(self, var, g):
+        """The input standing for g, the .grad a Variable from outside had before the
+        call (accumulated into by backward): read through its owner at every call, not
+        as the object seen now."""
+        entry = self.captured_vars.get(id(g))
+        if entry is not None and entry[0] is g:
+            return entry[1]
+        v = self.add_input(g.shape, g.dtype, (self.name_of(var) or var.name or "p") + ".grad")
+        self.captured_vars[id(g)] = (g, v)
+        self.captures.append((v, ("grad", var)))
+        g._tv = v
+        self.created.append(g)
+        return v
 
     def write_grad(self, var, value):
         if self.is_live(var) or var._tv is None:     # a live Variable, or one from outside
-            if self.walk_touched:
-                self._after_walk(var, "sets")
+            if id(var) not in self.grad_writes:
+                # (The .grad before the call, should it run again: walk_undo.)
+                self.walk_undo.append((var, "_grad", var._grad))
+            if self.walk_touched and not self.region_backward:
+                shadow = self._after_walk(var, "sets")
+                if shadow is not None:
+                    # A backward adding to the shadow: the call's part goes on from it.
+                    self.walk_grads[id(var)] = (var, value)
             self.grad_writes[id(var)] = var
             if self.in_backprop and not self.region_backward and var.creator is None \
                     and id(var) not in self.cut_ids:

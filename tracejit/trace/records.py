@@ -184,9 +184,10 @@ class TracedCall:
                               # creator): the variant holds while they have none
     cuts: list = ()          # (kind, [Targets]): cuts of the caller's graph the
                              # function made (Trace.unchain_events), in order; and
-                             # ("backward", [Targets], retain_grad, n): a backward
-                             # inside it that goes on from those Variables into the
-                             # caller's graph, after the call's first n effects
+                             # ("backward", [Targets], retain_grad, n, seeds): a
+                             # backward inside it that goes on from those Variables
+                             # into the caller's graph, after the call's first n
+                             # effects, each seeded with a graph Value (or None)
     # Result leaf indices of the leaves of eager's graph the call made and returns
     # (`c = Variable(np.ones(3)); return x * c, c`), whose gradients eager's backward
     # sets: inputs of the compiled call ("made" diff sources), in the BackwardPlan's
@@ -198,8 +199,12 @@ class TracedCall:
                               # makes, where it is not a plain unnamed Variable
     wrap_grads: dict = None   # "wrap" result leaf -> the Value of the .grad a backward
                               # inside the call gave it (set on the runner's new leaf)
-    walk_untouched: list = ()  # Targets whose .grad the function touches after such
-                               # a backward: the variant holds while it leaves them
-    walk_undo: list = ()     # (Variable, .grad before): what such a backward changed
-                             # in the caller's graph while tracing (to put back if
-                             # the call runs again)
+    walk_untouched: list = ()  # (Target, n): a .grad the function touches after the
+                               # first n such backwards, which they did not touch:
+                               # the variant holds while they leave it
+    walk_checks: list = ()   # (Target, kind, walk): a .grad such a backward touched
+                             # that the function sees after walk number `walk`, as
+                             # cleared / kept / a leaf's: it must be so at call time
+    walk_undo: list = ()     # (Variable, field, value before): what such a backward
+                             # (.grad) or a cut (creator) changed in the caller's graph
+                             # while tracing, to put back if the call runs again

@@ -27,6 +27,9 @@ AVOIDABLE = {
     "size1": "no size-1 extents (batch and feature sides >= 2)",
     "create_graph_inplace": "no create_graph in programs that update state in place",
     "nonfinite": "no inf/-inf entries in inputs",
+    "retain_grad": "no retain_grad=True in a backward inside f (a later backward "
+                   "through the call's results adds to the .grad it leaves on the "
+                   "call's intermediates in eager, not in compiled calls)",
 }
 
 B = "B"              # the batch side of a symbolic shape: it changes between the phases
@@ -1493,7 +1496,7 @@ def _backward_into_caller(b):
         b.features.add("backward_into_caller_guarded")
     else:
         b.emit(f"{loss} = {' + '.join(term(u) for u in us)}")
-    retain = b.draw(st.booleans())
+    retain = "retain_grad" not in b.avoid and b.draw(st.booleans())
     b.emit(f"{loss}.backward(retain_grad={retain})")
     b.add(loss, (), dtype, 2.0 * len(us))
     b.features.add("backward_into_caller" + ("_retain" if retain else ""))
