@@ -485,9 +485,9 @@ def backward_from(xs, retain_grad=False, seeds=()):
         if g is not None:
             x._grad = wrap_array(g)
     roots = [x for x in xs if x.creator is not None]
-    create_graph = False
     if roots:
-        backprop(roots, retain_grad=retain_grad, create_graph=create_graph)
+        # (create_graph: the trace refuses it, the seeds have no history here.)
+        backprop(roots, retain_grad=retain_grad)
 
 
 def graph_reach(xs, inputs_only=False):

@@ -320,3 +320,31 @@ def test_two_backwards_each_going_on_into_the_callers_graph():
             _same(ev.grad, jv.grad, f"call {i}: .grad of caller's Variable {k}")
     info = jf.cache_info()
     assert info["fallbacks"] == 0 and info["hits"] >= 2, info
+
+
+def test_create_graph_into_the_callers_graph_runs_eagerly(record_jit_warnings):
+    """backward(create_graph=True) inside f going on into the caller's graph: the
+    gradients it leaves there carry a history through the call, which compiled calls
+    do not give them yet; it runs eagerly, warned, with eager's first- and second-order
+    gradients."""
+    def f(x):
+        y = F.sum(F.tanh(x) * x)
+        y.backward(create_graph=True)
+        return y
+
+    jf = tj.jit(f)
+    for i in range(4):
+        a_data = np.random.default_rng(i).standard_normal(3)
+        out = []
+        for fn in (f, jf):
+            a = tj.Variable(a_data.copy())
+            fn(F.sin(a))
+            g1 = a.grad.data.copy()
+            ga = a.grad
+            a.cleargrad()
+            F.sum(ga * ga).backward()
+            out.append((g1, a.grad))
+        for e, j in zip(*out):
+            _same(e, j, f"call {i}")
+    msgs = [str(w.message) for w in record_jit_warnings]
+    assert any("create_graph=True" in m for m in msgs), msgs
