@@ -207,14 +207,16 @@ def test_a_state_carried_through_earlier_compiled_calls():
 
 
 def test_an_update_after_the_backward_is_one_the_walk_does_not_see():
-    """The caller's graph reads K (x = a * K); f updates K in place after its backward:
-    eager's walk read K before the update, and so does the compiled call's."""
+    """The caller's graph reads K (x = a * K); f updates K in place before its backward
+    and after it: eager's walk reads K between the two updates, and so does the
+    compiled call's."""
     K = tj.Variable(np.array([1.0, 2.0, 3.0]))
 
     def f(x):
+        K.data *= 0.5
         loss = F.sum(x ** 2)
         loss.backward()
-        K.data *= 0.5
+        K.data += 1.0
         return loss
 
     jf = tj.jit(f)
