@@ -603,6 +603,8 @@ class Trace(core.TraceHooks):
         the caller's graph added to: the real .grad's data (the traced call is a real
         one), standing in the graph for the call's own part of it (trace_grad)."""
         real = var._grad
+        if real is None:
+            return None     # cleared since: the function set it (escaped, _after_walk)
         if trace_grad is None:
             tv = self.array_value(np.zeros(real.shape, real.dtype))
         elif trace_grad._tv is PENDING or self.is_mine(trace_grad._tv):
