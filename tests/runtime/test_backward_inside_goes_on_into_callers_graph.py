@@ -350,3 +350,36 @@ def test_create_graph_into_the_callers_graph_runs_eagerly(record_jit_warnings):
             _same(e, j, f"call {i}")
     msgs = [str(w.message) for w in record_jit_warnings]
     assert any("create_graph=True" in m for m in msgs), msgs
+
+
+def test_a_cut_before_the_backward():
+    """unchain_backward inside f cuts x1's part of the caller's graph (u and what made
+    it included), then a backward goes on past x2 into what is left of it: the
+    compiled call repeats the cut before it goes on, so u is a leaf there too."""
+    W = tj.Parameter(np.array([0.5, -1.0, 2.0]))
+
+    def f(x1, x2):
+        a = F.tanh(x1 * W)
+        a.unchain_backward()
+        loss = F.sum(a * x2) + F.sum(F.sin(x2))
+        loss.backward()
+        return loss
+
+    jf = tj.jit(f)
+    rng = np.random.default_rng(4)
+    for i in range(6):
+        d = rng.standard_normal(3)
+        out = []
+        for fn in (f, jf):
+            W.cleargrad()
+            a0 = tj.Variable(d.copy())
+            u = F.exp(a0 * 0.3)
+            x1, x2 = u * 2.0, F.cos(u)
+            y = fn(x1, x2)
+            out.append((y, a0.grad, u.grad, x1.grad, x2.grad, W.grad))
+            assert x1.creator is None and u.creator is None
+        for e, j in zip(*out):
+            _same(e, j, f"call {i}")
+        W.data = W.data * 0.9
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] >= 2, info

@@ -147,9 +147,13 @@ class LiveState:
         # A backward inside the call that goes on into the caller's graph changes the
         # .grad of Variables there (and the call's outputs' creators' inputs): the
         # caller's graph from the Variables it goes on from is state too.
+        # (With such a backward, also the graph a cut reaches: a backward after a cut
+        # goes on through the graph as the cut left it, each run's cut from the same.)
+        cuts = getattr(v, "cuts", ())
+        walks = any(ev[0] == "backward" for ev in cuts)
         roots = [resolve(w, t) if w != "leaf" else
                  (leaves[t] if t < len(leaves) else None)
-                 for ev in getattr(v, "cuts", ()) if ev[0] == "backward" for w, t in ev[1]]
+                 for ev in cuts if walks for w, t in ev[1]]
         roots = [x for x in roots if isinstance(x, Variable)]
         # (And their creators: an unchain_backward after that backward cuts them.)
         self.graph = list(graph_reach(roots).values()) if roots else []

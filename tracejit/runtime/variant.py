@@ -475,15 +475,23 @@ class Variant:
         # A backward inside the function that goes on into the caller's graph: its
         # roots' seeds are graph outputs. (targets, retain_grad, effects before it,
         # seed slots or None.)
+        # A cut before such a backward is repeated right before it (the walk goes on
+        # through the graph as the cut left it); the cuts after the last one, at the
+        # end of the call, as without one.
         self.walks = []
+        pending = []
         for ev in self.cuts:
-            if ev[0] == "backward":
-                slots = []
-                for sv in ev[4]:
-                    slots.append(None if sv is None else len(user_outs) + len(effect_values))
-                    if sv is not None:
-                        effect_values.append(sv)
-                self.walks.append((ev[1], ev[2], ev[3], slots))
+            if ev[0] != "backward":
+                pending.append(ev[:2])
+                continue
+            slots = []
+            for sv in ev[4]:
+                slots.append(None if sv is None else len(user_outs) + len(effect_values))
+                if sv is not None:
+                    effect_values.append(sv)
+            self.walks.append((ev[1], ev[2], ev[3], slots, pending))
+            pending = []
+        self.late_cuts = pending
         self.walk_checks = list(getattr(call, "walk_checks", ()))
         # Backward: what the forward saves, and where each backward input comes from.
         # diff_sources: sources (as in self.sources) of the creator's inputs.
@@ -1241,7 +1249,10 @@ def build_runner(v, leaf_kinds, key=None):
         if not grads_done:
             body += grad_lines
             grads_done = True
-        for ts, retain, _, slots in line[1]:
+        for ts, retain, _, slots, cuts in line[1]:
+            for kind, cts in cuts:
+                env["repeat_cut"] = core.repeat_cut
+                body.append(f"repeat_cut({kind!r}, [{', '.join(target(*t) for t in cts)}])")
             # (A new array, as eager's: the graph may give an input or a constant of
             # the trace here, the seed's ones, which the walk may hand on to a .grad.)
             seeds = ", ".join("None" if k is None else f"fresh({out(k)}, arrays)"
@@ -1450,13 +1461,11 @@ def build_runner(v, leaf_kinds, key=None):
             body.append(f"{made[m][0]}._grad = " +
                         (f"Constant(mg{m})" if mg[2] else f"wrap(mg{m})"))
             env["Constant"] = core.Constant
-    if v.cuts:
+    if v.late_cuts:
         env["repeat_cut"] = core.repeat_cut
-        # (A backward event is placed among the effects above; the trace refuses a
-        # cut before one.)
-        for kind, ts, *_ in v.cuts:
-            if kind != "backward":
-                body.append(f"repeat_cut({kind!r}, [{', '.join(target(*t) for t in ts)}])")
+        # (A backward event, and the cuts before it, are placed among the effects.)
+        for kind, ts in v.late_cuts:
+            body.append(f"repeat_cut({kind!r}, [{', '.join(target(*t) for t in ts)}])")
     body += late
     body.append(f"return {structure}")
     # args/kwargs: the call's own, for a result that is an argument's container.

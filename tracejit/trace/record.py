@@ -516,9 +516,6 @@ class Trace(core.TraceHooks):
                       "need a history through the compiled call)"
         elif not roots:
             refusal = "from a Variable the call cannot name"
-        elif any(ev[0] != "backward" for ev in self.unchain_events):
-            refusal = "after an unchain_backward()/unchain() inside the function " \
-                      "(compiled calls repeat cuts after the backward)"
         walked = roots or [y for f in fns for y in (r() for r in f.outputs) if y is not None]
         reach = core.graph_reach(walked)
         before = {k: x._grad for k, x in reach.items()}
@@ -663,8 +660,9 @@ class Trace(core.TraceHooks):
             return
         # The runner repeats it after the graph ran, whatever backward the function ran
         # before or after it: such a backward stops at Variables from outside that are
-        # leaves (else the call escapes, backward_of), which a cut of them leaves as
-        # they are; one that the cut made a leaf needs not be one at call time.
+        # leaves, which a cut of them leaves as they are (one that the cut made a leaf
+        # needs not be one at call time); one that goes on into the caller's graph is
+        # an event of its own, the cuts before it repeated right before it.
         if event[0] != "root":
             self.cut_ids.update(id(x) for x in event[1])
         self.unchain_events.append(event)
