@@ -558,7 +558,11 @@ class Trace(core.TraceHooks):
                 if not (k in self.walk_grads and self.walk_grads[k][0] is x):
                     self.walk_grads[k] = (x, old)
             else:
+                # Not what the trace can follow (the function must not see it again):
+                # what the call's part of the walk left is what compiled calls set.
                 kind = "opaque"
+                if not (k in self.walk_grads and self.walk_grads[k][0] is x):
+                    self.walk_grads[k] = (x, old)
             # (A .grad cleared by one walk and kept by a later one is as the later
             # one left it: the checks name the walk the function saw it after.)
             self.walk_touched[k] = (x, kind, n_walk)
