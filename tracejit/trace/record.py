@@ -2218,7 +2218,9 @@ class _TracedCreator:
 
     def __set__(self, obj, value):
         tr = core._state.trace
-        if tr is not None and not tr.abstract and (obj._tv is None or tr.is_live(obj)):
+        # (getattr: a Variable tracejit makes with __new__ has no _tv before it sets one)
+        if tr is not None and not tr.abstract and (
+                getattr(obj, "_tv", None) is None or tr.is_live(obj)):
             try:
                 cur = _CREATOR_SLOT.__get__(obj, type(obj))
             except AttributeError:          # Variable.__init__ setting it first
