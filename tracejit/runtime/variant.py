@@ -452,6 +452,10 @@ class Variant:
                 self.made_grads.append(("effect", call.made_grad_effect[m]))
             elif id(xg) in made_ids:
                 self.made_grads.append(("same", made_ids[id(xg)]))
+            elif m in (call.made_grad_leaf or ()):
+                # Another result the graph does not compute (the seed's ones Variable,
+                # returned as y.grad): that result object.
+                self.made_grads.append(("leaf", call.made_grad_leaf[m]))
             else:
                 # A Constant (create_graph's seed: it stores no gradient) stays one.
                 self.made_grads.append(("out", len(user_outs) + len(effect_values),
@@ -1374,7 +1378,8 @@ def build_runner(v, leaf_kinds, key=None):
         expr_of(i)
     # One object in several places (`return y, y`, `return h.data, h.data`): made once.
     late = []
-    for j in sorted({a for kind, a, b in leaves_ if kind == "same"}):
+    grad_leaves = {mg[1] for mg in v.made_grads or () if mg is not None and mg[0] == "leaf"}
+    for j in sorted({a for kind, a, b in leaves_ if kind == "same"} | grad_leaves):
         if not exprs[j].isidentifier():
             late.append(f"r{j} = {exprs[j]}")
             exprs[j] = f"r{j}"
@@ -1450,11 +1455,14 @@ def build_runner(v, leaf_kinds, key=None):
         body.append(f"cf.outputs = [{', '.join(refs)}]")
     else:
         body += plain
+    late_grads = []           # .grads that are results bound in `late`
     for m, targets in aliased.items():
         body += [f"{t}._grad = {made[m][0]}" for t in targets]
     for m, mg in enumerate(v.made_grads or ()):
         if mg is not None and mg[0] == "same":
             body.append(f"{made[m][0]}._grad = {made[mg[1]][0]}")
+        elif mg is not None and mg[0] == "leaf":
+            late_grads.append(f"{made[m][0]}._grad = {exprs[mg[1]]}")
         elif mg is not None and mg[0] == "effect":
             body.append(f"{made[m][0]}._grad = {target(*v.grad_effects[mg[1]][0])}._grad")
         elif mg is not None:
@@ -1466,7 +1474,7 @@ def build_runner(v, leaf_kinds, key=None):
         # (A backward event, and the cuts before it, are placed among the effects.)
         for kind, ts in v.late_cuts:
             body.append(f"repeat_cut({kind!r}, [{', '.join(target(*t) for t in ts)}])")
-    body += late
+    body += late + late_grads
     body.append(f"return {structure}")
     # args/kwargs: the call's own, for a result that is an argument's container.
     src = "def run(leaves, args=None, kwargs=None):\n" + \

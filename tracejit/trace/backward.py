@@ -52,6 +52,14 @@ def trace_backward(tr, out_raw, out_leaves, made=()):
              and y.dtype.kind in "fc"]
     if not boundary or not roots:
         return None, []
+    retained = _retained_on_the_way(tr, roots)
+    if retained is not None:
+        return BackwardEscape(
+            "a backward inside the function left a .grad (retain_grad=True) on a "
+            "Variable the function made, and a backward from its results passes through "
+            "that Variable: eager adds the retained .grad to the gradient flowing on "
+            "(and the caller may change or clear it first); compiled calls do not "
+            "follow it yet", retained), []
     g = tr.graph
     n_nodes = len(g.nodes)
     n_inputs = len(g.inputs)
@@ -315,6 +323,31 @@ def _link_made_leaves(tr, made):
                 links[k] = values[id(x)]
         tr.grad_meta[key] = (meta[0], tuple(links))
     return [values[id(var)] for _, var in made]
+
+
+def _retained_on_the_way(tr, roots):
+    """The line that made a Variable of the call (not a result root) that holds a .grad
+    now and that a backward from `roots` would pass through, or None. Eager's backward
+    adds into such a .grad (`x.grad = x.grad + gx`) and propagates the sum past it, so
+    it changes every gradient upstream; the compiled backward starts from the results'
+    seeds only. A root's own retained .grad is its seed (the caller's backward starts
+    from the result's .grad), which the compiled backward does read."""
+    root_ids = {id(y) for y in roots}
+    seen, stack = set(), [y.creator for y in roots]
+    while stack:
+        f = stack.pop()
+        if f is None or f in seen or f not in tr.functions:
+            continue
+        seen.add(f)
+        for x in f.inputs:
+            if id(x) in root_ids or x.creator is None or x.creator not in tr.functions:
+                continue
+            if x._grad is not None:
+                v = getattr(x, "_tv", None)
+                return next((n.line for n in tr.graph.nodes if v is not None
+                             and any(o is v for o in n.outputs)), None) or "an unknown line"
+            stack.append(x.creator)
+    return None
 
 
 def _grad_dtypes(tr, roots, out_index, boundary):

@@ -230,6 +230,15 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         made_grad_effect = {m: first_set[id(xg)] for m, (x, xg, _) in enumerate(tr.made_grads)
                             if xg is not None and id(xg) in first_set
                             and id(xg) not in made_pos}
+        # A result's .grad that is another result the graph does not compute (the
+        # seed of `y.backward(retain_grad=True); return y.grad, y`): that object.
+        made_grad_leaf = {}
+        for m, (x, xg, _) in enumerate(tr.made_grads):
+            if xg is None or id(xg) in made_pos or m in made_grad_effect:
+                continue
+            j = next((j for j, o in enumerate(out_leaves_raw) if o is xg), None)
+            if j is not None and out_leaves[j][0] == "wrap":
+                made_grad_leaf[m] = j
         # A create_graph seed is a Constant (it stores no gradient): a .grad that is
         # one stays one.
         grad_constant = frozenset(gi for gi, (var, _) in enumerate(tr.grad_effects)
@@ -336,6 +345,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         leaf_forms=tr.leaf_kinds, out_tree=out_tree, out_leaves=out_leaves,
         made_grads=made_grads, has_random=bool(tr.random_nodes), has_creator=has_creator,
         grad_alias=grad_alias, grad_same=grad_same, made_grad_effect=made_grad_effect,
+        made_grad_leaf=made_grad_leaf or None,
         grad_constant=grad_constant, made_constant=made_constant, grad_reach=grad_reach,
         cut_sets=cut_sets, escapes=escapes, made_leaves=made_leaves,
         made_inputs=made_inputs, leaf_class=leaf_class, wrap_grads=wrap_grads,

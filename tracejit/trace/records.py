@@ -178,6 +178,9 @@ class TracedCall:
     # result leaf index -> (root, steps): a result eager returns as a view of an input's
     # buffer or of another result (pytree.result_views), rebuilt on it at return time
     out_views: Any = None
+    made_grad_leaf: dict = None  # made result -> result leaf that is its .grad, a
+                                 # Variable the graph does not compute (`y.backward(
+                                 # retain_grad=True); return y.grad, y`: the seed)
     rebound: list = ()       # Locations of Variables it rebinds (state to thread), when
                              # that is the only Python state it changes
     leaf_required: list = ()  # Targets a backward inside the call stopped at (no
