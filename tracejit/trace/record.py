@@ -613,8 +613,8 @@ class Trace(core.TraceHooks):
         else:
             tv = self._outside_grad_value(var, trace_grad)
         s = Variable.__new__(type(real))
+        s._tv = tv          # first: the traced .grad and creator setters read it
         s._data, s._grad, s.name, s.creator, s.generation = real._data, None, None, None, 0
-        s._tv = tv
         self.created.append(s)
         return s
 

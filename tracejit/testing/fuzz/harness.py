@@ -82,6 +82,11 @@ def _identity(x, args, captures, earlier):
     for j, e in enumerate(earlier):
         if x is e:
             return f"the same object as result leaf {j}"
+        if isinstance(e, Variable) and e.grad is not None and x is e.grad:
+            return f"result leaf {j}'s .grad"
+        if isinstance(x, Variable) and x.grad is not None and x.grad is e:
+            # (`return y.grad, y`: y's .grad is the object returned before it)
+            return f"a Variable whose .grad is result leaf {j}"
     for i, a in enumerate(args):
         if x is a:
             return f"argument {i}"

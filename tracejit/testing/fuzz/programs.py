@@ -621,6 +621,11 @@ def _st_seed_through(self):
         self.add(self.fresh(), shape, dtype, 1.0)
         self.emit(f"{self.vals[-1].name} = {y}.grad")
         self.features.add("seed_through_retained")
+        if self.draw(st.booleans()):
+            # y itself too: its .grad is that returned seed object (eager: y.grad is
+            # the result returned before it, sharing its memory).
+            self.add(y, shape, dtype, 2.0)
+            self.features.add("seed_through_retained_holder")
     if self.draw(st.booleans()):
         # A view of the passed-through (or retained) .grad returned, maybe with it: eager's
         # is a view of the .grad's array, which the caller holds as target.grad.
