@@ -230,3 +230,92 @@ def test_a_reshape_traced_on_a_copy_gives_a_view_of_a_later_contiguous_argument(
 
     check_aliasing(no_caps(lambda x: (x.reshape(-1), x.T.reshape(2, 6))), make_args,
                    backend=backend)
+
+
+# A new array NumPy computes from a transposed operand is laid out as that operand
+# (order='K'): F.tanh(F.transpose(x, (1, 2, 0))) of a C-ordered (2, 3, 4) x has strides
+# (32, 8, 96), not (64, 16, 8). The kernels write C order; a compiled call returned that
+# layout, so its `h.data` had other strides than eager's, `h.data.reshape(-1)` was a
+# view of h where eager's is a copy, and `h.data.T` a view with other strides.
+@pytest.mark.parametrize("fn", [
+    lambda x: (lambda h: (h, h.data))(F.tanh(F.transpose(x, (1, 2, 0)) * 0.5)),
+    lambda x: (lambda h: (h, h.data.reshape(-1)))(F.exp(F.transpose(x, (2, 0, 1)))),
+    lambda x: (lambda h: (h.data.T, h))(x.T * 2.0 + 1.0),
+    lambda x: (lambda h: (h, F.reshape(h, (-1,)), h.data[0]))(F.sin(F.transpose(x)) + x.T),
+], ids=["data", "reshape_copies", "T_of_it", "several"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_computed_result_has_eager_s_memory_order_and_its_views_alias_as_eager_s(
+        fn, backend):
+    check_aliasing(no_caps(fn), var_arg((2, 3, 4)), backend=backend)
+
+
+def test_a_computed_result_of_a_broadcast_capture_has_eager_s_memory_order():
+    def build():
+        W = Parameter(np.ones((1,), dtype=np.float64))
+
+        def f(x):
+            h = F.tanh(F.transpose(x, (1, 2, 0)) * 0.5 + W)
+            return h, h.data
+        return f, (W,)
+
+    check_aliasing(build, lambda rng: (rng.standard_normal((2, 3, 4)).astype(np.float32),))
+
+
+class _State:
+    h = None
+    w = None
+
+
+def test_state_the_call_stores_has_eager_s_memory_order_and_aliasing():
+    """The fuzzer's reproducer: an RNN-like h stored on an object and returned with its
+    .data, and a .data rebound on a new Variable the call stores (not returned)."""
+    def build():
+        m = _State()
+
+        def f(x):
+            t = F.transpose(x, (1, 2, 0)) * 0.5
+            h = F.tanh(t if m.h is None else t + m.h * 0.5)
+            m.h = h
+            m.w = Variable(np.ones(1))
+            m.w.data = F.exp(x.T).data
+            return h * 2.0, h.data.reshape(-1), h.data
+        return f, m
+
+    (fe, me), (fj, mj) = build(), build()
+    jf = tj.jit(fj)
+    for call in range(CALLS):
+        x = np.random.default_rng(call).standard_normal((2, 3, 4))
+        re, rj = fe(Variable(x.copy())), jf(Variable(x.copy()))
+        be = [r.data if isinstance(r, Variable) else r for r in re] + [me.h.data, me.w.data]
+        bj = [r.data if isinstance(r, Variable) else r for r in rj] + [mj.h.data, mj.w.data]
+        for k, (a, b) in enumerate(zip(be, bj)):
+            np.testing.assert_allclose(b, a, rtol=1e-12, err_msg=f"call {call} array {k}")
+            assert a.strides == b.strides, (call, k, a.strides, b.strides)
+            for m, (c, d) in enumerate(zip(be, bj)):
+                assert np.shares_memory(a, c) == np.shares_memory(b, d), (call, k, m)
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] >= 3, info
+
+
+@pytest.mark.parametrize("order", ["FFCCFCFC", "CCFFCFCF"], ids=["F_first", "C_first"])
+def test_a_computed_result_follows_the_memory_order_of_each_call_s_argument(order):
+    """The signature does not key on strides: one variant serves a C-ordered and an
+    F-ordered x, and eager's F.exp(x) is laid out as x in each call."""
+    def f(x):
+        h = F.exp(x * 0.5)
+        return h, h.data, h.data.reshape(-1)
+
+    jf = tj.jit(f)
+    for call, o in enumerate(order):
+        a = np.random.default_rng(call).standard_normal((3, 4))
+        a = np.asfortranarray(a) if o == "F" else a
+        re, rj = f(Variable(a.copy(order="K"))), jf(Variable(a.copy(order="K")))
+        oe = [re[0].data, re[1], re[2]]
+        oj = [rj[0].data, rj[1], rj[2]]
+        for k, (x, y) in enumerate(zip(oe, oj)):
+            np.testing.assert_allclose(y, x, rtol=1e-12)
+            assert x.strides == y.strides, (call, o, k)
+            for m in range(len(oe)):
+                assert np.shares_memory(x, oe[m]) == np.shares_memory(y, oj[m]), (call, k, m)
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] >= 4, info

@@ -555,6 +555,14 @@ class Variant:
         self.warn = None          # (message) -> None: a JitWarning at the user's line
         self.exe = backend_compile(self.forward_graph)
         self.copy_outputs = fresh_copies(self.forward_graph, self.exe, self.fresh_slots())
+        # Eager's memory order of the arrays the runner hands out (eager_layouts).
+        outs, ins = self.forward_graph.outputs, self.forward_graph.inputs
+        self.layout_slots = sorted({s for s in self.fresh_slots()
+                                    if not isinstance(outs[s], Lit) and len(outs[s].shape) > 1})
+        self.layout_inputs = [k for k, x in enumerate(ins) if len(x.shape) > 1] \
+            if self.layout_slots else []
+        self.layouts = {}             # the layout inputs' strides -> {slot: axis order}
+        self._layout_run = None
         self.check_backward = False     # the trace-time check: backward interpreted
         self.leaf_kinds = call.leaf_forms
         self.runner = build_runner(self, call.leaf_forms)
@@ -789,6 +797,69 @@ class Variant:
         outs = interpret.run_with_variables(j, env_vars, self.bwd.joint_meta,
                                             self.saved_map(cf), cf.instances)
         return tuple(outs[s] if s is not None else None for s in self.bwd.joint_grad_slots)
+
+
+def laid_out(a, perm):
+    """a, or a copy of it laid out in the axis order perm (outermost first), as NumPy
+    lays out a new array whose operands have that order."""
+    if not isinstance(a, np.ndarray) or a.ndim != len(perm):
+        return a
+    strides, step = [0] * a.ndim, a.itemsize
+    for d in reversed(perm):
+        strides[d] = step
+        step *= a.shape[d]
+    if tuple(strides) == a.strides:
+        return a
+    b = np.empty([a.shape[d] for d in perm], a.dtype).transpose(np.argsort(perm))
+    np.copyto(b, a)
+    return b
+
+
+def _axis_order(a):
+    """The axes of a, outermost first (by stride; an axis of extent 1 has the stride of
+    the one inside it, so on a tie the longer axis is outside)."""
+    return tuple(sorted(range(a.ndim), key=lambda d: (-abs(a.strides[d]), -a.shape[d], d)))
+
+
+def eager_layouts(v, key, arrays):
+    """{fresh output slot: axis order} of the arrays eager makes for these inputs, where
+    not C order, remembered for the inputs' strides (`key`). The signature does not key
+    on strides, and NumPy lays a new array out as its operands are (order='K':
+    F.tanh(F.transpose(x, (1, 2, 0))) of a C-ordered x, or F.exp(x) of an F-ordered x,
+    is not C-ordered): the layout is observable (`y.data.strides`, whether
+    `y.data.reshape(-1)` is a view the caller writes through, the strides of a returned
+    view `y.data.T` and of the state the call stores). The graph the trace recorded, run
+    by the reference interpreter (NumPy op by op, as eager) on this call's inputs once
+    per layout, says which."""
+    if len(v.layouts) >= 16:
+        v.layouts.clear()          # (a caller cycling through many layouts: bounded)
+    run = v._layout_run
+    if run is None:
+        # A user Function's forward is the user's code, run once per call as in eager:
+        # not a second time for its layout (C order there, as before).
+        user = any(isinstance(n.fn, (UserCall, UserBackward)) for n in v.forward_graph.nodes)
+        run = v._layout_run = (lambda arrays: None) if user else \
+            interpret.compile(v.forward_graph)
+    rng = np.random.get_state()
+    try:
+        with np.errstate(all="ignore"):
+            outs = run(list(arrays))
+    except Exception:  # noqa: BLE001 - a guard the reference sees otherwise: C order
+        outs = None
+    finally:
+        np.random.set_state(rng)
+    if outs is None:
+        v.layouts[key] = {}
+        return {}
+    lay = {}
+    for s in v.layout_slots:
+        a = outs[s]
+        if isinstance(a, np.ndarray) and a.ndim > 1 and a.size and not a.flags.c_contiguous:
+            perm = _axis_order(a)
+            if perm != tuple(range(a.ndim)):
+                lay[s] = perm
+    v.layouts[key] = lay
+    return lay
 
 
 def _unchanged():
@@ -1196,6 +1267,23 @@ def build_runner(v, leaf_kinds, key=None):
     for i, same in v.copy_outputs:
         body.append(f"{out(i)} = {out(i)}.copy(order='K')" if same is None else
                     f"{out(i)} = {out(same)}")
+    if v.layout_slots:
+        # Eager's memory order (NumPy's order='K' follows the operands' strides; the
+        # kernels write C order): before the views rebuilt on these arrays, which then
+        # follow it, and before the state the call stores.
+        env["laid_out"], env["eager_layouts"] = laid_out, eager_layouts
+        shared = {i: same for i, same in v.copy_outputs if same is not None}
+        lk = "(" + "".join(f"{names[k]}.strides, " for k in v.layout_inputs) + ")"
+        body.append(f"lay = v.layouts.get({lk})")
+        body.append(f"if lay is None: lay = eager_layouts(v, {lk}, "
+                    f"[{', '.join(names)}])")
+        body.append("if lay:")
+        for i in v.layout_slots:
+            if i not in shared:
+                body.append(f"    if {i} in lay: {out(i)} = laid_out({out(i)}, lay[{i}])")
+        for i, same in sorted(shared.items()):
+            if same in v.layout_slots:
+                body.append(f"    {out(i)} = {out(same)}")
 
     # Every one must take the write before the first is written: a failure halfway (a
     # read-only argument) would leave some effects applied, and the eager rerun that
