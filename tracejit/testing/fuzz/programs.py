@@ -1129,7 +1129,37 @@ def _merged_views(b):
     b.features.add(f"merged_{kind}")
 
 
+def _views_of_laid_out(b):
+    """A value NumPy computes from a transposed operand, laid out as that operand
+    (order='K': F.tanh(F.transpose(x, (1, 2, 0))) has x's memory order, not C order),
+    returned with its .data or a view of it: the harness compares the strides of what
+    shares memory (the kernels write C order; the runner must lay it out as eager's)."""
+    v = b.pick(lambda w: w.var and len(w.shape) >= 2 and w.bound <= 10, recent=8)
+    if v is None:
+        return b.st_unary()
+    nd = len(v.shape)
+    perm = tuple(b.draw(st.permutations(range(nd))))
+    if perm == tuple(range(nd)):
+        perm = perm[::-1]
+    shape = tuple(v.shape[d] for d in perm)
+    name = b.fresh("lay")
+    tmpl = b.draw(st.sampled_from(["F.tanh({t} * 0.5)", "F.sin({t}) + 1.0",
+                                   "{t} * 2.0 + 0.5"]))
+    b.emit(f"{name} = {tmpl.format(t=f'F.transpose({v.name}, {perm})')}")
+    b.add(name, shape, v.dtype, 2.0 * v.bound + 1.0)
+    b.returned_views.append(name)
+    form = b.draw(st.sampled_from([f"{name}.data", f"{name}.data.reshape(-1)",
+                                   f"{name}.data.T", f"F.reshape({name}, (-1,))",
+                                   f"{name}.data[..., 1:]"]))
+    view = b.fresh("lview")
+    b.emit(f"{view} = {form}")
+    b.returned_views.append(view)
+    b.features.add("returned_view_laid_out")
+
+
 VIEWS_STEPS = [(_views_returned, 1), (_views_of_grads, 1), (_merged_views, 1)]
+# Drawn by focus="views" only (the other profiles keep their programs).
+VIEWS_FOCUS_STEPS = [(_views_of_laid_out, 12)]
 # ---------------------------------------------------------------- end of returned views
 
 
@@ -1577,6 +1607,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
               for g, w in NESTED_GRAD_STEPS]                         # nested grad block
     table += [(lambda g=g: g(b), w * (12 if focus == "views" else 1))  # returned views
               for g, w in VIEWS_STEPS]
+    if focus == "views":
+        table += [(lambda g=g: g(b), w) for g, w in VIEWS_FOCUS_STEPS]
     table.append((lambda: st_rebound_state(b), 12 if focus == "rebound" else 1))
     table += [(lambda g=g: g(b), w * (12 if focus == "mixed_dtypes" else 1))
               for g, w in MIXED_DTYPE_STEPS]                         # mixed-dtype cotangents
