@@ -618,6 +618,8 @@ def _input_grads(f, gys):
 def _plain_backward_step(f, retain_grad):
     """_backward_step for the commonest case, `loss.backward()` on a compiled call's
     output, outside any trace: gradients live in `._grad`, no graph is built."""
+    if retain_grad and f.sets_output_grads:
+        return _backward_step(f, _AttrGrads, False, retain_grad)
     gys = []
     for r in f.outputs:
         y = r()
@@ -656,7 +658,13 @@ def _backward_step(f, store, create_graph, retain_grad):
     try:
         # While tracing, the trace decides how f's backward is recorded (a user
         # Function with per-call state becomes one opaque backward node).
-        gxs = _input_grads(f, gys) if tr is None else tr.input_grads(f, gys)
+        ogs = None
+        if tr is not None:
+            gxs = tr.input_grads(f, gys)
+        elif retain_grad and f.sets_output_grads:
+            gxs, ogs = f.backward_retaining(gys)
+        else:
+            gxs = _input_grads(f, gys)
         for x, gx in zip(f.inputs, gxs):
             if gx is not None and type(x) is not Constant:
                 gx = as_variable(gx)
@@ -665,6 +673,13 @@ def _backward_step(f, store, create_graph, retain_grad):
                 reached.append(x)
     finally:
         local.set_backprop(old_mode)
+    if ogs is not None:
+        # Each result's gradient is the whole cotangent through it, as eager's
+        # intermediate keeps it (an unreached one keeps what it had).
+        for ref, g in zip(f.outputs, ogs):
+            y = ref()
+            if y is not None and g is not None:
+                store.set(y, g)
     if not retain_grad:
         for y in f.outputs:
             y = y()
@@ -770,6 +785,9 @@ class Function:
     kind = OPAQUE
     params = ()
     expr = None
+    # With retain_grad, backward_retaining(gys) gives (input grads, output grads): a
+    # compiled call whose results feed each other (the cotangents at its results).
+    sets_output_grads = False
 
     def __call__(self, *inputs):
         inputs = [as_variable(x) for x in inputs]

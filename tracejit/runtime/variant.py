@@ -72,11 +72,35 @@ class CompiledFunction(RegionFunction):
                 # eager's.
                 return self._eager_backward(gys)
 
-    def _eager_backward(self, gys):
+    @property
+    def sets_output_grads(self):
+        """With retain_grad, this call's backward also gives the gradients its results
+        end with (backward_retaining): a result another result depends on (`return
+        loss, h`) is an intermediate of eager's graph, whose .grad retain_grad keeps
+        as the whole cotangent through it, which the compiled backward never forms.
+        False where the region cannot be replayed (a nested trace, a replay refusal)."""
+        v = self.variant
+        if v.feeding_results is None:
+            v.feeding_results = _results_feeding_results(v)
+        return (v.feeding_results and not v.bwd.replay_refusal
+                and core._state.trace is None)
+
+    def backward_retaining(self, gys):
+        """(input gradients, output gradients) for a backward with retain_grad: eager's
+        backward over the region replayed (_eager_backward), whose results keep their
+        gradients; an output gradient None where the replay gave the result none (its
+        .grad stays as it is, as eager leaves an unreached Variable's)."""
+        if self.instances is None:
+            return self._eager_backward(gys, retain=True)
+        with running_backward(self.instances):
+            return self._eager_backward(gys, retain=True)
+
+    def _eager_backward(self, gys, retain=False):
         """The gradients of this call's inputs by eager's backward over the region
         replayed on Variables. Under create_graph the replay starts from the call's
         own inputs, so the gradients carry the history higher orders need; else fresh
-        leaves stand for them."""
+        leaves stand for them. With `retain`, also the gradients the results' twins
+        end with (retain_grad: each the cotangent through that result)."""
         v = self.variant
         g = v.forward_graph
         create = bool(Config.enable_backprop)
@@ -90,10 +114,22 @@ class CompiledFunction(RegionFunction):
         if self.rng is not None:
             rng = np.random.get_state()
             np.random.set_state(self.rng)
+        adopt = None
+        if retain and create:
+            # The results' gradients carry history through the results themselves,
+            # as eager's do: a later backward through h.grad reaches h and adds to
+            # the .grad it kept, as eager's does. So the replay's graph is made of
+            # this call's own results (as expand() makes it).
+            adopt = {}
+            for ref, slot in zip(self.outputs, v.var_slots):
+                mine = ref()
+                if mine is not None and mine.creator is self:
+                    adopt[id(user.outputs[slot])] = mine
         try:
             with core.using_config("enable_backprop", True):
                 twins = interpret.run_with_variables(user, env, v.bwd.joint_meta,
-                                                     v.saved_map(self), self.instances)
+                                                     v.saved_map(self), self.instances,
+                                                     adopt=adopt)
         finally:
             if rng is not None:
                 np.random.set_state(rng)
@@ -108,12 +144,23 @@ class CompiledFunction(RegionFunction):
         if create:
             # Walk only the replayed region: the call's inputs have creators of their
             # own (the graph before the call), which the outer backward visits.
-            core.backprop(roots, grads=grads, create_graph=True,
+            core.backprop(roots, grads=grads, create_graph=True, retain_grad=retain,
                           within=_region(roots, leaves))
         else:
             with core.no_grad():
-                core.backprop(roots, grads=grads)
-        return tuple(grads.get(x) for x in leaves)
+                core.backprop(roots, grads=grads, retain_grad=retain)
+        gxs = tuple(grads.get(x) for x in leaves)
+        if not retain:
+            return gxs
+        if create:
+            # retain_grad keeps every intermediate's gradient in eager, and a later
+            # backward through those gradients' graphs adds to them: the replay's
+            # intermediates keep theirs as eager's do (the leaves' go to the caller).
+            stop = {id(x) for x in leaves}
+            for key, (var, g) in grads.items():
+                if key not in stop:
+                    var._grad = g
+        return gxs, tuple(grads.get(twins[slot]) for slot in var_slots)
 
     def _from_live_outputs(self, gys, grads):
         """The gradients the backward graph gave (the compiled one, or interpreted) for
@@ -347,6 +394,34 @@ class InputlessCompiledFunction(CompiledFunction):
         pass            # nothing outside the call to cut: eager's inputs have no creator
 
 
+def _results_feeding_results(v):
+    """Whether a result Variable of the variant is upstream of another result (an
+    input of a node an output depends on): its eager twin is an intermediate of the
+    other's graph."""
+    g = v.forward_graph
+    outs = g.outputs[:v.n_user_outs]
+    slots = v.var_slots
+    results = {id(outs[s]) for s in slots if not isinstance(outs[s], Lit)}
+    if len(slots) < 2 or not results:
+        return False
+    producer = {id(o): n for n in g.nodes for o in n.outputs}
+    for s in slots:
+        # The nodes the result in slot s depends on, past itself.
+        todo, seen = [outs[s]], set()
+        while todo:
+            n = producer.get(id(todo.pop()))
+            if n is None or id(n) in seen:
+                continue
+            seen.add(id(n))
+            for x in n.inputs:
+                if isinstance(x, Lit):
+                    continue
+                if id(x) in results and x is not outs[s]:
+                    return True
+                todo.append(x)
+    return False
+
+
 def _region(roots, leaves):
     """The Functions between `roots` and `leaves` (not past them)."""
     stop = {id(x) for x in leaves}
@@ -569,6 +644,7 @@ class Variant:
         self._hot_runner = None
         self._bexe = None
         self._interp_bwd = None
+        self.feeding_results = None   # _results_feeding_results, found at first need
         self.backward_runner = None
         self.input_ids = None
 
