@@ -3,7 +3,9 @@ loss, h`) is an intermediate of eager's graph: a backward from outside the call 
 retain_grad=True leaves on it the whole cotangent through it (plus the caller's own
 seed on it), and without retain_grad clears it. The compiled call gives each result
 the same .grad as eager, first order and with create_graph (second order through
-h.grad), whichever way the results are returned."""
+h.grad), whichever way the results are returned. With create_graph every call's
+intermediates keep their gradients as eager's do (a later backward through x.grad's
+graph adds to them and passes the sums on), results feeding each other or not."""
 import numpy as np
 import pytest
 
@@ -40,10 +42,23 @@ def chain(x):
     return F.sum(b * b), b, a
 
 
-FUNCS = [direct, as_list, as_dict, through_view, chain]
+def one_result(x):
+    # No result feeds another: only create_graph's second order sees the
+    # intermediates' retained gradients.
+    h = F.tanh(x * x)
+    return F.sum(F.exp(h) * x)
+
+
+def side_by_side(x):
+    return F.sum(F.sin(x) * 2.0), F.cos(x * x)
+
+
+FUNCS = [direct, as_list, as_dict, through_view, chain, one_result, side_by_side]
 
 
 def results(out):
+    if isinstance(out, tj.Variable):
+        return [out]
     if isinstance(out, dict):
         return [out["y"], out["h"]]
     return list(out)
@@ -80,11 +95,13 @@ def grads(x, rs, create):
     got = [None if v.grad is None else v.grad.data.copy() for v in [x] + rs]
     if create:
         # Second order through the results' gradients.
+        gs = [v.grad for v in [x] + rs]
         x.cleargrad()
         total = None
-        for r in rs:
-            if r.grad is not None and r.grad.creator is not None:
-                t = F.sum(r.grad * r.grad)
+        for r in [x] + rs:
+            g = gs.pop(0)
+            if g is not None and g.creator is not None:
+                t = F.sum(g * g)
                 total = t if total is None else total + t
         if total is not None:
             total.backward()
@@ -95,7 +112,13 @@ def grads(x, rs, create):
 @pytest.mark.parametrize("create", [False, True], ids=["first", "create_graph"])
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.__name__)
 @pytest.mark.parametrize("fn", FUNCS, ids=lambda f: f.__name__)
-def test_results_feeding_results_get_eagers_grads(fn, mode, create):
+def test_results_feeding_results_get_eagers_grads(fn, mode, create, request):
+    if fn is side_by_side and mode in (preset, preset_retain):
+        # Known bug, not fixed yet: a .grad the caller set on a result that the
+        # backward does not reach (nothing upstream of y) is taken as a cotangent by the
+        # compiled backward (eager never walks that result's part), and cleared after.
+        request.applymarker(pytest.mark.xfail(strict=True, reason="preset .grad on an "
+                                              "unreached result of a compiled call"))
     jf = tj.jit(fn)
     rng = np.random.default_rng(0)
     for _ in range(5):

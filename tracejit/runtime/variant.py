@@ -78,12 +78,18 @@ class CompiledFunction(RegionFunction):
         end with (backward_retaining): a result another result depends on (`return
         loss, h`) is an intermediate of eager's graph, whose .grad retain_grad keeps
         as the whole cotangent through it, which the compiled backward never forms.
-        False where the region cannot be replayed (a nested trace, a replay refusal)."""
+        With create_graph, any call: eager's intermediates keep their gradients, and
+        a later backward through the gradients' graphs adds to them (and passes the
+        sums on), so the replay's intermediates must keep theirs too. False where the
+        region cannot be replayed (a nested trace, a replay refusal)."""
         v = self.variant
+        if v.bwd is None or v.bwd.replay_refusal or core._state.trace is not None:
+            return False
+        if Config.enable_backprop:      # (_backward_step sets it to create_graph)
+            return True
         if v.feeding_results is None:
             v.feeding_results = _results_feeding_results(v)
-        return (v.feeding_results and not v.bwd.replay_refusal
-                and core._state.trace is None)
+        return v.feeding_results
 
     def backward_retaining(self, gys):
         """(input gradients, output gradients) for a backward with retain_grad: eager's

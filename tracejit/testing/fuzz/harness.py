@@ -1,7 +1,8 @@
 """Run one generated program eagerly and through `tj.jit`, and compare call by call.
 
 The program is a module (see tracejit/fuzz_gen.py) defining `f`, `CAPTURES` (the
-Parameters and arrays f reads), `args(call)`, `PLAN` and `BACKWARD`, and optionally
+Parameters and arrays f reads), `args(call)`, `PLAN` and `BACKWARD` (and optionally `RETAIN`:
+the backward with retain_grad=True), and optionally
 `BETWEEN(call, args)`, which the caller runs after each call and before its backward
 (updating the arguments there). The module runs
 twice from scratch, so eager and jit start from identical state (their own captured
@@ -185,7 +186,8 @@ def _grads(targets):
     return {label: (None if v.grad is None else _leaf(v.grad)) for label, v in targets}
 
 
-def observe(f, args, captures, backward, call, plant=None, between=None, state=None):
+def observe(f, args, captures, backward, call, plant=None, between=None, state=None,
+            retain=False):
     """Call f once as a user would, then differentiate; a dict of snapshots.
     `between(call, args)`, if given, runs after the call and before the backward (the
     caller changing its arguments there). `state`: the program's STATE (the state f
@@ -236,7 +238,8 @@ def observe(f, args, captures, backward, call, plant=None, between=None, state=N
                     term = F.sum(y * c)
                     loss = term if loss is None else loss + term
             if loss is not None:
-                loss.backward(create_graph=(backward == "create_graph"))
+                loss.backward(retain_grad=retain,
+                              create_graph=(backward == "create_graph"))
             if plant == "grad" and call >= 3:
                 for _, v in targets:
                     if v.grad is not None:
@@ -320,7 +323,7 @@ def run_side(source, path, jit, progress=None, plant=None):
             with np.errstate(all="ignore"):
                 rec = observe(jf, args, captures, ns["BACKWARD"], call,
                               plant if jit else None, ns.get("BETWEEN"),
-                              ns.get("STATE"))
+                              ns.get("STATE"), retain=ns.get("RETAIN", False))
             records.append(rec)
             if rec["raised"]:
                 break

@@ -1554,7 +1554,9 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     focus="made_leaves" mostly MADE_LEAF_STEPS (leaves made in f that outlive it);
     focus="scalar_dropout" mostly 0-d inputs and dropout (argument_update_programs);
     focus="backward_into" mostly BACKWARD_INTO_STEPS (a backward inside f going on
-    into the caller's graph through arguments with a creator)."""
+    into the caller's graph through arguments with a creator);
+    focus="retain_grad" returns earlier values the last depends on, and the caller's
+    backward (always one) keeps the intermediates' gradients (RETAIN)."""
     avoid = frozenset(avoid)
     unknown = avoid - set(AVOIDABLE)
     if unknown:
@@ -1626,7 +1628,7 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
-    outputs = _outputs(b)
+    outputs = _outputs(b, retain_focus=(focus == "retain_grad"))
     if "size1" in avoid:
         # What the sites above cannot rule out (a capture broadcast over B, x[:1]).
         assume(all(1 not in v.shape for v in b.vals)
@@ -1645,8 +1647,17 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     if backward == "create_graph" and "create_graph_inplace" in avoid and (
             b.features & {"inner_backward_update", "inplace_arg", "inplace_capture"}):
         backward = "plain"
+    if focus == "retain_grad" and backward is None:
+        backward = "plain"
     if backward == "create_graph":
         b.features.add("create_graph")
+    # The caller's backward keeps the intermediates' gradients (retain_grad=True): a
+    # returned value another result depends on (`return loss, h`) is one of eager's
+    # intermediates, whose .grad the harness compares (the cotangent through it).
+    retain = backward is not None and (focus == "retain_grad"
+                                       or draw(st.integers(0, 3)) == 0)
+    if retain:
+        b.features.add("retain_grad")
     base_seed = draw(st.integers(0, 10_000))
     # Sometimes one entry of the unsigned inputs is inf or -inf on the last call of phase
     # A (a compiled variant exists by then): NumPy's results must come out of every
@@ -1656,7 +1667,7 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
             and draw(st.integers(0, 3)) == 0:
         nonfinite = draw(st.sampled_from(["np.inf", "-np.inf"]))
         b.features.add("nonfinite_input")
-    src = _render(b, inputs, outputs, plan, backward, base_seed, nonfinite)
+    src = _render(b, inputs, outputs, plan, backward, base_seed, nonfinite, retain)
     has32 = any(d == "float32" for *_, d, _ in inputs) or any(
         c[3] == "float32" for c in b.captures)
     arg_kinds = ["var" if kind == "var" else "float_array" for _, kind, *_ in inputs]
@@ -1665,10 +1676,17 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     return SourceProgram(src, len(plan), has32, sorted(b.features), arg_kinds)
 
 
-def _outputs(b):
-    """The return expression: the last value plus maybe fan-out, kinds and identities."""
+def _outputs(b, retain_focus=False):
+    """The return expression: the last value plus maybe fan-out, kinds and identities.
+    `retain_focus`: the last value and one to three earlier values it may depend on
+    (intermediates of its graph, as a retain_grad backward from outside sees them)."""
     last = b.vals[-1]
     outs = [last.name]
+    if retain_focus:
+        cands = [v.name for v in b.vals[:-1] if v.var]
+        if cands:
+            outs += b.draw(st.lists(st.sampled_from(cands), min_size=1, max_size=3))
+            b.features.add("return_intermediate")
     extra = b.draw(st.integers(0, 2))
     kinds = ["same", "earlier", "data", "np_scalar", "py_scalar", "arg", "capture"]
     inputs = {a[0] for a in b.args}
@@ -1708,7 +1726,7 @@ def _outputs(b):
     return ", ".join(outs) + ("," if len(outs) == 1 else "")
 
 
-def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None):
+def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=False):
     out = ["import numpy as np", "import tracejit as tj", "import tracejit.functions as F",
            "", ""]
     if "buffer_read" in b.features:
@@ -1756,6 +1774,7 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None):
     out += ["# (batch side nb, sign of the signed inputs, s0) for each call; the last calls",
             "# use a new batch side", f"PLAN = {plan!r}",
             f"BACKWARD = {backward!r}   # None, 'plain' or 'create_graph'",
+            f"RETAIN = {retain!r}   # the caller's backward with retain_grad",
             f"NONFINITE = {nonfinite}   # on call 5, entry 0 of the unsigned inputs",
             "", ""]
     out.append("def args(call):")
