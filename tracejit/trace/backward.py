@@ -325,6 +325,20 @@ def _link_made_leaves(tr, made):
     return [values[id(var)] for _, var in made]
 
 
+def _ancestors(tr, roots):
+    """ids of the call's own Variables behind roots."""
+    out, seen, stack = set(), set(), [y.creator for y in roots]
+    while stack:
+        f = stack.pop()
+        if f is None or f in seen or f not in tr.functions:
+            continue
+        seen.add(f)
+        for x in f.inputs:
+            out.add(id(x))
+            stack.append(x.creator)
+    return out
+
+
 def _retained_on_the_way(tr, roots):
     """The line that made a Variable of the call (not a result root) that holds a .grad
     now and that a backward from `roots` would pass through, or None. Eager's backward
@@ -333,6 +347,11 @@ def _retained_on_the_way(tr, roots):
     seeds only. A root's own retained .grad is its seed (the caller's backward starts
     from the result's .grad), which the compiled backward does read."""
     root_ids = {id(y) for y in roots}
+    # The graph behind a result whose own .grad the call retained (the inner backward's
+    # loss, returned): the compiled backward of that region follows what eager's does
+    # there (tests/trace/test_result_grads_jit.py); a retained .grad elsewhere (a loss
+    # the function does not return, a later backward from another result) it does not.
+    covered = _ancestors(tr, [y for y in roots if y._grad is not None])
     seen, stack = set(), [y.creator for y in roots]
     while stack:
         f = stack.pop()
@@ -342,7 +361,7 @@ def _retained_on_the_way(tr, roots):
         for x in f.inputs:
             if id(x) in root_ids or x.creator is None or x.creator not in tr.functions:
                 continue
-            if x._grad is not None:
+            if x._grad is not None and id(x) not in covered:
                 v = getattr(x, "_tv", None)
                 return next((n.line for n in tr.graph.nodes if v is not None
                              and any(o is v for o in n.outputs)), None) or "an unknown line"
