@@ -622,42 +622,8 @@ def cnn_workload(batch=32):
     return x, t, make, step
 
 
-
-
 def bench_cnn(rounds, min_time, backend, batch=32):
-    import tracejit.layers as L
-    from tracejit.models import Model
-
-    class CNN(Model):
-        def __init__(self):
-            super().__init__()
-            self.c1 = L.Conv2d(16, 3, pad=1)
-            self.c2 = L.Conv2d(32, 3, pad=1)
-            self.fc = L.Linear(10)
-
-        def forward(self, x):
-            # The layers' calls: what _cnn_forward computes from their parameters.
-            h = F.pooling(F.relu(self.c1(x)), 2, 2)
-            h = F.pooling(F.relu(self.c2(h)), 2, 2)
-            return self.fc(F.reshape(h, (x.shape[0], -1)))
-
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch, 1, 28, 28)).astype(np.float32)
-    t = rng.integers(0, 10, batch)
-
-    def make():
-        np.random.seed(0)
-        model = CNN()
-        model(x)                    # creates the lazy weights
-        return model, optimizers.SGD(0.01).setup(model)
-
-    def step(model, opt):
-        loss = F.softmax_cross_entropy(model(x), t)
-        model.cleargrads()
-        loss.backward()
-        opt.update()
-        return loss
-
+    x, t, make, step = cnn_workload(batch)
     m_e, o_e = make()
     m_j, o_j = make()
     step_j = tj.jit(lambda: step(m_j, o_j), backend=backend)
