@@ -1394,6 +1394,9 @@ def build_runner(v, leaf_kinds, key=None):
     if len(effects) in walk_at:
         effect_lines.append(("walks", walk_at[len(effects)]))
     aliased = {}      # made index -> grad effect targets whose .grad it is
+    # The grad effects whose array a returned `Variable(x.grad.data)` wraps.
+    wrapped_grads = {a[1] for kind, a, _ in v.out_leaves if kind == "wrap"
+                     and a[0] == "graddata"}
     body_before_grads = body
     body = grad_lines
     for gi, ((where, var), slot) in enumerate(v.grad_effects):
@@ -1413,6 +1416,8 @@ def build_runner(v, leaf_kinds, key=None):
                         "val.flags.owndata else val")
             body.append(f"{t}._grad = " + ("Constant(val)" if gi in v.grad_constant
                                             else "wrap(val)"))
+            if gi in wrapped_grads:
+                body.append(f"ge{gi} = val")      # a result wraps this array too
             env["Constant"] = core.Constant
     body = body_before_grads
     grads_done = False
@@ -1510,6 +1515,8 @@ def build_runner(v, leaf_kinds, key=None):
             return const(a)
         if kind == "constcopy":           # an array the call made: new every call
             return f"{const(a)}.copy(order='K')"
+        if kind == "graddata":            # the array a grad effect set as a .grad
+            return f"ge{a}"
         return f"{expr_of(a)}._data"      # vardata: a made or returned Variable's
 
     def expr_of(i):

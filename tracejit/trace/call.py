@@ -169,6 +169,12 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         # copy, the array the traced call's .grad now holds.
         result_objects = [copied[id(o)][1] if id(o) in copied and copied[id(o)][0] is o
                           else o for o in result_objects]
+        # A result wrapping such a .grad's array (`Variable(x.grad.data)`) holds the
+        # copy too, as eager's holds the .grad's own array.
+        for x, leaf in zip(out_leaves_raw, out_leaves):
+            if leaf[0] == "wrap" and id(x._data) in copied and \
+                    copied[id(x._data)][0] is x._data:
+                x._data = copied[id(x._data)][1]
         _rebuild_owned_views(tr, out_leaves_raw, out_leaves, out_views, result_objects)
         if _unreturned_grad_graph(tr, out_leaves_raw, grad_of):
             tr.escapes.append((

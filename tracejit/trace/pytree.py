@@ -268,7 +268,9 @@ def result_leaves(tr, raw):
       ("wrap", leaf, VAR)       a new Variable (no creator) of the array `leaf` (one of
                                 the kinds above) is: `Variable(y.data)`; ("constcopy",
                                 arr, ARR) inside it: a copy of arr, an array the call
-                                made that the graph reads as a constant
+                                made that the graph reads as a constant; ("graddata",
+                                g, None): the array of the .grad the call's g-th grad
+                                effect sets (`Variable(x.grad.data)`)
     objects[i] is what the traced call itself returns for raw[i] (tracers replaced).
     One object returned twice is one leaf: a variant returns it once, so the gradients
     from both uses add up in its one Variable, as they do in eager.
@@ -392,13 +394,24 @@ def _array_of(tr, x, var_pos, raw):
     for var, v in tr.captured_vars.values():
         if var._tv is tv and _same_array(d, var._data):
             return ("capdata", var, None)
+    # The array of a .grad the call sets (`Variable(x.grad.data)`, also of a seed passed
+    # through, which the graph reads as a constant): eager's .grad and the new Variable
+    # share it, so the runner wraps the very array its grad effect sets (not a copy).
+    results = {id(y) for y in raw}
+    for gi, var in enumerate(tr.grad_writes.values()):
+        g = var._grad
+        if g is not None and id(g) not in results and g._tv is tv and \
+                _same_array(d, g._data):
+            return ("graddata", gi, None)
+    # An earlier Variable result holding it (`return x.grad, Variable(x.grad.data)`,
+    # two Variables of one `np.ones(3)`): that result's array, before a constant's copy.
+    for j in var_pos.values():
+        y = raw[j]
+        if j < var_pos[id(x)] and y._tv is tv and _same_array(d, y._data):
+            return ("vardata", j, None)
     for arr, v in tr.captured_arrays.values():
         if v is tv and _same_array(d, arr):
             return ("const", arr, ARR)
-    for j in var_pos.values():
-        y = raw[j]
-        if y is not x and y._tv is tv and _same_array(d, y._data):
-            return ("vardata", j, None)
     return None
 
 
@@ -414,6 +427,8 @@ def _wrapped_array(tr, inner, raw):
         return a
     if kind == "constcopy":
         return a.copy(order="K")      # (eager's is laid out as the function made it)
+    if kind == "graddata":
+        return list(tr.grad_writes.values())[a]._grad._data
     return raw[a]._data
 
 
