@@ -21,6 +21,7 @@ import pytest
 import tracejit as tj
 import tracejit.functions as F
 from tracejit import Parameter, Variable
+from tracejit.layers import Layer
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
@@ -252,16 +253,20 @@ class OwnSetattr:
         object.__setattr__(self, k, v)
 
 
-@pytest.mark.parametrize("what", ["Parameter", "number", "own __setattr__"])
+@pytest.mark.parametrize("what", ["Parameter on a Layer", "number", "own __setattr__"])
 def test_what_cannot_be_threaded_runs_eagerly_naming_it(what, record_jit_warnings):
+    # (A Parameter stored as a Layer's attribute: the Layer registers it, a write of
+    # threaded state would not. Elsewhere a Parameter is threaded:
+    # test_parameters_stored_as_state.py.)
     np.random.seed(8)
-    box = OwnSetattr() if what == "own __setattr__" else Box()
+    box = OwnSetattr() if what == "own __setattr__" else \
+        Layer() if what == "Parameter on a Layer" else Box()
     box.h = Variable(np.zeros(3)) if what != "number" else 0.0
     W = Parameter(np.random.randn(3))
 
     def step(x):
         y = F.tanh(x * W)
-        if what == "Parameter":
+        if what == "Parameter on a Layer":
             box.h = Parameter(y.data + box.h.data)
         elif what == "number":
             box.h = box.h + 1.0

@@ -659,7 +659,8 @@ class Variant:
         own, each a distinct buffer in eager (fresh_copies): the computed results not
         rebuilt as views (a replay on a buffer replaces the graph's array), the arrays
         a rebind effect stores (`W.data = ...`), the .grads grad effects set and the
-        retained .grads of results, and the values returned views are rebuilt on."""
+        retained .grads of results and of made leaves (wrap_grads), and the values
+        returned views are rebuilt on."""
         slots, k = [], 0
         for i, (kind, _, _) in enumerate(self.out_leaves):
             if kind == "out":
@@ -671,6 +672,7 @@ class Variant:
                   if slot is not None and gi not in self.grad_alias
                   and gi not in self.grad_same]
         slots += [mg[1] for mg in self.made_grads or () if mg is not None and mg[0] == "out"]
+        slots += list(self.wrap_grads.values())
         slots += list(self.view_base_slots.values())
         return slots
 

@@ -791,15 +791,18 @@ def state_refusal(loc, old, new):
     """Why a rebinding of loc (old -> new) cannot be threaded, None when it can: an
     attribute in an object's own __dict__ (set as its class sets attributes), an item
     of a dict or list, a closure cell or a module global, holding None or a Variable
-    that is not a Parameter (a Layer registers those: a rebinding changes its params())
-    before and after."""
+    before and after. A Parameter too (the runner gives back the same object, or one
+    of its class, as eager), except as an attribute of a Layer: a Layer registers it
+    (its params() change), and put() writes past that."""
     from tracejit.core import Parameter
     from tracejit.layers import Layer
     for v in (old, new):
-        if v is not None and (not isinstance(v, Variable) or isinstance(v, Parameter)):
+        if v is not None and not isinstance(v, Variable):
             return f"{describe_value(v)} is not None or a Variable"
     if loc.kind == "attr":
         obj = loc.container
+        if isinstance(obj, Layer) and any(isinstance(v, Parameter) for v in (old, new)):
+            return "a Layer registers a Parameter set as its attribute"
         if loc.key not in (probe(obj, "__dict__") or {}) and \
                 loc.key not in _slot_names(type(obj)):
             return "it is not an attribute of the object itself"

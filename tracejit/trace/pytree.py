@@ -403,11 +403,13 @@ def _array_of(tr, x, var_pos, raw):
         if g is not None and id(g) not in results and g._tv is tv and \
                 _same_array(d, g._data):
             return ("graddata", gi, None)
-    # An earlier Variable result holding it (`return x.grad, Variable(x.grad.data)`,
-    # two Variables of one `np.ones(3)`): that result's array, before a constant's copy.
+    # A Variable result holding it (`return x.grad, Variable(x.grad.data)`, two
+    # Variables of one `np.ones(3)`): that result's array, before a constant's copy. A
+    # later one only if computed (a later new Variable may be a "vardata" of this one).
     for j in var_pos.values():
         y = raw[j]
-        if j < var_pos[id(x)] and y._tv is tv and _same_array(d, y._data):
+        if y is not x and (j < var_pos[id(x)] or y.creator is not None) and \
+                y._tv is tv and _same_array(d, y._data):
             return ("vardata", j, None)
     for arr, v in tr.captured_arrays.values():
         if v is tv and _same_array(d, arr):
