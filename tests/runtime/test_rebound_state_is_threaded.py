@@ -5,8 +5,8 @@ a result of the call (with the compiled call as its creator, so a backward outsi
 call flows through it into the calls before). The state's structure (None, or a
 Variable's shape and dtype) selects the variant. Attributes of objects, items of
 dicts and lists, closure cells and module globals; what cannot be threaded (a
-Parameter, a number, an object with its own __setattr__, a deletion) runs eagerly,
-warned, naming the location.
+Parameter set on a Layer, a number, an object with its own __setattr__, a deletion)
+runs eagerly, warned, naming the location.
 
 Each test runs the jitted function and the eager one on twin state, calls >= 5 times
 with new values (and a captured Parameter changed between calls), and compares
