@@ -1488,7 +1488,46 @@ def _made_leaf(b):
     b.features.add(f"made_leaf_{how}")
 
 
-MADE_LEAF_STEPS = [(_made_leaf, 1)]
+def _parameter_state(b):
+    """A Parameter stored as state (threaded through compiled calls as a Variable is,
+    the state after the call a Parameter, eager's object where eager keeps one): made
+    in f from a value in scope, carried from the previous call's (an RNN's h as a
+    Parameter), or a captured Parameter rebound into the holder. Not on a Layer, which
+    registers it (that runs eagerly, warned). Found: every such program fell back, the
+    threading refused Parameters."""
+    v = b.pick(lambda w: w.bound <= 4, recent=6)
+    if v is None:
+        return b.st_unary()
+    if not hasattr(b, "states"):
+        b.states = []
+        b.state_resets = sorted({0, 6} | set(b.draw(st.lists(st.integers(1, 9),
+                                                             max_size=2))))
+    k = len(b.states)
+    holder = b.draw(st.sampled_from(("object", "dict", "global")))
+    ref = {"object": f"STATE{k}.h", "dict": f"STATED{k}['h']", "global": f"H{k}"}[holder]
+    form = b.draw(st.sampled_from(("made", "carried", "captured")))
+    p, h = b.fresh("p"), b.fresh()
+    dtype = v.dtype
+    if form == "made":
+        # (np.asarray: a 0-d value's product is a NumPy scalar, which Parameter refuses)
+        b.emit(f"{p} = tj.Parameter(np.asarray({v.data} * 0.5))")
+    elif form == "carried":
+        prev = b.fresh("p")
+        b.emit(f"{prev} = {ref}")
+        b.emit(f"{p} = tj.Parameter(np.asarray({v.data} * 0.5 if {prev} is None else "
+               f"{prev}.data * 0.5 + {v.data} * 0.5))")
+    else:
+        c = b.capture(tuple(1 if d == B else d for d in v.shape[-1:]), "param")
+        b.emit(f"{p} = {c[0]}")
+        dtype = "float64" if c[3] == "float64" or v.dtype == "float64" else "float32"
+    b.emit(f"{ref} = {p}")
+    b.states.append((holder, ref, k))
+    b.emit(f"{h} = F.tanh({v.name} * {p})")
+    b.add(h, v.shape, dtype, 1.0)
+    b.features.add(f"parameter_state_{form}")
+
+
+MADE_LEAF_STEPS = [(_made_leaf, 1), (_parameter_state, 1)]
 # ------------------------------------------------------------------ end of made leaves
 # ------------------------------------------- backward inside f into the caller's graph
 # (focus "backward_into"). Arguments with a creator, made by the caller in args() from
