@@ -10,7 +10,7 @@ import numpy as np
 from tracejit.core import Config, Constant, Variable
 from tracejit.trace import buffers, pystate
 from tracejit.trace import record as tracing
-from tracejit.trace.backward import mutated_inputs, trace_backward
+from tracejit.trace.backward import held_grads, mutated_inputs, trace_backward
 from tracejit.trace.pytree import (ARR, FLT, VAR, arg_at, arg_names, flatten_result,
                                    replay_view, result_leaves, result_views,
                                    strip_tracers, unflatten)
@@ -146,6 +146,8 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         tr.made_grads = [(x, x._grad, None if x._grad is None else tr.value_of(x._grad))
                          for x, leaf in zip(out_leaves_raw, out_leaves)
                          if leaf[0] == "out" and leaf[2] == VAR]
+        # (Before the backward adds to the graph: a seed's Value may be a new input.)
+        tr.held_grads = held_grads(tr, out_leaves_raw, out_leaves) if grad_mode else []
         # The .grad a backward inside the call gave a leaf it made and returns
         # (`c = Variable(np.ones(3)); F.sum(x * c).backward(); return c`): result leaf
         # -> its Value, set on the runner's new leaf. Only a .grad of its own (not a
