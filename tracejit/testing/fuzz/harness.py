@@ -2,7 +2,8 @@
 
 The program is a module (see tracejit/fuzz_gen.py) defining `f`, `CAPTURES` (the
 Parameters and arrays f reads), `args(call)`, `PLAN` and `BACKWARD` (and optionally `RETAIN`:
-the backward with retain_grad=True), and optionally
+the backward with retain_grad=True; `PRESET`: every result Variable but the first gets
+the .grad 0.25 first, and the backward starts from the first alone), and optionally
 `BETWEEN(call, args)`, which the caller runs after each call and before its backward
 (updating the arguments there). The module runs
 twice from scratch, so eager and jit start from identical state (their own captured
@@ -187,7 +188,7 @@ def _grads(targets):
 
 
 def observe(f, args, captures, backward, call, plant=None, between=None, state=None,
-            retain=False):
+            retain=False, preset=False):
     """Call f once as a user would, then differentiate; a dict of snapshots.
     `between(call, args)`, if given, runs after the call and before the backward (the
     caller changing its arguments there). `state`: the program's STATE (the state f
@@ -234,6 +235,10 @@ def observe(f, args, captures, backward, call, plant=None, between=None, state=N
             loss = None
             for k, y in enumerate(objs):
                 if isinstance(y, Variable) and y.data is not None and y.dtype.kind == "f":
+                    if preset and loss is not None:
+                        if y.grad is None:     # (not one the call left: its own)
+                            y.grad = Variable(np.full(y.shape, 0.25, y.dtype))
+                        continue
                     c = rng.uniform(-1.0, 1.0, y.shape).astype(y.dtype)
                     term = F.sum(y * c)
                     loss = term if loss is None else loss + term
@@ -323,7 +328,8 @@ def run_side(source, path, jit, progress=None, plant=None):
             with np.errstate(all="ignore"):
                 rec = observe(jf, args, captures, ns["BACKWARD"], call,
                               plant if jit else None, ns.get("BETWEEN"),
-                              ns.get("STATE"), retain=ns.get("RETAIN", False))
+                              ns.get("STATE"), retain=ns.get("RETAIN", False),
+                              preset=ns.get("PRESET", False))
             records.append(rec)
             if rec["raised"]:
                 break

@@ -1698,6 +1698,13 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         focus is None and draw(st.integers(0, 3)) == 0))
     if retain:
         b.features.add("retain_grad")
+    # The caller sets .grad on every result Variable but the first before a backward
+    # from the first alone (PRESET): eager's walk adds a preset .grad where it passes
+    # (a result the first depends on) and leaves the others' alone.
+    preset = backward is not None and draw(st.integers(0, 1 if focus == "retain_grad"
+                                                       else 7)) == 0
+    if preset:
+        b.features.add("preset_result_grads")
     base_seed = draw(st.integers(0, 10_000))
     # Sometimes one entry of the unsigned inputs is inf or -inf on the last call of phase
     # A (a compiled variant exists by then): NumPy's results must come out of every
@@ -1707,7 +1714,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
             and draw(st.integers(0, 3)) == 0:
         nonfinite = draw(st.sampled_from(["np.inf", "-np.inf"]))
         b.features.add("nonfinite_input")
-    src = _render(b, inputs, outputs, plan, backward, base_seed, nonfinite, retain)
+    src = _render(b, inputs, outputs, plan, backward, base_seed, nonfinite, retain,
+                  preset)
     has32 = any(d == "float32" for *_, d, _ in inputs) or any(
         c[3] == "float32" for c in b.captures)
     arg_kinds = ["var" if kind == "var" else "float_array" for _, kind, *_ in inputs]
@@ -1766,7 +1774,8 @@ def _outputs(b, retain_focus=False):
     return ", ".join(outs) + ("," if len(outs) == 1 else "")
 
 
-def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=False):
+def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=False,
+            preset=False):
     out = ["import numpy as np", "import tracejit as tj", "import tracejit.functions as F",
            "", ""]
     if "buffer_read" in b.features:
@@ -1815,6 +1824,7 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=Fal
             "# use a new batch side", f"PLAN = {plan!r}",
             f"BACKWARD = {backward!r}   # None, 'plain' or 'create_graph'",
             f"RETAIN = {retain!r}   # the caller's backward with retain_grad",
+            f"PRESET = {preset!r}   # results' .grad set, the backward from the first",
             f"NONFINITE = {nonfinite}   # on call 5, entry 0 of the unsigned inputs",
             "", ""]
     out.append("def args(call):")
