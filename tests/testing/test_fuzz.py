@@ -396,3 +396,15 @@ def test_the_gradients_of_result_variables_are_compared():
     assert recs[0]["grads"]["result leaf 1"] is not None
     diffs = harness.compare_call(recs[1], recs[0], (1e-7, 0.0))
     assert any("gradient of result leaf 1" in msg for _, msg in diffs), diffs
+
+
+@pytest.mark.parametrize("focus, n", [("made_leaves", 40), ("argument_views", 150)])
+def test_generated_programs_are_valid_in_eager(focus, n, tmp_path):
+    # An invalid program tests nothing: eager must run every call. Found as invalid:
+    # `tj.Variable(h.data * 0.5)` of a 0-d h (a NumPy scalar, which Variable rejects),
+    # and struct.unpack_from on an argument whose layout args() flips (not C-contiguous).
+    from tracejit.testing.fuzz.harness import run_side
+    for k, p in enumerate(fuzz.generate(n, seed=3, focus=focus)):
+        records, _, _ = run_side(p.source, str(tmp_path / f"p{k}.py"), jit=False)
+        raised = [r["raised"][:2] for r in records if r["raised"]]
+        assert not raised, (raised, p.source)

@@ -180,6 +180,7 @@ class Builder:
         self.rebinds = set()      # captures f updates with an augmented assignment
         self.view_args = {}       # ndarray argument -> how it is a view (_view_of)
         self.layout_flip = set()  # Variable arguments whose memory layout args() varies
+        self.buffer_reads = set()  # arguments struct reads (must stay C-contiguous)
         self.extra_args = []      # (name, source of its value in args()): escapes block
         self.extra_kinds = {}     # extra argument name -> its ARG_KINDS entry
         self.returned_views = []  # names of views returned too: returned views block
@@ -859,11 +860,15 @@ def _escapes_numpy_scalar_argument(b):
 def _escapes_buffer_read(b):
     """A branch on bytes C code reads from traced data (struct.unpack_from): runs eagerly
     (warned), never a frozen branch."""
-    ins = [w for w in b.vals if w.signed and w.var and w.name.startswith("x")]
+    # struct reads a C-contiguous buffer only (else eager raises ValueError): never an
+    # argument whose layout args() varies (_argument_view's flattened slice).
+    ins = [w for w in b.vals if w.signed and w.var and w.name.startswith("x")
+           and w.name not in b.layout_flip]
     v = b.pick(lambda w: w.var)
     if not ins or v is None:
         return b.st_unary()
     src = b.draw(st.sampled_from(ins))
+    b.buffer_reads.add(src.name)
     fmt = "d" if src.dtype == "float64" else "f"
     name = b.fresh()
     b.emit(f"if struct.unpack_from({fmt!r}, {src.name}.data)[0] > 0:")
@@ -1244,7 +1249,7 @@ def _argument_view(b):
     if B not in v.shape:
         forms.append((f"F.reshape({x}, (-1,))", (int(np.prod(v.shape)),)))
     fixed = int(np.prod([d for d in v.shape if d != B]))
-    if v.var and nd >= 2 and fixed >= 2:
+    if v.var and nd >= 2 and fixed >= 2 and x not in b.buffer_reads:
         # Flattened and sliced: a view of a C-contiguous buffer, a copy of any other
         # (args() changes the argument's layout between calls: issue 9's helper task
         # 5), so the result aliases the argument on some calls only.
@@ -1450,7 +1455,9 @@ def _made_leaf(b):
         b.emit(f"{c} = tj.Variable({v.data})")
         bound = v.bound
     elif kind == "of_data_times":
-        b.emit(f"{c} = tj.Variable({v.data} * 0.5)")
+        # np.asarray: `d * 0.5` of a 0-d ndarray is a NumPy scalar, which Variable
+        # rejects (DeZero's too): without it the program is invalid in eager.
+        b.emit(f"{c} = tj.Variable(np.asarray({v.data} * 0.5))")
         bound = v.bound * 0.5
     else:
         if not v.var:
