@@ -372,6 +372,8 @@ def test_the_made_leaves_focus_draws_each_kind_and_escape():
     features = set().union(*(p.features for p in progs))
     for k in MADE_LEAF_KINDS + MADE_LEAF_ESCAPES:
         assert f"made_leaf_{k}" in features, features
+    # and several of one array (`Variable(h.data)` twice, `Variable(c.data)` of one)
+    assert "made_leaves_sharing" in features, features
     for p in progs:
         compile(p.source, "<program>", "exec")
 

@@ -1534,7 +1534,35 @@ def _parameter_state(b):
     b.features.add(f"parameter_state_{form}")
 
 
-MADE_LEAF_STEPS = [(_made_leaf, 1), (_parameter_state, 1)]
+def _made_leaves_sharing(b):
+    """Several Variables made of one array: `Variable(h.data)` again, or `Variable(c.data)`
+    of such a leaf, in a chain of two to six, returned in a drawn order (some in a list
+    or a tuple). Eager's are leaves holding that one array, each with its gradient;
+    each compiled leaf naming another as the array's owner was a cycle that made
+    tracing raise RecursionError."""
+    v = b.pick(lambda w: w.var and w.bound <= 5 and not w.name.startswith("x"), recent=6) \
+        or b.pick(lambda w: w.var and w.bound <= 5, recent=6)
+    if v is None:
+        return b.st_unary()
+    n = b.draw(st.integers(2, 6))
+    cs = []
+    for k in range(n):
+        c = b.fresh("c")
+        src = v if not cs or b.draw(st.booleans()) else None
+        b.emit(f"{c} = tj.Variable({v.data if src is not None else cs[-1] + '.data'})")
+        cs.append(c)
+    h = b.fresh()
+    b.emit(f"{h} = {v.name} * {cs[0]} + {cs[-1]} * 0.5")
+    b.add(h, v.shape, v.dtype, v.bound * v.bound + v.bound * 0.5)
+    order = b.draw(st.permutations(cs))
+    for c in order[:b.draw(st.integers(1, n))]:
+        b.returned_views.append(b.draw(st.sampled_from([c, c, f"[{c}]", f"({c},)"])))
+    b.features.add("made_leaves_sharing")
+    if v.name in {name for name, _, _ in b.args}:
+        b.features.add("made_leaves_sharing_an_argument")
+
+
+MADE_LEAF_STEPS = [(_made_leaf, 1), (_parameter_state, 1), (_made_leaves_sharing, 1)]
 # ------------------------------------------------------------------ end of made leaves
 # ------------------------------------------- backward inside f into the caller's graph
 # (focus "backward_into"). Arguments with a creator, made by the caller in args() from
