@@ -212,7 +212,9 @@ def test_the_matmul_focus_draws_what_the_batching_pass_rewrites():
     features = set().union(*(p.features for p in progs))
     for f in ("matmul_sum", "matmul_shared", "matmul_recurrence", "matmul_outer"):
         assert f in features, features
-    chosen = [p for p in progs if {"matmul_sum", "matmul_recurrence"} & set(p.features)][:4]
+    # (not a buffer read of traced data: that runs eagerly by design, warned)
+    chosen = [p for p in progs if {"matmul_sum", "matmul_recurrence"} & set(p.features)
+              and "buffer_read" not in p.features][:4]
     results = fuzz.run_many(chosen, jobs=1, timeout=120)
     assert [r["cls"] for r in results] == ["match"] * len(chosen), results
 
@@ -334,7 +336,7 @@ def test_the_views_focus_draws_merged_values_and_the_general_generator_too():
     # The merged values block (programs._merged_views): equal computations CSE makes
     # one value of, one value returned twice, results a pass may simplify into an
     # input and a result equal to the stored state, returned through views.
-    progs = fuzz.generate(40, seed=3, focus="views")
+    progs = fuzz.generate(60, seed=3, focus="views")
     features = set().union(*(p.features for p in progs))
     for kind in ("cse", "twice", "simplifiable", "stored"):
         assert f"merged_{kind}" in features, features
