@@ -29,6 +29,7 @@ At trace time:
     threads: read at each call, written back after it (`threaded`, below).
 """
 import collections
+import contextvars
 import functools
 import types
 import weakref
@@ -89,6 +90,10 @@ class Location:
             if self.kind == "deref":           # a weak reference's referent
                 v = self.container()
                 return _MISSING if v is None else v
+            if self.kind == "ctxvar":
+                return context_value(self.container)
+            if self.kind == "call":
+                return cached_call(self.container, self.key)
             if self.kind == "item" and isinstance(self.container, _SEQUENCES):
                 c = self.container
                 return c[self.key] if -len(c) <= self.key < len(c) else _MISSING
@@ -107,10 +112,28 @@ class Location:
                 object.__setattr__(self.container, self.key, value)
             else:
                 setattr(self.container, self.key, value)
-        elif self.kind in ("default", "deref") or isinstance(self.container, tuple):
+        elif self.kind in ("default", "deref", "ctxvar", "call") or \
+                isinstance(self.container, tuple):
             raise TypeError("immutable location")
         else:
             self.container[self.key] = value
+
+
+def context_value(var):
+    """What `var.get()` gives in the current context (_MISSING: nothing, no default).
+    Not var.get(_MISSING): a default argument overrides the variable's own default."""
+    try:
+        return var.get()
+    except LookupError:
+        return _MISSING
+
+
+def cached_call(fn, key):
+    """fn(*args, **kwargs) for key (args, kwargs): a memoized function's result for the
+    arguments a trace called it with (trace.opaque), as eager's call gets it (a lookup
+    when it is cached, the function run again after cache_clear or an eviction)."""
+    args, kwargs = key
+    return fn(*args, **kwargs)
 
 
 def _custom_setattr(obj):
@@ -485,6 +508,12 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
             frontier.append((Location("deref", obj, None, f"{label}()", loc), None, None,
                              depth + 1))
             continue
+        if isinstance(obj, contextvars.ContextVar):
+            # `cv.get()` in the code: the value in the current context (C-level state
+            # the attribute walk does not enter), guarded, and walked, as a cell's.
+            frontier.append((Location("ctxvar", obj, None, f"{label}.get()", loc), None,
+                             None, depth + 1))
+            continue
         if isinstance(obj, (weakref.WeakValueDictionary, weakref.WeakKeyDictionary)):
             # Items read as a dict's are (`W["b"].w`): the weak container holds them
             # in C-level refs the attribute walk does not enter. A WeakKeyDictionary's
@@ -681,7 +710,7 @@ def compile_check(snap):
     no dispatch on the location's kind). `changed` then says which one, for the log."""
     if not snap:
         return lambda: False
-    env = {"M": _MISSING, "same": _same_scalar}
+    env = {"M": _MISSING, "same": _same_scalar, "ctx": context_value, "call": cached_call}
     lines = []
     for i, (loc, v, by_identity) in enumerate(snap):
         env[f"c{i}"], env[f"k{i}"], env[f"v{i}"], env[f"t{i}"] = \
@@ -692,6 +721,12 @@ def compile_check(snap):
             read = f"getattr(c{i}, k{i}, M)"
         elif loc.kind == "default":
             read = f"c{i}.__defaults__[k{i}]"
+        elif loc.kind == "ctxvar":
+            read = f"ctx(c{i})"
+        elif loc.kind == "call":
+            read = f"call(c{i}, k{i})"
+        elif loc.kind == "deref":
+            read = f"(c{i}() if c{i}() is not None else M)"
         elif loc.kind == "item" and isinstance(loc.container, _SEQUENCES):
             read = f"(c{i}[k{i}] if -len(c{i}) <= k{i} < len(c{i}) else M)"
         else:
