@@ -295,7 +295,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     # data: escapes; the memoized calls it made with plain arguments: guarded locations.
     probe_escapes, cached = opaque.findings(probes + [p for _, _, p in probe_swaps])
     escapes += [Escape(*e) for e in probe_escapes]
-    locs = locs + cached
+    locs = locs + (pystate.locations_below(fn, arg_objects, cached) if cached else [])
     # Python values the function changed: a Variable rebound (an RNN's `self.h = h`)
     # is state the runtime can thread through the call (pystate.threaded), anything
     # else compiled calls cannot replay.

@@ -112,8 +112,10 @@ class Location:
                 object.__setattr__(self.container, self.key, value)
             else:
                 setattr(self.container, self.key, value)
-        elif self.kind in ("default", "deref", "ctxvar", "call") or \
-                isinstance(self.container, tuple):
+        elif self.kind == "ctxvar":
+            # (In the current context, the call's: a trace's swap, undone after it.)
+            self.container.set(value)
+        elif self.kind in ("default", "deref", "call") or isinstance(self.container, tuple):
             raise TypeError("immutable location")
         else:
             self.container[self.key] = value
@@ -421,6 +423,18 @@ def locations(fn, arg_objects=(), max_depth=_MAX_DEPTH, max_locations=_MAX_LOCAT
     return _walk(roots, seen_functions, max_depth, max_locations)
 
 
+def locations_below(fn, arg_objects, locs):
+    """locs and the locations below them, walked as locations(fn, arg_objects) walks
+    (the reads fn's code names past the depth bound): the state under locations found
+    after the trace (a memoized call's result, trace.opaque)."""
+    seen_functions = _Reached()
+    _roots(fn, seen_functions)
+    for _, obj in arg_objects:
+        for g in _getters(type(obj)):
+            _roots(g, seen_functions)
+    return _walk([(loc, None, None) for loc in locs], seen_functions)
+
+
 def argument_locations(args, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATIONS):
     """The locations reached through the objects a call is passed (a model passed as
     `m`, a method's `self`), labelled from the argument ("argument 0.rnn.h"): state the
@@ -660,7 +674,8 @@ def snapshot(locs):
                     and (loc.pinned or not _bookkeeping(v))) \
                 or isinstance(v, (dict, types.MappingProxyType, weakref.ref,
                                   weakref.WeakValueDictionary,
-                                  weakref.WeakKeyDictionary, functools.partial)) \
+                                  weakref.WeakKeyDictionary, functools.partial,
+                                  contextvars.ContextVar)) \
                 or isinstance(v, tuple):      # a namedtuple config (CFG._replace(lr=...))
             snap.append((loc, v, True))
     return snap

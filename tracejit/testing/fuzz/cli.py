@@ -379,7 +379,7 @@ def main(argv=None):
     ap.add_argument("--focus", default=None,
                     choices=["state", "nested_grad", "views", "rebound", "argument_views",
                              "unchain", "mixed_dtypes", "matmul", "made_leaves",
-                             "scalar_dropout", "backward_into", "retain_grad"],
+                             "scalar_dropout", "backward_into", "retain_grad", "c_state"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
@@ -399,7 +399,10 @@ def main(argv=None):
                     "backward_into (a backward inside f going on into the "
                     "caller's graph through arguments with a creator); "
                     "retain_grad (earlier values returned beside the last, the caller's "
-                    "backward with retain_grad=True: their .grad)")
+                    "backward with retain_grad=True: their .grad); "
+                    "c_state (--generator deep_captures: a ContextVar's value or an "
+                    "lru_cache'd function's result on every path, rebound or cleared "
+                    "between calls)")
     ap.add_argument("--generator", default="programs", choices=sorted(GENERATORS),
                     help="programs: the general generator; argument_updates: its programs "
                     "with the caller changing the arguments between call and backward")

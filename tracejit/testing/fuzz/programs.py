@@ -2090,7 +2090,9 @@ def _state_reset_lines(b):
 # subtree>`), or the leaf replaced by a new Variable before every call. A level is read
 # as an attribute, a @property, a __getattr__ that raises KeyError for unknown names, a
 # __slots__ attribute, a slots dataclass field, a dict item (a string or a tuple key), a
-# list item (the first, or one past a long list's first 64), a deque's last item. The
+# list item (the first, or one past a long list's first 64), a deque's last item, a
+# ContextVar's value (`.get()`), a memoized zero-argument function's result (`()`, an
+# lru_cache the caller clears when it rebinds what it returns). The
 # argument object may compare by value (its class's __eq__ / __hash__, or a mutable
 # dataclass's). The function may cut its argument's creator (`x.creator = None`,
 # `x.unchain()`), whose graph the caller built from a captured Variable U. Eager reads the path anew on each call; a compiled call must
@@ -2099,8 +2101,10 @@ def _state_reset_lines(b):
 _DEEP_LEAVES = ("variable", "parameter", "array", "float")
 # a attribute, p property, g __getattr__ (KeyError), s __slots__, c slots dataclass,
 # d dict item, t tuple-keyed dict item, l list item, L item 70 of a 100-item list,
-# q the last item of a deque.
-_DEEP_STEPS = "apgscdtlLqwro"
+# q the last item of a deque, v a ContextVar's value, m an lru_cache'd function's result.
+_DEEP_STEPS = "apgscdtlLqwrovm"
+# Levels kept in C (trace.opaque): focus="c_state" puts one in every path.
+_DEEP_C_STEPS = "vm"
 _DEEP_OBJECT_STEPS = "apgsc"
 
 
@@ -2123,12 +2127,13 @@ def _deep_tree_src(steps, leaf, root_class="_deep_obj"):
             "L": f"_deep_long({inner})",
             "q": f"collections.deque([0.0, {inner}], maxlen=4)",
             "w": f"_deep_weak_table({inner})", "r": f"_deep_weak_ref({inner})",
-            "o": f"collections.OrderedDict(n={inner})"}[s]
+            "o": f"collections.OrderedDict(n={inner})",
+            "v": f"_deep_ctx({inner})", "m": f"_deep_memo({inner})"}[s]
 
 
 _DEEP_READ = {"a": ".n", "p": ".n", "g": ".n", "s": ".n", "c": ".n", "d": "['n']",
               "t": "[(1, 'n')]", "l": "[0]", "L": "[70]", "q": "[-1]",
-              "w": "['n'].n", "r": "().n", "o": "['n']"}
+              "w": "['n'].n", "r": "().n", "o": "['n']", "v": ".get()", "m": "()"}
 
 
 def _deep_ref(steps):
@@ -2164,6 +2169,12 @@ _DEEP_CLASSES = [
     "    return weakref.WeakValueDictionary({'n': o})", "", "",
     "def _deep_weak_ref(n):",
     "    o = _deep_obj(n=n)", "    _DEEP_KEEP.append(o)", "    return weakref.ref(o)", "", "",
+    "def _deep_ctx(n):",
+    "    cv = contextvars.ContextVar('n')", "    cv.set(n)", "    return cv", "", "",
+    "def _deep_memo(n):",
+    "    box = [n]", "",
+    "    @functools.lru_cache(maxsize=None)", "    def get():", "        return box[0]", "",
+    "    get.box = box", "    return get", "", "",
 ]
 
 
@@ -2176,6 +2187,9 @@ def deep_capture_programs(draw, avoid=(), focus=None):
                                   max_size=depth)))
     if steps[0] not in _DEEP_OBJECT_STEPS and draw(st.booleans()):
         steps = "a" + steps[1:]
+    if focus == "c_state" and not set(steps) & set(_DEEP_C_STEPS):
+        at = draw(st.integers(1 if depth > 1 else 0, depth - 1))
+        steps = steps[:at] + draw(st.sampled_from(_DEEP_C_STEPS)) + steps[at + 1:]
     kinds = draw(st.lists(st.sampled_from(_DEEP_LEAVES), min_size=1, max_size=2,
                           unique=True))
     root = draw(st.sampled_from(["global", "closure", "argument", "vargument",
@@ -2209,7 +2223,8 @@ def deep_capture_programs(draw, avoid=(), focus=None):
             "both": f"F.sum(F.tanh(x * {ref}) * {ref})"}[op]
     root_class = {"vargument": "_deep_vobj", "dargument": "_deep_mdc"}.get(root, "_deep_obj")
     cut_line = {None: [], "assign": ["x.creator = None"], "unchain": ["x.unchain()"]}[cut]
-    out = ["import collections", "import dataclasses", "import weakref", "",
+    out = ["import collections", "import contextvars", "import dataclasses",
+           "import functools", "import weakref", "",
            "import numpy as np", "import tracejit as tj",
            "import tracejit.functions as F", "", "", "SHAPE = (3,)", "", ""]
     out += _DEEP_CLASSES
@@ -2250,6 +2265,10 @@ def deep_capture_programs(draw, avoid=(), focus=None):
             "        return v['n'].n",
             "    if s == 'r':",
             "        return v().n",
+            "    if s == 'v':",
+            "        return v.get()",
+            "    if s == 'm':",
+            "        return v()",
             "    return v['n'] if s in 'do' else v[(1, 'n')] if s == 't' else "
             "v[0] if s == 'l' else v[-1] if s == 'q' else v[70]", "", "",
             "def _put(h, s, v):",
@@ -2265,6 +2284,11 @@ def deep_capture_programs(draw, avoid=(), focus=None):
             "        h['n'].n = v",
             "    elif s == 'r':",
             "        h().n = v",
+            "    elif s == 'v':",
+            "        h.set(v)",
+            "    elif s == 'm':",
+            "        h.box[0] = v",
+            "        h.cache_clear()",
             "    elif s == 't':",
             "        h[(1, 'n')] = v",
             "    else:",
@@ -2305,7 +2329,8 @@ def deep_capture_programs(draw, avoid=(), focus=None):
 _DEEP_LEGEND = ("a attribute, p property, g __getattr__, s slots, c slots dataclass, "
                 "d dict item, t tuple key, l list item, L item 70, q deque's last, "
                 "w WeakValueDictionary item's attribute, r weakref.ref's referent's "
-                "attribute, o OrderedDict item")
+                "attribute, o OrderedDict item, v ContextVar's value, m lru_cache'd "
+                "function's result")
 
 
 def _deep_root_src(steps, leaf, root_class):
