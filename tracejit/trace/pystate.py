@@ -5,7 +5,10 @@ argument, or (up to _MAX_DEPTH levels below those) an attribute (an instance's _
 or __slots__, a class's data attribute), a dict item (string, integer or tuple key) or
 a list/tuple item (namedtuples too; a dict subclass's or a mappingproxy's item, a
 functools.partial's bound arguments, and what a weak reference refers to: a
-WeakValueDictionary's or WeakKeyDictionary's item, a weakref.ref's referent); below that, for _DEEP more levels, the reads the
+WeakValueDictionary's or WeakKeyDictionary's item, a weakref.ref's referent; a
+ContextVar's value in the current context; a memoized function's result for the
+arguments the trace called it with, trace.opaque); below that, for _DEEP more levels,
+the reads the
 code names (its attribute names, keys and indices), which are also followed past a
 container's first _MAX_ITEMS items and past the location bound (`BIG[80]`, one
 attribute of an object with a thousand). Module-level helper functions the function
@@ -68,7 +71,8 @@ class Location:
         # pinned: guarded by identity although a list of weak references (_bookkeeping)
         # is not, because the code reads through it (_walk).
         self.pinned = False
-        self.kind = kind            # "cell", "global", "default", "attr", "item"
+        self.kind = kind            # "cell", "global", "default", "attr", "item",
+                                    # "deref", "ctxvar", "call"
         self.container = container
         self.key = key
         self.label = label          # how the user names it: "k", "opt.lr", "cfg['k']"
