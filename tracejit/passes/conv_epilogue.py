@@ -5,8 +5,8 @@ the pooling call).
 Forward: conv2d(x, W) -> + bias -> ReLU -> max pooling (any prefix of the steps after
 the conv, at least one) becomes one ConvEpilogue node (ops/conv_fused.py): the conv's
 output is never written, and the pre-activation and the ReLU's output only when
-another node or the graph's outputs read them. The conv's output must have no other
-reader.
+another node or the graph's outputs read them. With a bias the conv's output must have
+no other reader; without one it is the pre-activation.
 
 Backward: Pooling2DGrad(x, gy) * (a > 0), then optionally its sum_to over the batch
 and pixels (the bias's gradient), becomes one PoolGradMasked node, which finds each
@@ -112,17 +112,17 @@ def _match_conv(n, uses):
     if not _float4d(x, W, c):
         return None
     nxt = uses.of(c)
-    if id(c) in uses.out_ids or len(nxt) != 1:
-        return None
-    chain, cur, r = [n], c, nxt[0]
-    bias = pre = act = pooled = None
-    if _part(r)[0] == "add":
-        bias = _bias_operand(r, c)
+    chain, bias, act, pooled = [n], None, None, None
+    if len(nxt) == 1 and id(c) not in uses.out_ids and _part(nxt[0])[0] == "add":
+        bias = _bias_operand(nxt[0], c)
         if bias is None:
             return None
-        chain.append(r)
-        cur = pre = r.out
-        r = uses.one_reader_as(cur, "relu")
+        chain.append(nxt[0])
+        pre = nxt[0].out
+    else:
+        pre = c             # no bias: the conv's output is the pre-activation
+    cur = pre
+    r = uses.one_reader_as(cur, "relu")
     if _part(r)[0] == "relu" and r.inputs[0] is cur:
         chain.append(r)
         cur = act = r.out
@@ -134,8 +134,8 @@ def _match_conv(n, uses):
         return None
     # A step's value is kept when something besides the next step reads it (an output
     # counts); the chain's last value always is.
-    step = {id(v): chain[i + 1] if i + 1 < len(chain) else None
-            for i, v in enumerate(m.out for m in chain)}
+    step = {id(m.out): chain[i + 1] if i + 1 < len(chain) else None
+            for i, m in enumerate(chain)}
     keep_pre, keep_act = [v is not None and (step[id(v)] is None or
                                              uses.read_besides(v, step[id(v)]))
                           for v in (pre, act)]
@@ -146,9 +146,9 @@ def _match_conv(n, uses):
         outs.append(pooled)
     ins = [x, W] if bias is None else [x, W, bias]
     node = Node(fn, ins, outs, chain[-1].line)
-    # Where the chain's first step after the conv stood: its inputs are defined by then
-    # (the bias before its add), and every reader of the chain's values comes after.
-    return node, chain, chain[1]
+    # Where pre-activation was defined (the add, else the conv): the inputs are defined
+    # by then (the bias before its add), and every reader of the chain's values after.
+    return node, chain, chain[1] if bias is not None else n
 
 
 # ---------------------------------------------------------------- backward

@@ -378,7 +378,7 @@ def main(argv=None):
                         f"{k}: {v}" for k, v in sorted(AVOIDABLE.items())))
     ap.add_argument("--focus", default=None,
                     choices=["state", "nested_grad", "views", "rebound", "argument_views",
-                             "unchain", "mixed_dtypes", "matmul", "made_leaves",
+                             "unchain", "mixed_dtypes", "matmul", "conv", "made_leaves",
                              "scalar_dropout", "backward_into", "retain_grad", "c_state"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
@@ -388,6 +388,8 @@ def main(argv=None):
                     "rebound (state a step rebinds on a captured holder across calls, "
                     "an RNN's h); "
                     "argument_views (intermediates that are views of arguments); "
+                    "conv (conv2d + bias -> ReLU -> max pooling, other readers of each "
+                    "value); "
                     "unchain (unchain_backward inside f reaching an argument with a creator); "
                     "mixed_dtypes (float32 results whose cotangents are float64, beside a "
                     "float64 state threaded between calls); "

@@ -207,18 +207,20 @@ class Builder:
         self.vals.append(v)
         return v
 
-    def capture(self, shape, kind=None, reuse=True):
-        """A captured Parameter or array of `shape` (reused when one exists).
+    def capture(self, shape, kind=None, reuse=True, dtype=None):
+        """A captured Parameter or array of `shape` (reused when one exists), of
+        `dtype` if given.
 
         Captures are drawn in [-1, 1]; the ones an inner step updates are never reused
         elsewhere (their values grow), nor are arrays updated in place (`*= 0.9` only
         shrinks them, but their sign pattern must not matter)."""
         for c in self.captures:
             if reuse and c[2] == tuple(shape) and (kind is None or c[1] == kind) \
+                    and dtype in (None, c[3]) \
                     and c[0] not in self.updated and self.draw(st.booleans()):
                 return c
         kind = kind or self.draw(st.sampled_from(["param", "param", "array"]))
-        dtype = self.draw(st.sampled_from(["float64", "float32"]))
+        dtype = dtype or self.draw(st.sampled_from(["float64", "float32"]))
         where = self.draw(st.sampled_from(["global", "closure"]))
         name = ("W" if kind == "param" else "K") + str(len(self.captures))
         c = (name, kind, tuple(shape), dtype, where)
@@ -1420,6 +1422,48 @@ def _st_outer_product(b):
 MATMUL_STEPS = [(_st_sum_of_products, 3), (_st_shared_operand, 2), (_st_recurrence, 2),
                 (_st_outer_product, 1)]
 # ---------------------------------------------------------------- end of matmul batching
+# ------------------------------------------------------------------ conv epilogues
+# What passes/conv_epilogue.py rewrites: conv2d (+ bias) -> ReLU -> max pooling, with
+# windows the fused kernel computes (2x2, stride 2) and others, and sometimes another
+# reader of the conv's output, the pre-activation or the ReLU's output (which must
+# stay materialized, or keep the chain from fusing). The image is a captured array
+# shifted by a value of f, so gradients reach f's arguments through the chain.
+# focus="conv" (--focus conv) draws these.
+
+def _st_conv_epilogue(b):
+    v = b.pick()
+    if v is None:
+        return b.st_unary()
+    n, ch, oc = b.draw(st.integers(1, 2)), b.draw(st.integers(1, 2)), b.draw(st.integers(1, 3))
+    hw = (b.draw(st.integers(4, 7)), b.draw(st.integers(4, 7)))
+    k, stride, pad = b.draw(st.sampled_from([(3, 1, 1), (3, 2, 0), (1, 1, 0), (2, 1, 1)]))
+    # One dtype mostly (the fused forms need it); sometimes the bias's differs.
+    img = b.capture((n, ch) + hw, "array")
+    W = b.capture((oc, ch, k, k), "param", dtype=img[3])
+    bias = b.capture((oc,), "param", dtype=None if b.draw(st.integers(0, 3)) == 0
+                     else img[3]) if b.draw(st.booleans()) else None
+    reader = b.draw(st.sampled_from(["none", "none", "conv", "pre", "act"]))
+    out_hw = [(d + 2 * pad - k) // stride + 1 for d in hw]
+    pools = [None, (3, 1, 1)] + [(2, 2, 0), (2, 2, 0), (2, 1, 0)] * (min(out_hw) >= 2)
+    pool = b.draw(st.sampled_from(pools))
+    c, pre, act, out = b.fresh("c"), b.fresh("pre"), b.fresh("act"), b.fresh("p")
+    b.emit(f"{c} = F.conv2d({img[0]} + F.mean({v.name}) * 0.5, {W[0]}, None, "
+           f"stride={stride}, pad={pad})")
+    b.emit(f"{pre} = {c} + F.reshape({bias[0]}, (1, -1, 1, 1))" if bias else f"{pre} = {c}")
+    b.emit(f"{act} = F.relu({pre})")
+    b.emit(f"{out} = F.pooling({act}, {pool[0]}, stride={pool[1]}, pad={pool[2]})" if pool
+           else f"{out} = {act}")
+    extra = {"none": "", "conv": f" + F.mean({c}) * 0.25", "pre": f" + F.mean({pre} * {pre})",
+             "act": f" + F.mean({act}) * 0.5"}[reader]
+    name = b.fresh()
+    b.emit(f"{name} = {v.name} * F.tanh(F.mean({out} * {out}){extra})")
+    dts = [img[3], W[3]] + ([bias[3]] if bias else [])
+    b.add(name, v.shape, "float64" if "float64" in dts or v.dtype == "float64"
+          else "float32", v.bound)
+    b.features.add("conv_epilogue")
+
+
+CONV_STEPS = [(_st_conv_epilogue, 1)]
 # ------------------------------------------------------------------ made leaves (helper
 # "madeleaf"). A Variable made inside f that is a leaf of eager's graph when f returns
 # (`c = tj.Variable(np.full(x.shape, 0.5))`, a Parameter, `Variable(h.data)`, a result
@@ -1625,6 +1669,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     focus="mixed_dtypes" mostly MIXED_DTYPE_STEPS (float32 results with float64
     cotangents beside a dead float64 state);
     focus="matmul" mostly MATMUL_STEPS (what passes/matmul_batching.py rewrites);
+    focus="conv" mostly CONV_STEPS (conv -> bias -> ReLU -> pooling: what
+    passes/conv_epilogue.py rewrites);
     focus="made_leaves" mostly MADE_LEAF_STEPS (leaves made in f that outlive it);
     focus="scalar_dropout" mostly 0-d inputs and dropout (argument_update_programs);
     focus="backward_into" mostly BACKWARD_INTO_STEPS (a backward inside f going on
@@ -1697,6 +1743,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         table += [(lambda g=g: g(b), w * 12) for g, w in UNCHAIN_STEPS]  # unchain inside
     if focus == "matmul":       # (only then, as unchain's)
         table += [(lambda g=g: g(b), w * 6) for g, w in MATMUL_STEPS]     # matmul batching
+    if focus == "conv":         # (only then, as unchain)
+        table += [(lambda g=g: g(b), w * 40) for g, w in CONV_STEPS]     # conv epilogues
     if focus == "backward_into":  # (only then, as unchain)
         table += [(lambda g=g: g(b), w * 12) for g, w in BACKWARD_INTO_STEPS]
     weighted = [fn for fn, w in table for _ in range(w)]
