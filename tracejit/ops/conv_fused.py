@@ -12,6 +12,9 @@ and of the pre-activation and the ReLU's output only what other nodes read is.
 PoolGradMasked: max pooling's gradient times a mask `a > 0` (ReLU's backward), and
 optionally its sum over (N, H, W) (the bias's gradient), in one pass over the image.
 
+Each keeps the nodes it replaced (`replaces`): an export inlines them back
+(exporting/symbolic.py's flatten), as it does a fused group's members.
+
 Both give eager's values: the same float operations in the same order per element
 (the bias add, np.maximum's NaN rule, the first maximum of each window, gy times the
 mask as a 0/1 number); only the bias gradient's sum is in another order.
@@ -48,10 +51,12 @@ class ConvEpilogue(Function):
     kind = MATMUL
     params = ("stride", "pad", "relu", "pool", "keep_pre", "keep_act")
 
-    def __init__(self, stride, pad, relu, pool, keep_pre, keep_act):
+    def __init__(self, stride, pad, relu, pool, keep_pre, keep_act, replaces=()):
         self.stride, self.pad = stride, pad
         self.relu, self.pool = bool(relu), pool
         self.keep_pre, self.keep_act = bool(keep_pre), bool(keep_act)
+        self.replaces = tuple(replaces)
+
 
     def forward(self, x, W, bias=None):
         N, OC = x.shape[0], W.shape[0]
@@ -91,9 +96,11 @@ class PoolGradMasked(Function):
     kind = MATMUL
     params = ("kernel_size", "stride", "pad", "sum_shape")
 
-    def __init__(self, kernel_size, stride, pad, sum_shape):
+    def __init__(self, kernel_size, stride, pad, sum_shape, replaces=()):
         self.kernel_size, self.stride, self.pad = kernel_size, stride, pad
         self.sum_shape = sum_shape
+        self.replaces = tuple(replaces)
+
 
     def forward(self, x, gy, a):
         window = (self.kernel_size, self.stride, self.pad)

@@ -36,6 +36,7 @@ class _Uses:
         self.readers = g.users()
         self.out_ids = {id(v) for v in g.outputs if isinstance(v, Value)}
         self.producer = g.producers()
+        self.order = g.nodes
 
     def of(self, v):
         return self.readers.get(id(v), [])
@@ -140,7 +141,8 @@ def _match_conv(n, uses):
                                              uses.read_besides(v, step[id(v)]))
                           for v in (pre, act)]
     fn = ConvEpilogue(window[0], window[1], act is not None,
-                      None if pooled is None else _part(chain[-1])[1], keep_pre, keep_act)
+                      None if pooled is None else _part(chain[-1])[1], keep_pre, keep_act,
+                      replaces=chain)
     outs = [v for v, k in ((pre, keep_pre), (act, keep_act)) if k]
     if pooled is not None:
         outs.append(pooled)
@@ -189,5 +191,8 @@ def _match_pool_grad(n, uses):
             outs.append(s.out)
             break
     kernel, stride, pad = _part(pool)[1]
-    node = Node(PoolGradMasked(kernel, stride, pad, sum_shape), [x, gy, a], outs, n.line)
+    order = {id(m): i for i, m in enumerate(uses.order)}
+    fn = PoolGradMasked(kernel, stride, pad, sum_shape,
+                        replaces=sorted(removed, key=lambda m: order[id(m)]))
+    node = Node(fn, [x, gy, a], outs, n.line)
     return node, removed, n
