@@ -1438,10 +1438,13 @@ def _st_conv_epilogue(b):
     hw = (b.draw(st.integers(4, 7)), b.draw(st.integers(4, 7)))
     k, stride, pad = b.draw(st.sampled_from([(3, 1, 1), (3, 2, 0), (1, 1, 0), (2, 1, 1)]))
     # One dtype mostly (the fused forms need it); sometimes the bias's differs.
+    # An inner training step (backward and SGD in f) puts the pooling's gradient in
+    # f's own graph, where the ReLU's mask is read from the ReLU's output.
+    inner = b.draw(st.booleans())
     img = b.capture((n, ch) + hw, "array")
-    W = b.capture((oc, ch, k, k), "param", dtype=img[3])
+    W = b.capture((oc, ch, k, k), "param", dtype=img[3], reuse=not inner)
     bias = b.capture((oc,), "param", dtype=None if b.draw(st.integers(0, 3)) == 0
-                     else img[3]) if b.draw(st.booleans()) else None
+                     else img[3], reuse=not inner) if b.draw(st.booleans()) else None
     reader = b.draw(st.sampled_from(["none", "none", "conv", "pre", "act"]))
     out_hw = [(d + 2 * pad - k) // stride + 1 for d in hw]
     pools = [None, (3, 1, 1)] + [(2, 2, 0), (2, 2, 0), (2, 1, 0)] * (min(out_hw) >= 2)
@@ -1455,8 +1458,18 @@ def _st_conv_epilogue(b):
            else f"{out} = {act}")
     extra = {"none": "", "conv": f" + F.mean({c}) * 0.25", "pre": f" + F.mean({pre} * {pre})",
              "act": f" + F.mean({act}) * 0.5"}[reader]
-    name = b.fresh()
-    b.emit(f"{name} = {v.name} * F.tanh(F.mean({out} * {out}){extra})")
+    loss, name = b.fresh("loss"), b.fresh()
+    # Not out * out: its gradient is 0 where a window pools a 0, which hides a mask.
+    b.emit(f"{loss} = F.mean(F.tanh({out} * 0.5 + 0.25) ** 2){extra}")
+    if inner:
+        for p in [W] + ([bias] if bias else []):
+            b.updated.add(p[0])
+            b.emit(f"{p[0]}.cleargrad()")
+        b.emit(f"{loss}.backward()")
+        for p in [W] + ([bias] if bias else []):
+            b.emit(f"{p[0]}.data -= 0.1 * {p[0]}.grad.data")
+        b.features.add("inner_backward_update")
+    b.emit(f"{name} = {v.name} * F.tanh({loss})")
     dts = [img[3], W[3]] + ([bias[3]] if bias else [])
     b.add(name, v.shape, "float64" if "float64" in dts or v.dtype == "float64"
           else "float32", v.bound)
