@@ -323,7 +323,7 @@ def conv_epilogue(src, rs, bias, relu, pre, act, pooled, N, OC, OH, OW):
         pooled.size > 0
     z = src.dtype.type(0)
     urs, uOW, one = _u(rs), _u(OW), _u(1)
-    o, q = _u(0), _u(0)
+    o = _u(0)
     for n in range(N):
         for c in range(OC):
             b = bias[c] if has_b else z
@@ -339,9 +339,14 @@ def conv_epilogue(src, rs, bias, relu, pre, act, pooled, N, OC, OH, OW):
                             act[o + w] = r
                     o += uOW
             if pool:
-                for oh in range(_u(OH // 2)):
+                # Output positions computed, not counted: the loop over ow has no carried
+                # index, so LLVM can vectorize it (the NaN rule as selects).
+                OH2, OW2 = _u(OH // 2), _u(OW // 2)
+                q = _u((n * OC + c)) * OH2 * OW2
+                for oh in range(OH2):
                     s = base + _u(2) * oh * urs
-                    for ow in range(_u(OW // 2)):
+                    d = q + oh * OW2
+                    for ow in range(OW2):
                         i = s + _u(2) * ow
                         va = _bias_relu(src[i], b, relu, z)[1]
                         vb = _bias_relu(src[i + one], b, relu, z)[1]
@@ -349,16 +354,11 @@ def conv_epilogue(src, rs, bias, relu, pre, act, pooled, N, OC, OH, OW):
                         ve = _bias_relu(src[i + urs + one], b, relu, z)[1]
                         best = _first_max4(va, vb, vd, ve)[0]
                         # NaN wins, the first in kh-major order (NumPy's max).
-                        if ve != ve:
-                            best = ve
-                        if vd != vd:
-                            best = vd
-                        if vb != vb:
-                            best = vb
-                        if va != va:
-                            best = va
-                        pooled[q] = best
-                        q += one
+                        best = ve if ve != ve else best
+                        best = vd if vd != vd else best
+                        best = vb if vb != vb else best
+                        best = va if va != va else best
+                        pooled[d + ow] = best
 
 
 @_jit
