@@ -383,7 +383,7 @@ def loop_kernel(fused, parallel):
     # noalias: the arrays the kernel writes are fresh (cache._noalias_option says why
     # and when that is sound).
     head = (f"@numba.njit(cache=True, nogil=True, error_model='numpy', "
-            f"parallel={prange_ok}, fastmath=False{', noalias=True' if _cache.NOALIAS else ''})")
+            f"parallel={prange_ok}, fastmath=False, no_cfunc_wrapper=True{', noalias=True' if _cache.NOALIAS else ''})")
     text = "\n".join(out)
     digest = hashlib.sha256((head + text + repr(args)).encode()).hexdigest()[:8]
     name = f"k_{label}_{r}d{'_par' if prange_ok else ''}_{digest}"

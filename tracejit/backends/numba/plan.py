@@ -279,10 +279,13 @@ def _compile_plan(g, parallel, use_disk):
             gi += 1
         elif n.kind == passes.FUSED:
             for part in split_group(n):
-                if part.kind == passes.FUSED:
-                    _emit_group(w, part, parallel, use_disk)
-                else:
+                if part.kind != passes.FUSED:
                     _emit_call(w, part, numpy_0d)
+                elif _no_kernel(part.fn):
+                    for m in part.fn.graph.nodes:
+                        _emit_call(w, m, numpy_0d)
+                else:
+                    _emit_group(w, part, parallel, use_disk)
         else:
             _emit_call(w, n, numpy_0d)
     rets = []
@@ -305,6 +308,21 @@ def _compile_plan(g, parallel, use_disk):
     # 30 cells of an unrolled loop: 30 calls of one kernel).
     w.notes["distinct_kernels"] = len(w.kernel_sources)
     return run, source, w.notes
+
+
+def _no_kernel(fn):
+    """True when a fused part runs as its members' own forwards (NumPy), as eager does:
+    a part without loops (0-d ops on 0-d values: Adam's step-size arithmetic, 1 us a
+    NumPy call) or of one elementwise op
+    without libm math (a cast, x * w of a broadcast) gains nothing from a kernel of its
+    own (one NumPy ufunc is one SIMD pass too) and would cost a numba compilation, 0.05-0.1
+    s of CPU each. W7's window: 3 of its 14 kernels. Transcendental ops keep their kernel
+    (vecmath's one pass against a composite NumPy forward); so do reductions (float64
+    accumulation) and groups of two or more ops (the point of fusion)."""
+    nodes = fn.graph.nodes
+    if fn.shape == ():       # (an index read, x[i] of an array, keeps its kernel: folded)
+        return not any(n.kind == "movement" for n in nodes)
+    return len(nodes) == 1 and nodes[0].kind == "elementwise" and not nodes[0].fn.vector_math
 
 
 def _emit_call(w, n, numpy_0d):
