@@ -311,17 +311,19 @@ def _compile_plan(g, parallel, use_disk):
 
 
 def _no_kernel(fn):
-    """True when a fused part runs as its members' own forwards (NumPy), as eager does:
-    a part without loops (0-d ops on 0-d values: Adam's step-size arithmetic, 1 us a
-    NumPy call) or of one elementwise op
-    without libm math (a cast, x * w of a broadcast) gains nothing from a kernel of its
-    own (one NumPy ufunc is one SIMD pass too) and would cost a numba compilation, 0.05-0.1
-    s of CPU each. W7's window: 3 of its 14 kernels. Transcendental ops keep their kernel
-    (vecmath's one pass against a composite NumPy forward); so do reductions (float64
-    accumulation) and groups of two or more ops (the point of fusion)."""
+    """True when a fused part runs as its members' own forwards (NumPy), as eager does.
+
+    Why: each kernel costs a numba compilation (0.05-0.1 s of CPU for a small one), and
+    these parts gain nothing from one: 0-d ops on 0-d values (Adam's step-size
+    arithmetic) have no loop, 1 us a NumPy call; one elementwise op without libm math (a
+    cast, x * w of a broadcast) is one SIMD ufunc pass in NumPy too. W7's window: 3 of
+    its 14 kernels. An index read (x[i] of an array, folded into the kernel), a lone
+    transcendental op (vecmath's one pass against a composite NumPy forward), reductions
+    (float64 accumulation) and parts of two or more ops keep their kernels."""
     nodes = fn.graph.nodes
-    if fn.shape == ():       # (an index read, x[i] of an array, keeps its kernel: folded)
-        return not any(n.kind == "movement" for n in nodes)
+    if all(v.shape == () for n in nodes for v in list(n.inputs) + list(n.outputs)
+           if isinstance(v, Value)):
+        return True
     return len(nodes) == 1 and nodes[0].kind == "elementwise" and not nodes[0].fn.vector_math
 
 
