@@ -1,10 +1,12 @@
 """A fused part of one elementwise op, or of 0-d ops only, runs as NumPy calls: no kernel.
 
-plan._no_kernel: such a part gains nothing from a numba kernel of its own (one ufunc is
-one SIMD pass; 0-d ops have no loop) and each kernel costs a numba compilation (0.05-0.1
-s of CPU). It runs its members' own forwards, as eager does, so it must give eager's
-values, dtypes and gradients on every call; parts of two or more ops, reductions,
-transcendental ops and index reads keep their kernels. Counts only, never timings.
+plan._no_kernel: such a part gains nothing from a numba kernel of its own (one ufunc on
+operands of one dtype and shape is one SIMD pass; 0-d ops have no loop) and each kernel
+costs a numba compilation (0.05-0.1 s of CPU). It runs its members' own forwards, as
+eager does, so it must give eager's values, dtypes and gradients on every call. Parts of
+two or more ops, reductions, transcendental ops, index reads and a lone op on a
+broadcast or mixed-dtype operand (slower in NumPy) keep their kernels. Counts only,
+never timings.
 """
 import re
 
@@ -30,7 +32,7 @@ def numpy_lines(source, op):
 
 
 def program(x, w, b, W, t):
-    # x * b: a broadcast multiply read only by a matmul (a part of one op); cast: one op;
+    # x * b: a multiply read only by a matmul (a part of one op); cast: one op;
     # step: Adam-like 0-d arithmetic on t; tanh + sum: a kernel
     h = F.matmul(x * b, W) + F.Cast("float64")(w)
     step = 0.1 * (1 - 0.9 ** t) / (1 - 0.999 ** t)
@@ -38,9 +40,9 @@ def program(x, w, b, W, t):
 
 
 def args(rng):
-    return (tj.Variable(rng.standard_normal((6, 1))),
+    return (tj.Variable(rng.standard_normal((6, 4))),
             tj.Parameter(rng.standard_normal((1, 5)).astype(np.float32)),
-            tj.Parameter(rng.standard_normal((1, 4))),
+            tj.Parameter(rng.standard_normal((6, 4))),
             tj.Parameter(rng.standard_normal((4, 5))),
             tj.Variable(np.array(3.0)))
 
@@ -51,7 +53,7 @@ def test_one_op_and_zero_d_parts_match_eager_without_kernels():
 
     def make_args(i):
         w.data = w.data + np.float32(0.25 * i)     # the captured parameter mutated
-        return (tj.Variable(rng.standard_normal((6, 1))), w, b, W,
+        return (tj.Variable(rng.standard_normal((6, 4))), w, b, W,
                 tj.Variable(np.array(3.0 + i)))
     info = assert_jit_matches_eager(program, make_args=make_args, calls=4)
     assert info["fallbacks"] == 0
@@ -68,17 +70,24 @@ def test_one_op_and_zero_d_parts_match_eager_without_kernels():
     assert all(n > 1 for _, n in kernels_of(bg.source)), bg.source
 
 
-def test_a_lone_transcendental_op_and_an_index_read_keep_their_kernels():
-    def f(x, y):
-        return F.exp(x), y[1] * y[0] + 1.0
+def test_lone_ops_numpy_runs_slower_and_index_reads_keep_their_kernels():
+    W = np.random.default_rng(2).standard_normal((4, 3))
+
+    def f(x, y, a, b32):
+        # exp: a transcendental op; y[1] * y[0]: index reads; a * b32: an outer product
+        # of float64 by float32 (NumPy's broadcasting and casting loops), read by a matmul
+        return F.exp(x), y[1] * y[0] + 1.0, F.matmul(a * b32, W)
 
     rng = np.random.default_rng(1)
-    assert_jit_matches_eager(f, rng.standard_normal((3, 4)), rng.standard_normal(5),
-                             backward=False)
+
+    def draw():
+        return (rng.standard_normal((3, 4)), rng.standard_normal(5),
+                rng.standard_normal((6, 1)), rng.standard_normal((1, 4)).astype(np.float32))
+    assert_jit_matches_eager(f, *draw(), backward=False)
     j = tj.jit(f)
     for _ in range(3):
-        j(rng.standard_normal((3, 4)), rng.standard_normal(5))
-    names = [name for name, _ in kernels_of(j.trace(rng.standard_normal((3, 4)),
-                                                    rng.standard_normal(5)).source)]
+        j(*draw())
+    names = [name for name, _ in kernels_of(j.trace(*draw()).source)]
     assert any(n.startswith("k_exp_") for n in names), names
     assert any("get_item" in n and "_0d_" in n for n in names), names
+    assert any(n.startswith("k_mul_2d") for n in names), names
