@@ -1419,8 +1419,34 @@ def _st_outer_product(b):
     b.features.add("matmul_outer")
 
 
+def _st_lone_op_parts(b):
+    # Parts with no kernel of their own (backends/numba/plan._no_kernel): a captured
+    # weight cast to the other float dtype that only a matmul reads (W7's float32
+    # weights), and 0-d arithmetic (Adam's step size) on a 0-d argument, both NumPy
+    # calls between kernels; the scale after them fuses.
+    vs = _matrix_values(b)
+    if not vs:
+        return b.st_matmul()
+    v = b.draw(st.sampled_from(vs))
+    k, m = v.shape[1], b.draw(st.integers(1, 4))
+    c = b.capture((k, m), "param" if b.draw(st.integers(0, 3)) else None)
+    other = "float32" if c[3] == "float64" else "float64"
+    p, name = b.fresh(), b.fresh()
+    b.emit(f"{p} = F.matmul({v.name}, F.Cast({other!r})({c[0]}))")
+    dtype = "float64" if "float64" in (other, v.dtype) else "float32"
+    t = b.pick(lambda w: w.var and w.shape == () and w.name.startswith("x"))
+    scale = f"{1.0 / k!r}"
+    if t is not None:
+        q = f"({t.name} * {0.5 / t.bound!r})"          # in [-0.5, 0.5]
+        scale = f"(0.1 * (1 - 0.9 ** {q}) / (1 - 0.999 ** ({q} + 2.0)) * {1.0 / k!r})"
+        dtype = "float64" if "float64" in (dtype, t.dtype) else "float32"
+    b.emit(f"{name} = {p} * {scale}")
+    b.add(name, (v.shape[0], m), dtype, v.bound * 8.0)
+    b.features.add("lone_op_parts")
+
+
 MATMUL_STEPS = [(_st_sum_of_products, 3), (_st_shared_operand, 2), (_st_recurrence, 2),
-                (_st_outer_product, 1)]
+                (_st_outer_product, 1), (_st_lone_op_parts, 1)]
 # ---------------------------------------------------------------- end of matmul batching
 # ------------------------------------------------------------------ conv epilogues
 # What passes/conv_epilogue.py rewrites: conv2d (+ bias) -> ReLU -> max pooling, with
