@@ -33,8 +33,8 @@ from tracejit.runtime.checking import (NOISE_RUNS, NOREF, LiveState, Soft,
                                        leaves_with_paths, low_precision_involved,
                                        twin_copy, with_noise, layout_copy)
 from tracejit.core import Config, Parameter, Variable
-from tracejit.trace.pytree import (ARR, FLT, STATIC, VAR, _Identity, flatten_args, leaf_key,
-                                   unflatten)
+from tracejit.trace.pytree import (ARR, FLT, MAX_DEPTH, STATIC, VAR, NestedTooDeep,
+                                   _Identity, flatten_args, leaf_key, unflatten)
 from tracejit.runtime.signature import PAR, alias_pattern, key_change, key_distance
 from tracejit.ops.trace_only import GuardFailure
 from tracejit.runtime.variant import (MISS, SLOW, InplaceAlias, JitWarning, Stale, Variant,
@@ -309,17 +309,26 @@ class Jitted:
     def _key(self, args, kwargs):
         leaves = []
         parts = []
-        for i, a in enumerate(args):
-            if i in self.static_argnums:
-                parts.append((STATIC, a))
-            else:
-                parts.append(flatten_args(a, leaves))
-        if kwargs:
-            for k in sorted(kwargs):
-                if k in self.static_argnames:
-                    parts.append((k, (STATIC, kwargs[k])))
+        name = None
+        try:
+            for i, a in enumerate(args):
+                if i in self.static_argnums:
+                    parts.append((STATIC, a))
                 else:
-                    parts.append((k, flatten_args(kwargs[k], leaves)))
+                    name = i
+                    parts.append(flatten_args(a, leaves))
+            if kwargs:
+                for k in sorted(kwargs):
+                    if k in self.static_argnames:
+                        parts.append((k, (STATIC, kwargs[k])))
+                    else:
+                        name = k
+                        parts.append((k, flatten_args(kwargs[k], leaves)))
+        except NestedTooDeep:
+            label = self._arg_labels(args, {})[name] if type(name) is int else name
+            raise NestedTooDeep(f"argument {label} nests lists, tuples or dicts more than "
+                                f"{MAX_DEPTH} levels deep (too deep for a signature "
+                                f"key)") from None
         # Which leaves are the same array: a variant traced for f(x, x) must not run
         # f(x, y), nor the other way round (an in-place update of one is seen by both).
         key = (tuple(parts), tuple([leaf_key(x) for x in leaves]) + (alias_pattern(leaves),),
@@ -406,7 +415,11 @@ class Jitted:
             return self._threaded_call(args, kwargs, True)
         # A call whose arguments give no key (an unhashable static value) raises
         # before anything runs: no call, so nothing it could be counted as.
-        key, leaves = self._call_key(args, kwargs)
+        try:
+            key, leaves = self._call_key(args, kwargs)
+        except NestedTooDeep as e:
+            next(self._n_calls)
+            return self._too_deep_call(e, args, kwargs)
         next(self._n_calls)
         return self._call(key, leaves, args, kwargs)
 
@@ -463,8 +476,19 @@ class Jitted:
         return self.fn(*args, **kwargs)
 
     def _call_uncounted(self, args, kwargs):
-        key, leaves = self._call_key(args, kwargs)
+        try:
+            key, leaves = self._call_key(args, kwargs)
+        except NestedTooDeep as e:
+            return self._too_deep_call(e, args, kwargs)
         return self._call(key, leaves, args, kwargs)
+
+    def _too_deep_call(self, e, args, kwargs):
+        """An argument nested deeper than any key can be (pytree.MAX_DEPTH): eager,
+        warned."""
+        self._count("fallbacks")
+        self._warn_once(str(e), f"jit({self.__name__}): this call runs eagerly: {e}",
+                        self._def_line())
+        return self.fn(*args, **kwargs)
 
     def _add_state(self, found):
         """Thread the state at the locations `found` too, from the next call on: a new

@@ -11,7 +11,8 @@ from tracejit.core import Config, Constant, Variable
 from tracejit.trace import buffers, opaque, pystate
 from tracejit.trace import record as tracing
 from tracejit.trace.backward import held_grads, mutated_inputs, trace_backward
-from tracejit.trace.pytree import (ARR, FLT, VAR, arg_at, arg_names, flatten_result,
+from tracejit.trace.pytree import (ARR, FLT, MAX_DEPTH, VAR, arg_at, arg_names,
+                                   container_depth, flatten_result,
                                    replay_view, result_leaves, result_views,
                                    strip_tracers, unflatten)
 from tracejit.trace.record import (TracedArray, TracedFloat, Trace, _user_functions,
@@ -105,6 +106,10 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         # place: `s += 1` rebinds eager's s to a new scalar).
         keep.update((id(t), path) for t, v, path in tr.scalar_args.values() if t._tv is v)
         out_tree = flatten_result(result, out_leaves_raw, keep=keep)
+        if container_depth(result, MAX_DEPTH) > MAX_DEPTH:
+            tr.escapes.append((f"the result nests lists, tuples or dicts more than "
+                               f"{MAX_DEPTH} levels deep: compiled calls do not rebuild "
+                               f"one that deep", def_line))
         out_leaves, result_objects = result_leaves(tr, out_leaves_raw)
         # Results eager returns as views of a buffer from outside or of another result:
         # the variant rebuilds them on the live buffer; one it cannot rebuild runs eagerly.

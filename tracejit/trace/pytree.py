@@ -23,7 +23,18 @@ STATIC = "static"      # the tree node of a static value: (STATIC, value), in th
 BY_ID = "static by identity"   # (BY_ID, _Identity(obj)): an object keyed by identity
 
 
-def flatten_args(obj, leaves):
+# How deep arguments and results may nest (lists, tuples, dicts in one another): their
+# trees are keys that Python compares, and source the runner is generated as, both
+# recursively (a key nested ~1000 deep raises RecursionError when compared). Deeper
+# ones run eagerly, warned (NestedTooDeep; a result's: an escape of the trace).
+MAX_DEPTH = 100
+
+
+class NestedTooDeep(Exception):
+    """An argument nests containers deeper than MAX_DEPTH: the call runs eagerly."""
+
+
+def flatten_args(obj, leaves, depth=0):
     """Append array-like leaves to `leaves`; return a hashable structure with statics."""
     t = type(obj)
     if t is Variable or isinstance(obj, Variable):
@@ -35,11 +46,14 @@ def flatten_args(obj, leaves):
     if t is float:
         leaves.append(obj)
         return FLT
-    if t is tuple or t is list:
-        return (t.__name__,) + tuple(flatten_args(x, leaves) for x in obj)
-    if t is dict:
-        keys = tuple(obj)
-        return ("dict", keys) + tuple(flatten_args(obj[k], leaves) for k in keys)
+    if t is tuple or t is list or t is dict:
+        if depth >= MAX_DEPTH:
+            raise NestedTooDeep(depth)
+        if t is dict:
+            keys = tuple(obj)
+            return ("dict", keys) + tuple(flatten_args(obj[k], leaves, depth + 1)
+                                          for k in keys)
+        return (t.__name__,) + tuple(flatten_args(x, leaves, depth + 1) for x in obj)
     if isinstance(obj, np.generic) and obj.dtype.kind == "f":
         # A 0-d array leaf, keyed apart from a 0-d array argument: eager's code may
         # tell them apart (isinstance, grad's float64 leaf, the type it returns).
@@ -108,17 +122,49 @@ class _Strong:
 
 
 def unflatten(tree, leaves, it=None, bound=None, argv=None):
-    """argv: the call's (args, kwargs), for a result that is an argument's container."""
+    """argv: the call's (args, kwargs), for a result that is an argument's container.
+    Iterative: a traced call's result nested deeper than the recursion limit is rebuilt
+    too (it then runs eagerly from the next call on: MAX_DEPTH)."""
     it = iter(leaves) if it is None else it
+    bound = {} if bound is None else bound
+    root = []
+    stack = [(None, iter((tree,)), root)]      # (tree, its subtrees left, their objects)
+    while stack:
+        node, subtrees, built = stack[-1]
+        for t in subtrees:
+            subs = _subtrees(t)
+            if subs is None:
+                built.append(_unflatten_leaf(t, it, bound, argv))
+            else:
+                stack.append((t, iter(subs), []))
+                break
+        else:
+            stack.pop()
+            if stack:
+                stack[-1][2].append(_container(node, built, bound))
+    return root[0]
+
+
+def _subtrees(tree):
+    """The subtrees of a container's tree (a bind's: the container's), None for a leaf."""
+    if tree in (VAR, ARR, FLT) or tree == SCALAR:
+        return None
+    tag = tree[0]
+    if tag == "bind":
+        return tree[2:]
+    if tag in ("tuple", "list"):
+        return tree[1:]
+    if tag in ("dict", "ntuple"):
+        return tree[2:]
+    return None
+
+
+def _unflatten_leaf(tree, it, bound, argv):
     if tree in (VAR, ARR, FLT):
         return next(it)
     if tree == SCALAR:
         return next(it)[()]          # an np.generic argument's 0-d leaf: the scalar
     tag = tree[0]
-    bound = {} if bound is None else bound
-    if tag == "bind":
-        bound[tree[1]] = obj = unflatten(tree[2], None, it, bound, argv)
-        return obj
     if tag == "again":
         return bound[tree[1]]
     if tag == STATIC:
@@ -127,15 +173,21 @@ def unflatten(tree, leaves, it=None, bound=None, argv=None):
         return tree[1].obj
     if tag == "argobj":
         return arg_at(argv, tree[1])
-    if tag == "tuple":
-        return tuple(unflatten(t, None, it, bound, argv) for t in tree[1:])
-    if tag == "list":
-        return [unflatten(t, None, it, bound, argv) for t in tree[1:]]
-    if tag == "dict":
-        return {k: unflatten(t, None, it, bound, argv) for k, t in zip(tree[1], tree[2:])}
-    if tag == "ntuple":
-        return tree[1]._make(unflatten(t, None, it, bound, argv) for t in tree[2:])
     raise AssertionError(tree)
+
+
+def _container(tree, items, bound):
+    tag = tree[0]
+    if tag == "bind":
+        bound[tree[1]] = items[0]
+        return items[0]
+    if tag == "tuple":
+        return tuple(items)
+    if tag == "list":
+        return items
+    if tag == "dict":
+        return dict(zip(tree[1], items))
+    return tree[1]._make(items)          # "ntuple"
 
 
 def arg_at(argv, path):
@@ -180,46 +232,80 @@ def leaf_key(x):
 # ------------------------------------------------------------------ the compiled call
 
 
-def flatten_result(obj, leaves, shared=None, keep=None):
+def flatten_result(obj, leaves, keep=None):
     """The result's tree (containers as in flatten_args, every leaf VAR), leaves
     appended. A list or dict found in two places is one object in eager: its first
     place is ("bind", k, tree), the others ("again", k), so it is rebuilt once.
     keep: id -> path of the argument containers the call returns as they came
-    (("argobj", path): that object itself, as eager returns it)."""
+    (("argobj", path): that object itself, as eager returns it).
+    Iterative (a result of any depth; container_depth says whether it compiles)."""
+    counts = {}
+    _count_containers(obj, counts)
+    shared = {i: None for i, n in counts.items() if n > 1}
+    root = []
+    # (head of the tree, its bind number or None, items left, their trees)
+    stack = [(None, None, iter((obj,)), root)]
+    while stack:
+        head, k, items, trees = stack[-1]
+        for x in items:
+            tree, walk = _result_node(x, leaves, shared, keep)
+            if walk is None:
+                trees.append(tree)
+            else:
+                stack.append((walk[0], walk[1], iter(walk[2]), []))
+                break
+        else:
+            stack.pop()
+            if stack:
+                tree = head + tuple(trees)
+                stack[-1][3].append(tree if k is None else ("bind", k, tree))
+    return root[0]
+
+
+def _result_node(x, leaves, shared, keep):
+    """(x's tree, None) for a leaf or a reference, else (None, (head, bind number or
+    None, the items to walk))."""
     if keep:
-        path = keep.get(id(obj))
+        path = keep.get(id(x))
         if path is not None:
-            return ("argobj", path)
-    if shared is None:
-        counts = {}
-        _count_containers(obj, counts)
-        shared = {i: None for i, n in counts.items() if n > 1}
-    k = shared.get(id(obj), False)
+            return ("argobj", path), None
+    k = shared.get(id(x), False)
     if k is not False:
         if k is not None:
-            return ("again", k)
-        shared[id(obj)] = k = sum(x is not None for x in shared.values())
-        return ("bind", k, _flatten_result(obj, leaves, shared, keep))
-    return _flatten_result(obj, leaves, shared, keep)
-
-
-def _flatten_result(obj, leaves, shared, keep=None):
-    t = type(obj)
-    if isinstance(obj, (Variable, np.ndarray, TracedScalar)):
-        leaves.append(obj)
-        return VAR
+            return ("again", k), None
+        shared[id(x)] = k = sum(v is not None for v in shared.values())
+    else:
+        k = None
+    t = type(x)
+    if isinstance(x, (Variable, np.ndarray, TracedScalar)):
+        leaves.append(x)
+        return VAR, None
     if t is tuple or t is list:
-        return (t.__name__,) + tuple(flatten_result(x, leaves, shared, keep) for x in obj)
+        return None, ((t.__name__,), k, x)
     if t is dict:
-        keys = tuple(obj)
-        return ("dict", keys) + tuple(flatten_result(obj[k], leaves, shared, keep)
-                                      for k in keys)
+        keys = tuple(x)
+        return None, (("dict", keys), k, [x[key] for key in keys])
     if _is_namedtuple(t):
         # A NamedTuple of results (Out(loss, h)): rebuilt as one of its class, around
         # its fields' leaves (as a leaf, compiled calls returned the traced call's).
-        return ("ntuple", t) + tuple(flatten_result(x, leaves, shared, keep) for x in obj)
-    leaves.append(obj)
-    return VAR
+        return None, (("ntuple", t), k, x)
+    leaves.append(x)
+    return VAR, None
+
+
+def container_depth(obj, limit):
+    """How deep tuples, lists and dicts nest in obj, counted up to limit + 1."""
+    deepest, stack = 0, [(obj, 0)]
+    seen = {}             # id -> the deepest level a container was walked at: one list
+    while stack and deepest <= limit:       # in many places is walked once per level
+        x, d = stack.pop()
+        t = type(x)
+        if (t is tuple or t is list or t is dict or _is_namedtuple(t)) \
+                and seen.get(id(x), -1) < d:
+            seen[id(x)] = d
+            deepest = max(deepest, d + 1)
+            stack.extend((y, d + 1) for y in (x.values() if t is dict else x))
+    return deepest
 
 
 def _is_namedtuple(t):
@@ -228,17 +314,18 @@ def _is_namedtuple(t):
 
 
 def _count_containers(obj, counts):
-    t = type(obj)
-    if t is list or t is dict:
-        counts[id(obj)] = counts.get(id(obj), 0) + 1
-        if counts[id(obj)] > 1:
-            return
-    if t is tuple or t is list or _is_namedtuple(t):
-        for x in obj:
-            _count_containers(x, counts)
-    elif t is dict:
-        for x in obj.values():
-            _count_containers(x, counts)
+    stack = [obj]
+    while stack:
+        obj = stack.pop()
+        t = type(obj)
+        if t is list or t is dict:
+            counts[id(obj)] = counts.get(id(obj), 0) + 1
+            if counts[id(obj)] > 1:
+                continue
+        if t is tuple or t is list or _is_namedtuple(t):
+            stack.extend(obj)
+        elif t is dict:
+            stack.extend(obj.values())
 
 
 def _same_array(a, b):
