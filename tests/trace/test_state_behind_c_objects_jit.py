@@ -5,8 +5,10 @@ naming the line; never the value of the traced call, silently, after the first-c
 checks passed (trace.opaque)."""
 import contextvars
 import functools
+import inspect
 import itertools
 import queue
+import types
 
 import numpy as np
 import pytest
@@ -190,3 +192,33 @@ def test_generators_and_iterators_made_in_the_call_compile():
             W[0].data[...] = 3.0                # a captured Parameter updated in place
     _calls(jf, fn, change=change)
     assert jf.cache_info()["hits"] > 0
+
+
+# ---- the probes are transparent to the user's isinstance checks
+
+@pytest.mark.usefixtures("jit_warnings_are_errors")
+@pytest.mark.parametrize("source", ["generator", "itertools.count", "default_rng",
+                                    "lru_cache"])
+def test_isinstance_of_an_outside_object_it_does_not_use_compiles(source):
+    # While the call traces, an outside iterator, C object or memoized function stands
+    # behind a probe (trace.opaque); the user's isinstance must see eager's class, or
+    # the trace takes the other branch (once: a false fallback, caught by the first-call
+    # check only because the branches give different values).
+    obj, cls = {"generator": (_generator(), types.GeneratorType),
+                "itertools.count": (itertools.count(), itertools.count),
+                "default_rng": (np.random.default_rng(0), np.random.Generator),
+                "lru_cache": (functools.lru_cache()(abs),
+                              functools._lru_cache_wrapper)}[source]
+    P = tj.Parameter(np.linspace(0.5, 1.5, 3))
+
+    def fn(x):
+        k = 2.0 if isinstance(obj, cls) and inspect.isgenerator(obj) == (
+            source == "generator") else 3.0
+        return F.sum(x * P * k)
+
+    jf = tj.jit(fn)
+
+    def change(k):
+        P.data[...] += 0.5                     # a captured Parameter updated in place
+    _calls(jf, fn, n=6, change=change)
+    assert jf.cache_info()["hits"] >= 3

@@ -51,11 +51,21 @@ def _line():
     return user_line(3)
 
 
+def _proxied_class(attr):
+    """A probe's __class__: the class of the object it stands for, so the user's
+    isinstance(g, types.GeneratorType) (and inspect.isgenerator, a check for
+    np.random.Generator) sees what eager sees; isinstance tries type() first, so the
+    probe is still an instance of its own class. (`type(g) is ...` still sees the
+    probe.)"""
+    return property(lambda self: type(getattr(self, attr)))
+
+
 class IteratorProbe:
     """Stands for an iterator made outside the call while the call traces: notes that
     the call advanced it (first line), and advances it, as eager does."""
 
     __slots__ = ("it", "label", "line")
+    __class__ = _proxied_class("it")
 
     def __init__(self, it, label):
         self.it, self.label, self.line = it, label, None
@@ -102,6 +112,7 @@ class StatefulProbe:
     method the call uses on it (its results are that state, frozen into the graph)."""
 
     __slots__ = ("obj", "label", "line", "method")
+    __class__ = _proxied_class("obj")
 
     def __init__(self, obj, label):
         self.obj, self.label, self.line, self.method = obj, label, None, None
@@ -132,6 +143,7 @@ class CacheProbe:
     with traced data (its cached result would be frozen)."""
 
     __slots__ = ("fn", "label", "calls", "traced_line")
+    __class__ = _proxied_class("fn")
 
     def __init__(self, fn, label):
         self.fn, self.label, self.calls, self.traced_line = fn, label, [], None
