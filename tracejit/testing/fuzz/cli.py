@@ -379,12 +379,15 @@ def main(argv=None):
     ap.add_argument("--focus", default=None,
                     choices=["state", "nested_grad", "views", "rebound", "argument_views",
                              "unchain", "mixed_dtypes", "matmul", "conv", "made_leaves",
-                             "scalar_dropout", "backward_into", "retain_grad", "c_state"],
+                             "scalar_dropout", "backward_into", "retain_grad", "c_state",
+                             "nesting"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
                     "nested_grad (grad, value_and_grad and grad of grad inside f); "
                     "views (results that are views of arguments, captures, other values); "
+                    "nesting (results nested lists and tuples deep, up to and past "
+                    "the depth compiled calls rebuild); "
                     "rebound (state a step rebinds on a captured holder across calls, "
                     "an RNN's h); "
                     "argument_views (intermediates that are views of arguments); "

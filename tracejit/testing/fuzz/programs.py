@@ -17,6 +17,8 @@ harness reports is a real one.
 import numpy as np
 from hypothesis import assume, strategies as st
 
+from tracejit.trace.pytree import MAX_DEPTH
+
 __all__ = ["source_programs", "SourceProgram", "AVOIDABLE"]
 
 # Constructs a run can leave out (`--avoid`), to look past known bug classes:
@@ -1707,6 +1709,7 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     focus="unchain" mostly UNCHAIN_STEPS (unchain_backward inside f);
     focus="mixed_dtypes" mostly MIXED_DTYPE_STEPS (float32 results with float64
     cotangents beside a dead float64 state);
+    focus="nesting" returns the results nested up to and past pytree.MAX_DEPTH;
     focus="matmul" mostly MATMUL_STEPS (what passes/matmul_batching.py rewrites);
     focus="conv" mostly CONV_STEPS (conv -> bias -> ReLU -> pooling: what
     passes/conv_epilogue.py rewrites);
@@ -1790,6 +1793,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
     outputs = _outputs(b, retain_focus=(focus == "retain_grad"))
+    if focus == "nesting":
+        outputs = _nested_outputs(b, outputs)
     if "size1" in avoid:
         # What the sites above cannot rule out (a capture broadcast over B, x[:1]).
         assume(all(1 not in v.shape for v in b.vals)
@@ -1894,6 +1899,20 @@ def _outputs(b, retain_focus=False):
     if len(outs) == 1 and b.draw(st.booleans()):
         return outs[0]
     return ", ".join(outs) + ("," if len(outs) == 1 else "")
+
+
+def _nested_outputs(b, outputs):
+    """The results nested lists and tuples deep around pytree.MAX_DEPTH: up to it they
+    compile, deeper they run eagerly, warned (a result nested ~1000 deep once raised
+    RecursionError in the trace; the harness's own walks stay recursive, so not that
+    deep here)."""
+    depth = b.draw(st.sampled_from([1, 3, MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1, 150]))
+    r = b.fresh("r")
+    b.emit(f"{r} = ({outputs})")
+    b.emit(f"for i in range({depth}):")
+    b.emit(f"    {r} = [{r}] if i % 2 else ({r},)")
+    b.features.add("nested_result" if depth <= MAX_DEPTH else "nested_result_too_deep")
+    return r
 
 
 def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=False,
