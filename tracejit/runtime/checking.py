@@ -305,10 +305,18 @@ def _twin_difference(expected, got, ref, ok, what):
                f"moved the twin") + ")")
 
 
-def first_difference(expected, got, path="output", soft=None, ref=NOREF):
+def first_difference(expected, got, path="output", soft=None, ref=NOREF, _done=None):
     """The first difference of compiled's result `got` from eager's `expected` (a
     message naming where), None if they agree. soft and ref: see array_difference; ref
     is the float64 twin's result, walked beside the two."""
+    # A result is a DAG, not always a tree (`r = [r, r]` a hundred times: 2**100 paths,
+    # which eager returns at once): a pair of containers compared once is not again.
+    if isinstance(expected, (tuple, list, dict)):
+        _done = set() if _done is None else _done
+        key = (id(expected), id(got), id(ref))
+        if key in _done:
+            return None
+        _done.add(key)
     # The kind of object first: a Parameter returned as itself, a NumPy scalar or a
     # Python bool where eager gives one, a tuple's length.
     if type(expected) is not type(got):
@@ -343,7 +351,7 @@ def first_difference(expected, got, path="output", soft=None, ref=NOREF):
                                 else None)
     if isinstance(expected, (tuple, list)):
         for i, (e, g) in enumerate(zip(expected, got)):
-            d = first_difference(e, g, f"{path}[{i}]", soft, sub(ref, i))
+            d = first_difference(e, g, f"{path}[{i}]", soft, sub(ref, i), _done)
             if d:
                 return d
         return None
@@ -351,7 +359,8 @@ def first_difference(expected, got, path="output", soft=None, ref=NOREF):
         if list(expected) != list(got):
             return f"{path}: eager gives the keys {list(expected)}, compiled {list(got)}"
         for k in expected:
-            d = first_difference(expected[k], got[k], f"{path}[{k!r}]", soft, sub(ref, k))
+            d = first_difference(expected[k], got[k], f"{path}[{k!r}]", soft, sub(ref, k),
+                                 _done)
             if d:
                 return d
         return None
@@ -383,20 +392,31 @@ def first_difference(expected, got, path="output", soft=None, ref=NOREF):
 _ITERATORS = (type(x for x in ()), type(iter(())), type(iter([])), type(map(abs, ())))
 
 
-def leaves_with_paths(obj, path="output", out=None, containers=False):
+def leaves_with_paths(obj, path="output", out=None, containers=False, _seen=None):
     """(path, leaf) for each leaf of a result tree of tuples, lists and dicts (with
-    containers=True, each list and dict too, before what it holds)."""
+    containers=True, each list and dict too, before what it holds). A container met
+    again (the result is a DAG: `r = [r, r]`) is not walked again: its leaves are
+    listed once, at their first path (with containers=True the container is listed
+    again, so a sharing compiled calls lose still shows); two results with the same
+    sharing list their leaves in the same order."""
     out = [] if out is None else out
+    _seen = set() if _seen is None else _seen
+    if type(obj) in (tuple, list, dict) or _is_namedtuple(type(obj)):
+        if id(obj) in _seen:
+            if containers and type(obj) in (list, dict):
+                out.append((path, obj))
+            return out
+        _seen.add(id(obj))
     if type(obj) in (tuple, list) or _is_namedtuple(type(obj)):
         if containers and type(obj) is list:
             out.append((path, obj))
         for i, x in enumerate(obj):
-            leaves_with_paths(x, f"{path}[{i}]", out, containers)
+            leaves_with_paths(x, f"{path}[{i}]", out, containers, _seen)
     elif type(obj) is dict:
         if containers:
             out.append((path, obj))
         for k, x in obj.items():
-            leaves_with_paths(x, f"{path}[{k!r}]", out, containers)
+            leaves_with_paths(x, f"{path}[{k!r}]", out, containers, _seen)
     else:
         out.append((path, obj))
     return out
@@ -421,8 +441,8 @@ def identity_difference(expected, got, known=()):
         return objs
 
     eo, go = objects(expected), objects(got)
-    if len(eo) != len(go):
-        return None
+    # Where the two share differently, the lists part at the first container one side
+    # meets again and the other not: the loop names it before their lengths differ.
     first_e, first_g = {}, {}
     for i, ((path, e), (_, g)) in enumerate(zip(eo, go)):
         if e is None:

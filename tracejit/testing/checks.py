@@ -502,19 +502,26 @@ def _copy_args(args):
     return [copy(a) for a in args]
 
 
-def _containers(obj, path="output", out=None):
+def _containers(obj, path="output", out=None, seen=None):
     """(path, type, length or keys) of each tuple, list, NamedTuple and dict of a result
     tree, in the order leaves_with_paths walks it: the leaves' paths do not tell a tuple
-    from a list."""
+    from a list. A container met again (a DAG) is listed as that, not walked again."""
     out = [] if out is None else out
-    if type(obj) in (tuple, list) or (isinstance(obj, tuple) and hasattr(obj, "_fields")):
+    seen = set() if seen is None else seen
+    is_seq = type(obj) in (tuple, list) or (isinstance(obj, tuple) and hasattr(obj, "_fields"))
+    if (is_seq or type(obj) is dict) and id(obj) in seen:
+        out.append((path, type(obj), "again"))
+        return out
+    if is_seq:
+        seen.add(id(obj))
         out.append((path, type(obj), len(obj)))
         for i, x in enumerate(obj):
-            _containers(x, f"{path}[{i}]", out)
+            _containers(x, f"{path}[{i}]", out, seen)
     elif type(obj) is dict:
+        seen.add(id(obj))
         out.append((path, type(obj), list(obj)))
         for k, x in obj.items():
-            _containers(x, f"{path}[{k!r}]", out)
+            _containers(x, f"{path}[{k!r}]", out, seen)
     return out
 
 

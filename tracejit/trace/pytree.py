@@ -234,7 +234,7 @@ def leaf_key(x):
 
 def flatten_result(obj, leaves, keep=None):
     """The result's tree (containers as in flatten_args, every leaf VAR), leaves
-    appended. A list or dict found in two places is one object in eager: its first
+    appended. A list, dict or tuple found in two places is one object in eager: its first
     place is ("bind", k, tree), the others ("again", k), so it is rebuilt once.
     keep: id -> path of the argument containers the call returns as they came
     (("argobj", path): that object itself, as eager returns it).
@@ -318,7 +318,9 @@ def _count_containers(obj, counts):
     while stack:
         obj = stack.pop()
         t = type(obj)
-        if t is list or t is dict:
+        # Tuples too: one tuple in many places is one object in eager, and walked per
+        # place a result DAG (`r = (r, r)` sixty times) would be 2**60 leaves.
+        if t is list or t is dict or t is tuple or _is_namedtuple(t):
             counts[id(obj)] = counts.get(id(obj), 0) + 1
             if counts[id(obj)] > 1:
                 continue
