@@ -524,28 +524,7 @@ def result_views(tr, raw, leaves):
     result is that array object itself (`x.grad.data`). unexpressed: leaf indices whose
     traced array shares memory with such a buffer but no replay rebuilds it (the call
     runs eagerly: a copy would be silently unaliased)."""
-    producer = {}
-    for n in tr.graph.nodes:
-        for o in n.outputs:
-            producer[id(o)] = n
-    input_pos = {id(v): i for i, v in enumerate(tr.graph.inputs)}
-    arrays = _input_arrays(tr)
-    out_pos = {}
-    for j, leaf in enumerate(leaves):
-        if leaf[0] == "out" and leaf[2] in (VAR, ARR) and leaf[1] is not None:
-            out_pos.setdefault(id(leaf[1]), j)
-    # A Value an in-place effect writes into a buffer from outside (`W += 1.0`; a view
-    # taken after it is rebuilt on the updated value): that buffer, after the effects.
-    effect_pos, effect_arrays = {}, {}
-    for e, (kind, target, v) in enumerate(tr.effects):
-        buf = target._data if kind == "inplace" else target if kind == "inplace_array" \
-            else None
-        if isinstance(buf, np.ndarray):
-            effect_pos.setdefault(id(v), e)
-            effect_arrays[e] = buf.view(np.ndarray) if type(buf) is not np.ndarray else buf
-    owned = _owned_buffers(tr, raw, leaves)
-    made_inputs = {input_pos[id(v)]: a for a, v in tr.captured_arrays.values()
-                   if id(v) in input_pos and _made_in_call(tr, a) and _copy_keeps_layout(a)}
+    ctx = _ViewRoots(tr, raw, leaves)
     views, unexpressed = {}, []
     for i, leaf in enumerate(leaves):
         if leaf[0] != "out" or leaf[2] not in (VAR, ARR):
@@ -554,59 +533,9 @@ def result_views(tr, raw, leaves):
         if arr is None:
             continue
         data = raw[i]._data if isinstance(raw[i], Variable) else raw[i]
-        v, steps = leaf[1], []
-        while True:
-            # Every buffer this value is the array of, tried in turn: the one the
-            # traced result is exactly a view of (same memory, same strides) is its root.
-            cands = []
-            j = out_pos.get(id(v))
-            if j is not None and j != i:
-                cands.append((("leaf", j), _plain(raw[j]), None))
-            cands += owned.get(id(v), [])
-            if id(v) in effect_pos:
-                cands.append((("effect", effect_pos[id(v)]), effect_arrays[effect_pos[id(v)]],
-                              None))
-            if id(v) in input_pos:
-                r = input_pos[id(v)]
-                # An array the function made (a seed nothing else holds, np.ones(3)):
-                # eager makes it anew every call; the runner copies the graph's.
-                cands.append((("input", r), arrays[r], None) if r in arrays else
-                             (("copy", r), made_inputs.get(r), None))
-            found = None
-            for root, base, obj in cands:
-                if base is None:
-                    continue
-                if not steps and obj is not None and (data is obj or (
-                        getattr(data, "_owner", None) is obj and _same_array(arr, base))):
-                    found = (root, ())      # that array object itself: `x.grad.data`
-                    break
-                # No op between (a reshape to its own shape, elided): a new view of
-                # the buffer, as NumPy's reshape gives.
-                replay = tuple(reversed(steps)) or (_new_view,)
-                # (A copy here, a reshape of a non-contiguous buffer, is rebuilt too: the
-                # same shape with other strides can reshape without a copy (x[::2] of a
-                # longer buffer, (2, 4) with strides (64, 16)), and eager then returns a
-                # view of it; where the replay copies, the runner keeps the graph's value.)
-                if _replays(base, replay, arr) or _replays_as_copy(base, replay, arr):
-                    found = (root, replay)
-                    break
-            if found is not None:
-                views[i] = found
-                break
-            n = producer.get(id(v))
-            if n is None or n.kind != MOVEMENT or len(n.inputs) != 1:
-                # A view of a value no result holds (`h.data.T`, F.reshape(h) with h
-                # not returned): the variant returns the value too and replays the
-                # view on it, so that it has eager's layout and views of one value
-                # alias each other, as eager's views of h do.
-                owner = tr.owner.get(id(v))
-                if steps and isinstance(owner, Variable) and owner._tv is v and \
-                        n is not None and _plain(owner) is not None and \
-                        _replays(_plain(owner), tuple(reversed(steps)), arr):
-                    views[i] = (("value", v), tuple(reversed(steps)))
-                break
-            steps.append(_view_step(n))
-            v = n.inputs[0]
+        found = ctx.view_of(arr, data, leaf[1], i)
+        if found is not None:
+            views[i] = found
 
     def group(i):        # the buffer a result is rebuilt on: ("input", r) or ("leaf", j)
         while i in views and views[i][0][0] == "leaf":
@@ -620,10 +549,7 @@ def result_views(tr, raw, leaves):
         arr = _plain(raw[i])
         if arr is None or arr.size == 0:
             continue
-        if any(_overlaps(arr, base) for base in list(arrays.values())
-               + list(effect_arrays.values())
-               + [base for c in owned.values() for _, base, _ in c]
-               + list(made_inputs.values())) or any(
+        if ctx.overlaps_outside(arr) or any(
                 # (The same Value twice is the identity checks' business: `return y, y`.)
                 j != i and leaves[j][0] == "out" and group(j) != ("leaf", i)
                 and leaves[j][1] is not leaf[1]
@@ -631,6 +557,103 @@ def result_views(tr, raw, leaves):
                 for j in range(len(leaves))):
             unexpressed.append(i)
     return views, unexpressed
+
+
+class _ViewRoots:
+    """The buffers a view can be rebuilt on at call time (result_views' roots), and the
+    search for the one an array the trace holds is a view of."""
+
+    def __init__(self, tr, raw, leaves):
+        self.tr, self.raw = tr, raw
+        self.producer = {}
+        for n in tr.graph.nodes:
+            for o in n.outputs:
+                self.producer[id(o)] = n
+        self.input_pos = {id(v): i for i, v in enumerate(tr.graph.inputs)}
+        self.arrays = _input_arrays(tr)
+        self.out_pos = {}
+        for j, leaf in enumerate(leaves):
+            if leaf[0] == "out" and leaf[2] in (VAR, ARR) and leaf[1] is not None:
+                self.out_pos.setdefault(id(leaf[1]), j)
+        # A Value an in-place effect writes into a buffer from outside (`W += 1.0`; a
+        # view taken after it is rebuilt on the updated value): that buffer, after the
+        # effects.
+        self.effect_pos, self.effect_arrays = {}, {}
+        for e, (kind, target, v) in enumerate(tr.effects):
+            buf = target._data if kind == "inplace" else target \
+                if kind == "inplace_array" else None
+            if isinstance(buf, np.ndarray):
+                self.effect_pos.setdefault(id(v), e)
+                self.effect_arrays[e] = buf.view(np.ndarray) \
+                    if type(buf) is not np.ndarray else buf
+        self.owned = _owned_buffers(tr, raw, leaves)
+        self.made_inputs = {self.input_pos[id(v)]: a for a, v in tr.captured_arrays.values()
+                            if id(v) in self.input_pos and _made_in_call(tr, a)
+                            and _copy_keeps_layout(a)}
+
+    def candidates(self, v, i):
+        """Every buffer Value v is the array of: (root, that array, its object or
+        None), result leaf i's own excluded."""
+        cands = []
+        j = self.out_pos.get(id(v))
+        if j is not None and j != i:
+            cands.append((("leaf", j), _plain(self.raw[j]), None))
+        cands += self.owned.get(id(v), [])
+        e = self.effect_pos.get(id(v))
+        if e is not None:
+            cands.append((("effect", e), self.effect_arrays[e], None))
+        r = self.input_pos.get(id(v))
+        if r is not None:
+            # An array the function made (a seed nothing else holds, np.ones(3)): eager
+            # makes it anew every call; the runner copies the graph's.
+            cands.append((("input", r), self.arrays[r], None) if r in self.arrays else
+                         (("copy", r), self.made_inputs.get(r), None))
+        return cands
+
+    def view_of(self, arr, data, v, i=None):
+        """(root, steps) rebuilding arr, the traced array `data` of Value v (result leaf
+        i's, or None), on a buffer it is a view of, or None."""
+        steps = []
+        while True:
+            # Every buffer this value is the array of, tried in turn: the one the
+            # traced array is exactly a view of (same memory, same strides) is its root.
+            for root, base, obj in self.candidates(v, i):
+                if base is None:
+                    continue
+                if not steps and obj is not None and (data is obj or (
+                        getattr(data, "_owner", None) is obj and _same_array(arr, base))):
+                    return root, ()     # that array object itself: `x.grad.data`
+                # No op between (a reshape to its own shape, elided): a new view of
+                # the buffer, as NumPy's reshape gives.
+                replay = tuple(reversed(steps)) or (_new_view,)
+                # (A copy here, a reshape of a non-contiguous buffer, is rebuilt too: the
+                # same shape with other strides can reshape without a copy (x[::2] of a
+                # longer buffer, (2, 4) with strides (64, 16)), and eager then returns a
+                # view of it; where the replay copies, the runner keeps the graph's value.)
+                if _replays(base, replay, arr) or _replays_as_copy(base, replay, arr):
+                    return root, replay
+            n = self.producer.get(id(v))
+            if n is None or n.kind != MOVEMENT or len(n.inputs) != 1:
+                # A view of a value no result holds (`h.data.T`, F.reshape(h) with h
+                # not returned): the variant returns the value too and replays the
+                # view on it, so that it has eager's layout and views of one value
+                # alias each other, as eager's views of h do.
+                owner = self.tr.owner.get(id(v))
+                if steps and isinstance(owner, Variable) and owner._tv is v and \
+                        n is not None and _plain(owner) is not None and \
+                        _replays(_plain(owner), tuple(reversed(steps)), arr):
+                    return ("value", v), tuple(reversed(steps))
+                return None
+            steps.append(_view_step(n))
+            v = n.inputs[0]
+
+    def overlaps_outside(self, arr):
+        """Does arr share memory with a buffer from outside the call or one a compiled
+        call hands back by identity?"""
+        return any(_overlaps(arr, base) for base in list(self.arrays.values())
+                   + list(self.effect_arrays.values())
+                   + [base for c in self.owned.values() for _, base, _ in c]
+                   + list(self.made_inputs.values()))
 
 
 def _owned_buffers(tr, raw, leaves):
