@@ -12,7 +12,7 @@ from tracejit.trace import buffers, pystate
 from tracejit.trace import record as tracing
 from tracejit.trace.backward import mutated_inputs, trace_backward
 from tracejit.trace.pytree import (ARR, FLT, VAR, arg_at, arg_names, flatten_result,
-                                   replay_view, result_leaves, result_views,
+                                   rebind_views, replay_view, result_leaves, result_views,
                                    strip_tracers, unflatten)
 from tracejit.trace.record import (TracedArray, TracedFloat, Trace, _user_functions,
                                    wrapped_function)
@@ -130,6 +130,16 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
                 f"result {unexpressed[0]} is a view of an argument's, a captured array's "
                 f"or another result's buffer that compiled calls cannot rebuild (they "
                 f"would return an unaliased copy)", def_line))
+        # Arrays `W.data = ...` stores that eager shares with an argument, a .grad or a
+        # result (`W.data = x.data[:, ::-1]`): rebuilt on that buffer when applied.
+        bound_views, unbound = rebind_views(tr, out_leaves_raw, out_leaves, out_views)
+        if unbound:
+            var = tr.effects[unbound[0]][1]
+            tr.escapes.append((
+                f"`{_var_label(tr, var)}.data = ...` stores a view of an argument's, a "
+                f"captured array's, a .grad's or a result's buffer that compiled calls "
+                f"cannot rebuild (they would store an unaliased copy)",
+                tr.rebind_lines.get(unbound[0], def_line)))
         # A .grad that a backward going on into the caller's graph touched after: the
         # one that walk started from (it is repeated at call time, after these).
         grad_of = _grads_before_walks(tr)
@@ -175,6 +185,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             if leaf[0] == "wrap" and id(x._data) in copied and \
                     copied[id(x._data)][0] is x._data:
                 x._data = copied[id(x._data)][1]
+        _rebind_on_grads(tr, bound_views)
         _rebuild_owned_views(tr, out_leaves_raw, out_leaves, out_views, result_objects)
         if _unreturned_grad_graph(tr, out_leaves_raw, grad_of):
             tr.escapes.append((
@@ -359,6 +370,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         # (With the arguments': an object argument keys the variant by identity, and
         # what the caller rebinds on it between calls (`m.buf = new`) is guarded.)
         locations=locs + arg_locs, backward=backward, out_views=out_views,
+        rebind_views=bound_views,
         rebound=rebound or [],
         mutated=frozenset(mutated_inputs(tr)) if backward is not None else frozenset(),
         sources=parts.get("sources", []), effects=parts.get("effects", []),
@@ -446,6 +458,7 @@ def _tracer_args(tr, fn, args, kwargs, leaves, static_argnums, static_argnames):
             arg_inputs.append((len(leaves) - 1, v))
             x._tv = v
             tr.arg_vars[id(x)] = (x, v)
+            tr.read_arrays[id(v)] = x._data
             return x
         if isinstance(x, np.ndarray):
             leaves.append(x)
@@ -717,6 +730,24 @@ def _unshare_grads(tr, vars_, grad_of=None):
             g._data = old.copy()
             copied[id(old)] = (old, g._data)
     return copied
+
+
+def _rebind_on_grads(tr, views):
+    """A Variable the call rebound to (a view of) a .grad it set (`W.data = x.grad.data`)
+    holds it on the array that .grad holds now: _unshare_grads may have given it a copy
+    of the graph's constant (the seed), which the stored array still is."""
+    grads = list(tr.grad_writes.values())
+    for e, ((where, r), steps) in views.items():
+        var = tr.effects[e][1]
+        if where != "grad" or var._data is not tr.rebind_arrays[e]:
+            continue        # (rebound again since)
+        view = replay_view(grads[r]._grad._data, steps)
+        if view is not None:
+            var._data = view
+
+
+def _var_label(tr, var):
+    return tr.name_of(var) or var.name or "a captured Variable"
 
 
 def _rebuild_owned_views(tr, raw, leaves, views, objects):

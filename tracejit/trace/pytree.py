@@ -513,6 +513,8 @@ def result_views(tr, raw, leaves):
     (the buffer in-place effect e writes into), ("copy", i) (a copy, new every call, of
     forward graph input i, an array the function made: eager's is new every call),
     ("value", Value) (a value no result holds, which the variant returns too),
+    ("rebind", e) (the array rebind effect e stored, `W.data = h.data`, its Variable
+    rebound that once),
     ("leaf", j) (result leaf j's array: a
     computed one, or the new array of a returned `Variable(np.ones(3))`), ("grad", g)
     (the array of the .grad the call's g-th grad effect sets: a seed passed through,
@@ -559,6 +561,57 @@ def result_views(tr, raw, leaves):
     return views, unexpressed
 
 
+def rebind_views(tr, raw, leaves, out_views):
+    """Which arrays the call's rebind effects store (`W.data = x.data[:, ::-1]`) are, in
+    eager, views of a buffer a compiled call has at hand when it applies them, and how
+    to rebuild each there: {effect index: (root, steps)}, roots as result_views' (an
+    input's array as the call reads it, the buffer of an earlier in-place effect, the
+    .grad a grad effect sets, a computed result's array). unexpressed: the effects whose
+    array shares memory with a buffer from outside or with a result, but no replay
+    rebuilds it (the call runs eagerly: a copy would be silently unaliased)."""
+    ctx = _ViewRoots(tr, raw, leaves)
+    views, unexpressed, copies = {}, [], set()
+
+    def root_of(i):     # the buffer result i is rebuilt on, ("leaf", i) if none
+        while i in out_views and out_views[i][0][0] == "leaf":
+            i = out_views[i][0][1]
+        return out_views[i][0] if i in out_views else ("leaf", i)
+    for e, (kind, _, v) in enumerate(tr.effects):
+        arr = tr.rebind_arrays.get(e) if kind == "rebind" else None
+        if not isinstance(arr, np.ndarray) or type(arr) is not np.ndarray:
+            continue
+        found = ctx.view_of(arr, arr, v, before=e)
+        if found is not None and _rebind_root_ok(found[0], e, leaves, out_views):
+            views[e] = found
+            continue
+        # (A result rebuilt on the array this effect stores shares it in compiled
+        # calls too.)
+        shared = arr.size and any(
+            leaf[0] == "out" and root_of(i) != ("rebind", e) and _plain(x) is not None
+            and _overlaps(arr, _plain(x)) for i, (x, leaf) in enumerate(zip(raw, leaves)))
+        if found is not None and found[0][0] == "copy" and not shared and \
+                found[0][1] not in copies:
+            # An array the function made (`W.data = np.ones(3)`): eager's is new every
+            # call, and so is the runner's copy of the graph's, shared with nothing else.
+            copies.add(found[0][1])
+            continue
+        if shared or (arr.size and ctx.overlaps_outside(arr)):
+            unexpressed.append(e)
+    return views, unexpressed
+
+
+def _rebind_root_ok(root, e, leaves, out_views):
+    """Does the runner hold root's buffer when it applies rebind effect e: an input it
+    reads, an earlier in-place effect's buffer, a grad effect's array (made before the
+    effects), a computed result not itself rebuilt as a view?"""
+    where, r = root
+    if where in ("input", "grad", "rebind"):
+        return True         # (an earlier rebind: candidates' `before`)
+    if where == "effect":
+        return r < e
+    return where == "leaf" and leaves[r][0] == "out" and r not in out_views
+
+
 class _ViewRoots:
     """The buffers a view can be rebuilt on at call time (result_views' roots), and the
     search for the one an array the trace holds is a view of."""
@@ -587,14 +640,29 @@ class _ViewRoots:
                 self.effect_arrays[e] = buf.view(np.ndarray) \
                     if type(buf) is not np.ndarray else buf
         self.owned = _owned_buffers(tr, raw, leaves)
+        # A Value `var.data = ...` stored, var rebound that once (its data then is it
+        # from that effect on): the array it stored.
+        once = {}
+        for e, (kind, var, _) in enumerate(tr.effects):
+            if kind == "rebind":
+                once[id(var)] = None if id(var) in once else e
+        self.rebind_pos = {}
+        for e in once.values():
+            arr = tr.rebind_arrays.get(e) if e is not None else None
+            if type(arr) is np.ndarray and tr.effects[e][1]._data is arr:
+                self.rebind_pos.setdefault(id(tr.effects[e][2]), e)
         self.made_inputs = {self.input_pos[id(v)]: a for a, v in tr.captured_arrays.values()
                             if id(v) in self.input_pos and _made_in_call(tr, a)
                             and _copy_keeps_layout(a)}
 
-    def candidates(self, v, i):
+    def candidates(self, v, i, before=None):
         """Every buffer Value v is the array of: (root, that array, its object or
-        None), result leaf i's own excluded."""
+        None), result leaf i's own excluded, of rebind effects only those before
+        effect `before` (None: after all effects)."""
         cands = []
+        e = self.rebind_pos.get(id(v))
+        if e is not None and (before is None or e < before):
+            cands.append((("rebind", e), self.tr.rebind_arrays[e], None))
         j = self.out_pos.get(id(v))
         if j is not None and j != i:
             cands.append((("leaf", j), _plain(self.raw[j]), None))
@@ -610,18 +678,18 @@ class _ViewRoots:
                          (("copy", r), self.made_inputs.get(r), None))
         return cands
 
-    def view_of(self, arr, data, v, i=None):
+    def view_of(self, arr, data, v, i=None, before=None):
         """(root, steps) rebuilding arr, the traced array `data` of Value v (result leaf
-        i's, or None), on a buffer it is a view of, or None."""
+        i's, or rebind effect `before`'s), on a buffer it is a view of, or None."""
         steps = []
         while True:
             # Every buffer this value is the array of, tried in turn: the one the
             # traced array is exactly a view of (same memory, same strides) is its root.
-            for root, base, obj in self.candidates(v, i):
+            for root, base, obj in self.candidates(v, i, before):
                 if base is None:
                     continue
-                if not steps and obj is not None and (data is obj or (
-                        getattr(data, "_owner", None) is obj and _same_array(arr, base))):
+                if not steps and (data is base or obj is not None and (data is obj or (
+                        getattr(data, "_owner", None) is obj and _same_array(arr, base)))):
                     return root, ()     # that array object itself: `x.grad.data`
                 # No op between (a reshape to its own shape, elided): a new view of
                 # the buffer, as NumPy's reshape gives.
@@ -717,16 +785,18 @@ def _input_arrays(tr):
     pos = {id(v): i for i, v in enumerate(tr.graph.inputs)}
     out = {}
     for var, v in tr.arg_vars.values():
-        if id(v) in pos and isinstance(var._data, np.ndarray):
-            out[pos[id(v)]] = var._data
+        a = tr.read_arrays.get(id(v), var._data)
+        if id(v) in pos and isinstance(a, np.ndarray):
+            out[pos[id(v)]] = a
     for arr, v in tr.arg_arrays.values():
         if id(v) in pos and id(arr) in tr.arg_leaf:
             out[pos[id(v)]] = arr
     for v, (kind, obj) in tr.captures:
         if id(v) not in pos:
             continue
-        if kind == "var" and isinstance(obj._data, np.ndarray):
-            out[pos[id(v)]] = obj._data
+        a = tr.read_arrays.get(id(v), obj._data) if kind == "var" else None
+        if kind == "var" and isinstance(a, np.ndarray):
+            out[pos[id(v)]] = a
         elif kind == "array" and not _made_in_call(tr, obj):
             out[pos[id(v)]] = obj
     return {i: (a.view(np.ndarray) if type(a) is not np.ndarray else a)

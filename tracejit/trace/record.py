@@ -112,6 +112,19 @@ class _Pending:
 PENDING = _Pending()
 
 
+
+def _array_itself(t):
+    """The plain array a tracer stands for: `x.data` (a Variable's data as read), or a
+    captured array, is that very object, as eager's `W.data = x.data` stores it; any
+    other tracer a plain view of its memory."""
+    owner = t._owner
+    if owner is not None and isinstance(owner._data, np.ndarray) and \
+            type(owner._data) is np.ndarray and _same_layout(t, owner._data):
+        return owner._data
+    if t._capture is not None and type(t._capture) is np.ndarray and \
+            _same_layout(t, t._capture):
+        return t._capture
+    return t.view(np.ndarray)
 class Trace(core.TraceHooks):
     """Everything one tracing run records. One per traced call, thread-local."""
 
@@ -124,9 +137,14 @@ class Trace(core.TraceHooks):
         self.captures = []           # (Value, source) for inputs read from outside the args
         self.capture_lines = {}      # id(Variable) -> the user's line that first used it
         self.captured_vars = {}      # id(Variable) -> (Variable, Value)
+        # id(Value) -> the array an argument or captured Variable held when read (its
+        # data may be rebound since: `W.data = ...`)
+        self.read_arrays = {}
         self.captured_arrays = {}    # id(ndarray) -> (ndarray, current Value)
         self.effects = []            # (kind, target, Value) replayed after a run
         self.grad_writes = {}        # id(Variable) -> Variable, live vars whose .grad was set
+        self.rebind_arrays = {}      # rebind effect index -> the array it stored
+        self.rebind_lines = {}       # ... -> the user's line
         self.grad_reads = {}         # id(Variable) -> (Variable, was None): captured vars
                                      # whose .grad was read before the call set it
         self.escapes = []            # (reason, line)
@@ -245,6 +263,7 @@ class Trace(core.TraceHooks):
             return Lit(0.0, np.float64)
         v = self.add_input(var.shape, var.dtype, self.name_of(var) or var.name)
         self.own(var._data)
+        self.read_arrays[id(v)] = var._data
         self.captured_vars[id(var)] = (var, v)
         self.captures.append((v, ("var", var)))
         self.capture_lines[id(var)] = user_line(3)
@@ -918,7 +937,7 @@ class Trace(core.TraceHooks):
                 # `var.data -= x` assigns back the array it changed in place: nothing new.
                 return var._data
             tv = self.array_value(value)
-            plain = value.view(np.ndarray)
+            plain = _array_itself(value)
         else:
             plain = value
             tv = self.array_value(value) if value is not None else None
@@ -931,6 +950,10 @@ class Trace(core.TraceHooks):
                 self.escape("setting a captured Variable's data to None")
                 return plain
             self.effects.append(("rebind", var, tv))
+            # The array it stores, whose buffer the runner rebuilds it on (a view of
+            # an argument's, a .grad's: pytree.rebind_views).
+            self.rebind_arrays[len(self.effects) - 1] = plain
+            self.rebind_lines[len(self.effects) - 1] = user_line()
             var._tv = tv
         else:
             var._tv = tv if tv is not None else PENDING

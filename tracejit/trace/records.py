@@ -178,6 +178,9 @@ class TracedCall:
     # result leaf index -> (root, steps): a result eager returns as a view of an input's
     # buffer or of another result (pytree.result_views), rebuilt on it at return time
     out_views: Any = None
+    # rebind effect index -> (root, steps): an array `W.data = ...` stores that eager
+    # shares with a buffer the runner holds (pytree.rebind_views), rebuilt on it
+    rebind_views: Any = None
     made_grad_leaf: dict = None  # made result -> result leaf that is its .grad, a
                                  # Variable the graph does not compute (`y.backward(
                                  # retain_grad=True); return y.grad, y`: the seed)
