@@ -718,8 +718,14 @@ def _same_scalar(a, b):
 
 
 def describe_value(v):
+    """v as the user wrote it: a traced array is the ndarray (or NumPy scalar) eager
+    has there."""
     if type(v) in _SCALARS or isinstance(v, np.generic):
         return repr(v)
+    if isinstance(v, np.ndarray):
+        if getattr(v, "_numpy_scalar", False):
+            return f"a NumPy {v.dtype} scalar"
+        return f"an ndarray of shape {v.shape} and dtype {v.dtype}"
     return f"a {type(v).__name__} object"
 
 
@@ -790,15 +796,15 @@ UNSET = _Unset()
 def state_refusal(loc, old, new):
     """Why a rebinding of loc (old -> new) cannot be threaded, None when it can: an
     attribute in an object's own __dict__ (set as its class sets attributes), an item
-    of a dict or list, a closure cell or a module global, holding None or a Variable
-    before and after. A Parameter too (the runner gives back the same object, or one
-    of its class, as eager), except as an attribute of a Layer: a Layer registers it
+    of a dict or list, a closure cell or a module global, holding None, a Variable or
+    an ndarray before and after. A Parameter too (the runner gives back the same
+    object, or one of its class, as eager), except as an attribute of a Layer: a Layer registers it
     (its params() change), and put() writes past that."""
     from tracejit.core import Parameter
     from tracejit.layers import Layer
     for v in (old, new):
-        if v is not None and not isinstance(v, Variable):
-            return f"{describe_value(v)} is not None or a Variable"
+        if v is not None and not isinstance(v, Variable) and not _threadable_array(v):
+            return f"{describe_value(v)} is not None, a Variable or an ndarray"
     if loc.kind == "attr":
         obj = loc.container
         if isinstance(obj, Layer) and any(isinstance(v, Parameter) for v in (old, new)):
@@ -817,6 +823,13 @@ def state_refusal(loc, old, new):
     if loc.kind == "item" and type(loc.container) in (dict, list):
         return None
     return "the location cannot be written"
+
+
+def _threadable_array(v):
+    """An ndarray (traced, it is a result of the call, aliasing what eager's aliases):
+    not a NumPy scalar eager gives (`x.data.sum()`), which the tracer holds as one."""
+    from tracejit.trace.values import TracedArray
+    return type(v) is np.ndarray or (type(v) is TracedArray and not v._numpy_scalar)
 
 
 def threaded(fn, locs, labels, name):
