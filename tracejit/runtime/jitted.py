@@ -872,12 +872,18 @@ class Jitted:
                     {k: kwargs[k] if t is None else unflatten(t, None, it)
                      for k, t in kw_trees.items()})
         p_args, p_kwargs = rebuild(p_leaves)
-        # Only the arguments are perturbed (fresh copies): perturbing captured Parameters
-        # in place would show other threads using the same model wrong weights.
-        state = LiveState(v, p_leaves)
         # The real arguments too: one may also be captured (f(w) where f updates the
         # closure's w), which the eager run on the copies then changes.
         originals = LiveState(v, leaves)
+        # A captured Variable whose .grad was an argument when the call began (`S['h'] =
+        # W.grad`, threaded; the call has replaced it since) has that argument's copy as
+        # its .grad in the reruns, as the variant requires (put back: originals).
+        for (where, var), j in v.grad_args:
+            if where == "obj" and j < len(p_leaves):
+                var._grad = p_leaves[j]
+        # Only the arguments are perturbed (fresh copies): perturbing captured Parameters
+        # in place would show other threads using the same model wrong weights.
+        state = LiveState(v, p_leaves)
         perturbed = state.capture()
         # What existed before the call: eager returning one of these, compiled must too.
         known = _known_objects(p_leaves, state)

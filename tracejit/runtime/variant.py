@@ -501,6 +501,9 @@ class Variant:
         # Variables from outside whose .grad the trace found None: the variant holds
         # while it is None.
         self.grad_none = list(call.grad_none)
+        # Variables from outside whose .grad was an argument when traced (the graph
+        # reads it as that argument): the variant holds while it is.
+        self.grad_args = list(call.grad_args)
         # Variables from outside a backward inside the call stopped at (leaves when
         # traced): the variant holds while they have no creator.
         self.leaf_required = list(call.leaf_required)
@@ -1264,6 +1267,10 @@ def build_runner(v, leaf_kinds, key=None):
         t = f"leaves[{var}]._grad" if where == "leafgrad" else const(var)
         msg = f"the .grad of {_label(var)} was None when traced, is set now"
         body.append(f"if {t}._grad is not None: raise Stale({msg!r})")
+    for (where, var), j in v.grad_args:
+        t = f"leaves[{var}]._grad" if where == "leafgrad" else const(var)
+        msg = f"the .grad of {_label(var)} was argument {j} when traced, is not now"
+        body.append(f"if {t}._grad is not leaves[{j}]: raise Stale({msg!r})")
     for where, var in v.leaf_required:
         t = {"leaf": f"leaves[{var}]", "leafgrad": f"leaves[{var}]._grad"}.get(where) \
             if where != "obj" else const(var)

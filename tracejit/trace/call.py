@@ -375,6 +375,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         mutated=frozenset(mutated_inputs(tr)) if backward is not None else frozenset(),
         sources=parts.get("sources", []), effects=parts.get("effects", []),
         grad_effects=parts.get("grad_effects", []), grad_none=parts.get("grad_none", []),
+        grad_args=parts.get("grad_args", []),
         leaf_required=parts.get("leaf_required", []), cuts=parts.get("cuts", []),
         walk_untouched=parts.get("walk_untouched", []), walk_undo=tr.walk_undo,
         walk_checks=parts.get("walk_checks", []))
@@ -417,6 +418,8 @@ def _forward_parts(tr, n_inputs):
         # where it would add now, or the function read None): the variant holds while
         # it is None. (An argument's is in the signature.)
         grad_none=[target(var) for var, was_none in tr.grad_reads.values() if was_none],
+        # Variables from outside whose .grad was an argument: it must be that one.
+        grad_args=[(target(var), tr.arg_leaf[id(g)]) for var, g in tr.grad_args.values()],
         effects=[Effect(kind, target(obj), v) for kind, obj, v in tr.effects],
         leaf_required=[target(var) for var in tr.backward_leaves.values()],
         cuts=[(ev[0], [target(x) for x in ev[1]]) + tuple(ev[2:])

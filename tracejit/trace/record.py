@@ -145,6 +145,9 @@ class Trace(core.TraceHooks):
         self.grad_writes = {}        # id(Variable) -> Variable, live vars whose .grad was set
         self.rebind_arrays = {}      # rebind effect index -> the array it stored
         self.rebind_lines = {}       # ... -> the user's line
+        # id(Variable) -> (Variable, argument Variable): a captured Variable whose .grad,
+        # read before the call set it, is an argument (`S['h'] = W.grad` threaded)
+        self.grad_args = {}
         self.grad_reads = {}         # id(Variable) -> (Variable, was None): captured vars
                                      # whose .grad was read before the call set it
         self.escapes = []            # (reason, line)
@@ -971,6 +974,9 @@ class Trace(core.TraceHooks):
             # it to add to: the variant holds while it is None / set again (an
             # argument's is in the signature).
             self.grad_reads.setdefault(id(var), (var, g is None))
+            if g is not None and id(g) in self.arg_vars and self.arg_vars[id(g)][0] is g:
+                # The graph reads it as that argument: it is one while the variant holds.
+                self.grad_args.setdefault(id(var), (var, g))
         if g is None or self.is_mine(g._tv) or g._tv is PENDING:
             return g
         if outside and id(g) not in self.captured_vars:

@@ -186,6 +186,8 @@ class TracedCall:
                                  # retain_grad=True); return y.grad, y`: the seed)
     rebound: list = ()       # Locations of Variables it rebinds (state to thread), when
                              # that is the only Python state it changes
+    grad_args: list = ()     # (Target, argument leaf): a .grad from outside that was
+                             # that argument when traced, as the graph reads it
     leaf_required: list = ()  # Targets a backward inside the call stopped at (no
                               # creator): the variant holds while they have none
     cuts: list = ()          # (kind, [Targets]): cuts of the caller's graph the
