@@ -871,6 +871,12 @@ class Jitted:
                           for a, t in zip(args, arg_trees)),
                     {k: kwargs[k] if t is None else unflatten(t, None, it)
                      for k, t in kw_trees.items()})
+        # An argument that is also captured state (f(x, W), W the closure's) is that
+        # object in the reruns too, as the variant requires: captured state is not
+        # perturbed (LiveState puts it back).
+        for j, var in v.captured_args:
+            if j < len(p_leaves) and leaves[j] is var:
+                p_leaves[j] = var
         p_args, p_kwargs = rebuild(p_leaves)
         # The real arguments too: one may also be captured (f(w) where f updates the
         # closure's w), which the eager run on the copies then changes.

@@ -347,6 +347,11 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             f"property or a set); compiled calls would not see it rebound",
             tr.capture_lines.get(id(var))))
         break
+    # An argument Variable that is also captured state (f(x, W) with W the closure's; a
+    # captured Parameter stored as threaded state): the graph reads it as the
+    # argument, so the variant holds while that argument is this object.
+    captured_args = {tr.arg_leaf[id(val)]: val for _, val, _ in snap_before
+                     if isinstance(val, Variable) and id(val) in tr.arg_leaf}
     side_effects = [SideEffect(*e) for e in tr.side_effects]
     if not escapes:
         grown = pystate.grown(sizes_before)
@@ -371,6 +376,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         # what the caller rebinds on it between calls (`m.buf = new`) is guarded.)
         locations=locs + arg_locs, backward=backward, out_views=out_views,
         rebind_views=bound_views,
+        captured_args=sorted(captured_args.items(), key=lambda e: e[0]),
         rebound=rebound or [],
         mutated=frozenset(mutated_inputs(tr)) if backward is not None else frozenset(),
         sources=parts.get("sources", []), effects=parts.get("effects", []),
