@@ -504,8 +504,8 @@ class Variant:
         # Variables from outside whose .grad was an argument when traced (the graph
         # reads it as that argument): the variant holds while it is.
         self.grad_args = list(call.grad_args)
-        # Arguments that were Variables the function also captures: the graph reads
-        # them as the argument (one object), so the variant holds while they are.
+        # Arguments that were Variables or arrays the function also captures: the graph
+        # reads them as the argument (one object), so the variant holds while they are.
         self.captured_args = list(call.captured_args)
         # Variables from outside a backward inside the call stopped at (leaves when
         # traced): the variant holds while they have no creator.
@@ -1271,7 +1271,7 @@ def build_runner(v, leaf_kinds, key=None):
         msg = f"the .grad of {_label(var)} was None when traced, is set now"
         body.append(f"if {t}._grad is not None: raise Stale({msg!r})")
     for j, var in v.captured_args:
-        msg = f"argument {j} was a Variable the function also captures when traced, is not now"
+        msg = f"argument {j} was an object the function also captures when traced, is not now"
         body.append(f"if leaves[{j}] is not {const(var)}: raise Stale({msg!r})")
     for (where, var), j in v.grad_args:
         t = f"leaves[{var}]._grad" if where == "leafgrad" else const(var)

@@ -270,6 +270,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         tracing.stop(tr, prev)
         tracing.plain_numbers(locs)
         tr.arg_views = None       # tracers hold the trace: no cycle left behind
+        tr.rebind_owners = tr.rebind_arrays = None    # (nor the call's arrays)
         tr.scalar_args = None
         tr.arg_containers = None
         for x in leaves:
@@ -347,11 +348,11 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             f"property or a set); compiled calls would not see it rebound",
             tr.capture_lines.get(id(var))))
         break
-    # An argument Variable that is also captured state (f(x, W) with W the closure's; a
-    # captured Parameter stored as threaded state): the graph reads it as the
-    # argument, so the variant holds while that argument is this object.
+    # An argument Variable or array that is also captured state (f(x, W) with W the
+    # closure's; a captured Parameter or array stored as threaded state): the graph
+    # reads it as the argument, so the variant holds while that argument is this object.
     captured_args = {tr.arg_leaf[id(val)]: val for _, val, _ in snap_before
-                     if isinstance(val, Variable) and id(val) in tr.arg_leaf}
+                     if isinstance(val, (Variable, np.ndarray)) and id(val) in tr.arg_leaf}
     side_effects = [SideEffect(*e) for e in tr.side_effects]
     if not escapes:
         grown = pystate.grown(sizes_before)
@@ -742,15 +743,17 @@ def _unshare_grads(tr, vars_, grad_of=None):
 
 
 def _rebind_on_grads(tr, views):
-    """A Variable the call rebound to (a view of) a .grad it set (`W.data = x.grad.data`)
-    holds it on the array that .grad holds now: _unshare_grads may have given it a copy
-    of the graph's constant (the seed), which the stored array still is."""
+    """A Variable the call rebound to (a view of) a .grad it set (`W.data = x.grad.data`),
+    or to what such a Variable holds (`V.data = W.data`), holds it on the array that
+    .grad holds now: _unshare_grads may have given it a copy of the graph's constant
+    (the seed), which the stored array still is."""
     grads = list(tr.grad_writes.values())
-    for e, ((where, r), steps) in views.items():
+    for e, ((where, r), steps) in sorted(views.items()):
         var = tr.effects[e][1]
-        if where != "grad" or var._data is not tr.rebind_arrays[e]:
+        if where not in ("grad", "rebind") or var._data is not tr.rebind_arrays[e]:
             continue        # (rebound again since)
-        view = replay_view(grads[r]._grad._data, steps)
+        base = grads[r]._grad._data if where == "grad" else tr.effects[r][1]._data
+        view = replay_view(base, steps)
         if view is not None:
             var._data = view
 
@@ -763,7 +766,8 @@ def _rebuild_owned_views(tr, raw, leaves, views, objects):
     """The traced call's own results that are views of a .grad the call set, of a
     result's retained .grad or of a returned `Variable(np.ones(3))` (result_views'
     "grad", "madegrad" and made "leaf" roots), or of an array the function made
-    ("copy"), and views of those, rebuilt on the array that object holds now (on a
+    ("copy"), or of what a rebound Variable holds ("rebind": _rebind_on_grads may
+    have moved it onto such a copy), and views of those, rebuilt on the array that object holds now (on a
     copy, for "copy"): _unshare_grads and result_leaves gave it a copy of the
     graph's constant, which the views the trace took still point into (a write into
     one would change the constant every later call reads)."""
@@ -776,7 +780,7 @@ def _rebuild_owned_views(tr, raw, leaves, views, objects):
 
     def owned(i):
         (where, r), _ = views[i]
-        if where in ("grad", "madegrad", "copy"):
+        if where in ("grad", "madegrad", "copy", "rebind"):
             return True
         return where == "leaf" and (leaves[r][0] != "out" or (r in views and owned(r)))
     todo, done = sorted(i for i in views if owned(i)), set()
@@ -794,6 +798,8 @@ def _rebuild_owned_views(tr, raw, leaves, views, objects):
                     copies[r] = (a.view(np.ndarray) if type(a) is not np.ndarray
                                  else a).copy(order="K")
                 base = copies[r]
+            elif where == "rebind":     # the array the rebound Variable holds now
+                base = tr.effects[r][1]._data
             else:
                 base = grads[r]._grad if where == "grad" else \
                     made[r]._grad if where == "madegrad" else objects[r]

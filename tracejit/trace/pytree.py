@@ -662,7 +662,9 @@ class _ViewRoots:
         cands = []
         e = self.rebind_pos.get(id(v))
         if e is not None and (before is None or e < before):
-            cands.append((("rebind", e), self.tr.rebind_arrays[e], None))
+            # (Its object: the Variable whose .data it stored, `W.data = x.grad.data`.)
+            cands.append((("rebind", e), self.tr.rebind_arrays[e],
+                          self.tr.rebind_owners.get(e)))
         j = self.out_pos.get(id(v))
         if j is not None and j != i:
             cands.append((("leaf", j), _plain(self.raw[j]), None))
@@ -685,12 +687,12 @@ class _ViewRoots:
         while True:
             # Every buffer this value is the array of, tried in turn: the one the
             # traced array is exactly a view of (same memory, same strides) is its root.
-            for root, base, obj in self.candidates(v, i, before):
-                if base is None:
-                    continue
-                if not steps and (data is base or obj is not None and (data is obj or (
-                        getattr(data, "_owner", None) is obj and _same_array(arr, base)))):
+            cands = [c for c in self.candidates(v, i, before) if c[1] is not None]
+            for root, base, obj in cands if not steps else ():
+                if data is base or obj is not None and (data is obj or (
+                        getattr(data, "_owner", None) is obj and _same_array(arr, base))):
                     return root, ()     # that array object itself: `x.grad.data`
+            for root, base, obj in cands:
                 # No op between (a reshape to its own shape, elided): a new view of
                 # the buffer, as NumPy's reshape gives.
                 replay = tuple(reversed(steps)) or (_new_view,)

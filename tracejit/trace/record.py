@@ -145,6 +145,7 @@ class Trace(core.TraceHooks):
         self.grad_writes = {}        # id(Variable) -> Variable, live vars whose .grad was set
         self.rebind_arrays = {}      # rebind effect index -> the array it stored
         self.rebind_lines = {}       # ... -> the user's line
+        self.rebind_owners = {}      # ... -> the Variable whose .data it stored
         # id(Variable) -> (Variable, argument Variable): a captured Variable whose .grad,
         # read before the call set it, is an argument (`S['h'] = W.grad` threaded)
         self.grad_args = {}
@@ -941,8 +942,9 @@ class Trace(core.TraceHooks):
                 return var._data
             tv = self.array_value(value)
             plain = _array_itself(value)
+            owner = value._owner if plain is getattr(value._owner, "_data", None) else None
         else:
-            plain = value
+            plain, owner = value, None
             tv = self.array_value(value) if value is not None else None
         if var._tv is None:
             # From outside, and written before it was read: capture it now, so it is a
@@ -957,6 +959,8 @@ class Trace(core.TraceHooks):
             # an argument's, a .grad's: pytree.rebind_views).
             self.rebind_arrays[len(self.effects) - 1] = plain
             self.rebind_lines[len(self.effects) - 1] = user_line()
+            if owner is not None:
+                self.rebind_owners[len(self.effects) - 1] = owner
             var._tv = tv
         else:
             var._tv = tv if tv is not None else PENDING

@@ -186,8 +186,8 @@ class TracedCall:
                                  # retain_grad=True); return y.grad, y`: the seed)
     rebound: list = ()       # Locations of Variables it rebinds (state to thread), when
                              # that is the only Python state it changes
-    captured_args: list = ()  # (argument leaf, Variable): an argument that is also
-                              # state the function captures, read as the argument
+    captured_args: list = ()  # (argument leaf, Variable or array): an argument that is
+                              # also state the function captures, read as the argument
     grad_args: list = ()     # (Target, argument leaf): a .grad from outside that was
                              # that argument when traced, as the graph reads it
     leaf_required: list = ()  # Targets a backward inside the call stopped at (no

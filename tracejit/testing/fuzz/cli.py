@@ -379,7 +379,7 @@ def main(argv=None):
     ap.add_argument("--focus", default=None,
                     choices=["state", "nested_grad", "views", "rebound", "argument_views",
                              "unchain", "mixed_dtypes", "matmul", "made_leaves",
-                             "scalar_dropout", "backward_into", "retain_grad"],
+                             "scalar_dropout", "backward_into", "retain_grad", "rebind_alias"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
@@ -399,7 +399,9 @@ def main(argv=None):
                     "backward_into (a backward inside f going on into the "
                     "caller's graph through arguments with a creator); "
                     "retain_grad (earlier values returned beside the last, the caller's "
-                    "backward with retain_grad=True: their .grad)")
+                    "backward with retain_grad=True: their .grad); "
+                    "rebind_alias (a captured Parameter's .data or an ndarray stored as "
+                    "state set to an existing buffer: x.data[::-1], x.grad.data)")
     ap.add_argument("--generator", default="programs", choices=sorted(GENERATORS),
                     help="programs: the general generator; argument_updates: its programs "
                     "with the caller changing the arguments between call and backward")
