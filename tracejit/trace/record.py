@@ -2109,12 +2109,13 @@ def plain_numbers(locs):
     """A traced Python number the function stored in state it reads (`self.loss =
     float(loss.data)`, `log.append(loss)`, `hist[k] = (loss, n)`) is the plain number
     after the trace, as after an eager call: a TracedFloat left in a list is not a
-    float to isinstance, json or a later trace."""
+    float to isinstance, json or a later trace. So is a traced array or NumPy scalar
+    (state a refused trace left: `S['h'] = x.data.sum()`)."""
     seen = set()
     for loc in locs:
         v = loc.read()
-        if isinstance(v, TracedScalar):
-            loc.write(v._value)
+        if isinstance(v, (TracedScalar, TracedArray)):
+            loc.write(_untraced(v))
         else:
             # Items the locations do not list: appended during the trace, past the
             # first 64, or nested deeper.
@@ -2189,8 +2190,8 @@ def _plain_attrs(o, seen, depth):
 
 def _plain_value(x, seen, depth):
     """x with the traced numbers in it plain (a new tuple where one holds some)."""
-    if isinstance(x, TracedScalar):
-        return x._value
+    if isinstance(x, (TracedScalar, TracedArray)):
+        return _untraced(x)
     if type(x) is tuple:
         if any(_holds_tracer(y) for y in x):
             return tuple(_plain_value(y, seen, depth - 1) for y in x)
@@ -2202,8 +2203,18 @@ def _plain_value(x, seen, depth):
 
 
 def _holds_tracer(x):
-    return isinstance(x, TracedScalar) or (type(x) is tuple and any(_holds_tracer(y)
-                                                                     for y in x))
+    return isinstance(x, (TracedScalar, TracedArray)) or (
+        type(x) is tuple and any(_holds_tracer(y) for y in x))
+
+
+def _untraced(x):
+    """What eager holds for a tracer left in Python state (a refused trace's `S['h'] =
+    x.data.sum()`): the number, the NumPy scalar, the array (a view of its memory)."""
+    if isinstance(x, TracedScalar):
+        return x._value
+    a = x.view(np.ndarray)
+    scalar = x._numpy_scalar
+    return a if not scalar else a.item() if scalar == "python" else a[()]
 
 
 def symbolic_scalars(fn):
