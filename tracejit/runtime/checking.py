@@ -395,25 +395,28 @@ def leaves_with_paths(obj, path="output", out=None, containers=False):
     return out
 
 
+def result_objects(result):
+    """(path, object) of every Variable, its .data, array, list and dict in a result:
+    taken of eager's right after its run (a captured Variable it returns is the same
+    object in both runs, whose .data the compiled run may rebind: `W.data = x.data`)."""
+    objs = []
+    for path, x in leaves_with_paths(result, containers=True):
+        if isinstance(x, Variable):
+            objs.append((path, x))
+            objs.append((f"{path}.data", x._data))
+        elif isinstance(x, (np.ndarray, list, dict)):
+            objs.append((path, x))
+    return objs
+
+
 def identity_difference(expected, got, known=()):
     """Where the results' identities differ (the values and the structure are the same
     already): eager returns an object that existed before the call (`known`: the
     arguments, their arrays, captured state) and compiled another, or one object (a
     Variable, an array, a Variable's .data, a list or dict) in two places where
-    compiled has two different ones, or the reverse."""
+    compiled has two different ones, or the reverse. expected: eager's result_objects."""
     known = {id(x) for x in known}
-
-    def objects(result):
-        objs = []
-        for path, x in leaves_with_paths(result, containers=True):
-            if isinstance(x, Variable):
-                objs.append((path, x))
-                objs.append((f"{path}.data", x._data))
-            elif isinstance(x, (np.ndarray, list, dict)):
-                objs.append((path, x))
-        return objs
-
-    eo, go = objects(expected), objects(got)
+    eo, go = expected, result_objects(got)
     if len(eo) != len(go):
         return None
     first_e, first_g = {}, {}

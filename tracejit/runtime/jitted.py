@@ -30,6 +30,7 @@ from tracejit.trace.call import trace_call
 from tracejit.runtime.checking import (NOISE_RUNS, NOREF, LiveState, Soft,
                                        first_difference, float32_noise,
                                        gradient_difference, identity_difference,
+                                       result_objects,
                                        leaves_with_paths, low_precision_involved,
                                        twin_copy, with_noise, layout_copy)
 from tracejit.core import Config, Parameter, Variable
@@ -908,6 +909,7 @@ class Jitted:
                 warnings.simplefilter("ignore")
                 with np.errstate(all="ignore"):
                     expected = self.fn(*p_args, **p_kwargs)
+            eager_objects = result_objects(expected)
             eager_state = state.capture()
             passed.restore()
             state.restore(perturbed)
@@ -918,7 +920,7 @@ class Jitted:
                                       low_precision_involved(p_leaves, state))
             if diff is not None:
                 return "value", diff
-            diff = identity_difference(expected, got, known)
+            diff = identity_difference(eager_objects, got, known)
             if diff is not None:
                 return "identity", diff
             v.check_backward = True
@@ -1070,6 +1072,7 @@ class Jitted:
             v.checks_left += 1
             self._count("misses")
             raise
+        eager_objects = result_objects(expected)
         eager_state = state.capture()
         rng_after = np.random.get_state()
         after = self._passed_state(args, kwargs, leaves)
@@ -1105,7 +1108,8 @@ class Jitted:
             return twin[0]
         diff = _values_difference(expected, got, state, eager_state, get_twin,
                                   low_precision_involved(leaves, state))
-        same_objects = identity_difference(expected, got, known) if diff is None else None
+        same_objects = identity_difference(eager_objects, got, known) if diff is None \
+            else None
         grad_diff = None
         if diff is None and same_objects is None and v.bwd is not None:
             # The backward a later `result.backward()` runs, against eager's, on this
