@@ -180,3 +180,26 @@ def test_a_rebind_it_cannot_rebuild_runs_eagerly(record_jit_warnings):
         np.testing.assert_allclose(yj.data, ye.data)
     assert any("W.data = ...` stores a view" in str(w.message)
                for w in record_jit_warnings)
+
+
+def test_a_rebound_variable_returned_beside_the_buffer_it_holds():
+    """`W.data = x.grad.data; return W, x.grad.data`: the second result is the first's
+    .data, compiled too (the first-call check read eager's W.data after the compiled
+    run had rebound it, and reported a false identity difference)."""
+    def make(jit):
+        W = tj.Variable(np.ones((3, 2)), name="W")
+
+        def f(x):
+            x.cleargrad()
+            W.data = _computed_grad(x)
+            return W, x.grad.data
+
+        return (tj.jit(f) if jit else f), W
+
+    (fe, _), (fj, _) = make(False), make(True)
+    for call in range(5):
+        x = tj.Variable(np.random.default_rng(call).uniform(-1.0, 1.0, (3, 2)))
+        (We, ge), (Wj, gj) = fe(x), fj(x)
+        assert (ge is We.data) and (gj is Wj.data), call
+        np.testing.assert_allclose(gj, ge)
+    assert fj.cache_info()["hits"] >= 2

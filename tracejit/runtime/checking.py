@@ -409,14 +409,16 @@ def result_objects(result):
     return objs
 
 
-def identity_difference(expected, got, known=()):
+def identity_difference(expected, got, known=(), expected_objects=None):
     """Where the results' identities differ (the values and the structure are the same
     already): eager returns an object that existed before the call (`known`: the
     arguments, their arrays, captured state) and compiled another, or one object (a
     Variable, an array, a Variable's .data, a list or dict) in two places where
-    compiled has two different ones, or the reverse. expected: eager's result_objects."""
+    compiled has two different ones, or the reverse. expected_objects: eager's
+    result_objects, taken right after its run (default: taken now)."""
     known = {id(x) for x in known}
-    eo, go = expected, result_objects(got)
+    eo = result_objects(expected) if expected_objects is None else expected_objects
+    go = result_objects(got)
     if len(eo) != len(go):
         return None
     first_e, first_g = {}, {}

@@ -920,7 +920,7 @@ class Jitted:
                                       low_precision_involved(p_leaves, state))
             if diff is not None:
                 return "value", diff
-            diff = identity_difference(eager_objects, got, known)
+            diff = identity_difference(expected, got, known, eager_objects)
             if diff is not None:
                 return "identity", diff
             v.check_backward = True
@@ -1108,8 +1108,8 @@ class Jitted:
             return twin[0]
         diff = _values_difference(expected, got, state, eager_state, get_twin,
                                   low_precision_involved(leaves, state))
-        same_objects = identity_difference(eager_objects, got, known) if diff is None \
-            else None
+        same_objects = identity_difference(expected, got, known, eager_objects) \
+            if diff is None else None
         grad_diff = None
         if diff is None and same_objects is None and v.bwd is not None:
             # The backward a later `result.backward()` runs, against eager's, on this
