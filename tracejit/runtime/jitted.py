@@ -1614,8 +1614,9 @@ class _StatePutBack:
                 # A private random stream the function draws from (gen.random()).
                 self.streams.append((val, _stream_state(val)))
             elif isinstance(val, Layer):
-                # Nested deeper than locations reach (model.block.l1.W): all its params.
-                objs += [("var", p, None) for p in val.params()]
+                # Nested deeper than locations reach (model.block.l1.W): all its params
+                # (not a threaded one's placeholder, pystate.UNSET).
+                objs += [("var", p, None) for p in val.params() if isinstance(p, Variable)]
             elif isinstance(val, Optimizer):
                 # Its per-parameter buffers (vs[id(p)]), one level below its dicts.
                 bufs = [b for d in vars(val).values() if type(d) is dict for b in d.values()]

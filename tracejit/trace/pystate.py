@@ -807,15 +807,15 @@ def state_refusal(loc, old, new):
             return f"{describe_value(v)} is not None, a Variable or an ndarray"
     if loc.kind == "attr":
         obj = loc.container
-        if isinstance(obj, Layer) and any(isinstance(v, Parameter) for v in (old, new)):
-            return "a Layer registers a Parameter set as its attribute"
         if loc.key not in (probe(obj, "__dict__") or {}) and \
                 loc.key not in _slot_names(type(obj)):
             return "it is not an attribute of the object itself"
         setattr_ = type(obj).__setattr__
         if setattr_ is not object.__setattr__ and setattr_ is not Layer.__setattr__:
             return f"{type(obj).__name__} defines its own __setattr__"
-        if isinstance(obj, Layer) and loc.key in obj.__dict__.get("_params", ()):
+        if isinstance(obj, Layer) and loc.key in obj.__dict__.get("_params", ()) and \
+                not all(v is None or isinstance(v, Parameter) for v in (old, new)):
+            # (A Parameter rebound to a Parameter or None: write_back registers it.)
             return "it is a registered Parameter or Layer name"
         return None
     if loc.kind in ("cell", "global"):
@@ -907,11 +907,29 @@ def put(loc, value):
         loc.container[loc.key] = value
 
 
+def _register(loc, value):
+    """A Layer's parameter registry after `layer.name = value`, as Layer.__setattr__
+    leaves it (a Parameter stored as threaded state on a Layer): registered in its
+    place (the end when new), unregistered when the name held one and value is not."""
+    from tracejit.layers import Layer
+    obj = loc.container
+    if loc.kind != "attr" or not isinstance(obj, Layer):
+        return
+    params = obj.__dict__.get("_params")
+    if params is None:
+        return
+    if isinstance(value, (_core.Parameter, Layer)):
+        params[loc.key] = None
+    else:
+        params.pop(loc.key, None)
+
+
 def write_back(loc, value):
     """Leave value at a threaded location after the call: what the function left
     there (_MISSING: it deleted it)."""
     if value is not _MISSING:
         put(loc, value)
+        _register(loc, value)
         return
     if loc.kind == "cell":
         del loc.container.cell_contents
