@@ -858,7 +858,10 @@ def threaded(fn, locs, labels, name):
                     tr.escape(f"the function rebinds {loc.describe()}, state it "
                               f"threads, to {'nothing (deleted)' if v is _MISSING else why}"
                               f"; compiled calls could not write that back")
-        for loc in locs:
+        for loc, old in zip(locs, args[:n]):
+            # A Layer's registry as the state before left it (a trace sees no change
+            # of its size): write_back registers the state after, as eager's did.
+            _register(loc, old)
             put(loc, UNSET)
         return result, new
 

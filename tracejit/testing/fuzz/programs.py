@@ -1492,9 +1492,9 @@ def _parameter_state(b):
     """A Parameter stored as state (threaded through compiled calls as a Variable is,
     the state after the call a Parameter, eager's object where eager keeps one): made
     in f from a value in scope, carried from the previous call's (an RNN's h as a
-    Parameter), or a captured Parameter rebound into the holder. Not on a Layer, which
-    registers it (that runs eagerly, warned). Found: every such program fell back, the
-    threading refused Parameters."""
+    Parameter), or a captured Parameter rebound into the holder; also on a Layer, which
+    registers it (its params() are eager's after the call). Found: every such program
+    fell back, the threading refused Parameters (on a Layer too)."""
     v = b.pick(lambda w: w.bound <= 4, recent=6)
     if v is None:
         return b.st_unary()
@@ -1503,8 +1503,9 @@ def _parameter_state(b):
         b.state_resets = sorted({0, 6} | set(b.draw(st.lists(st.integers(1, 9),
                                                              max_size=2))))
     k = len(b.states)
-    holder = b.draw(st.sampled_from(("object", "dict", "global")))
-    ref = {"object": f"STATE{k}.h", "dict": f"STATED{k}['h']", "global": f"H{k}"}[holder]
+    holder = b.draw(st.sampled_from(("object", "dict", "global", "layer")))
+    ref = {"object": f"STATE{k}.h", "dict": f"STATED{k}['h']", "global": f"H{k}",
+           "layer": f"LAYER{k}.h"}[holder]
     form = b.draw(st.sampled_from(("made", "carried", "captured")))
     p, h = b.fresh("p"), b.fresh()
     dtype = v.dtype
