@@ -570,13 +570,17 @@ def backprop(outputs, retain_grad=False, create_graph=False, grads=None, within=
             # One function whose inputs are leaves (a compiled call's output, a single
             # op): no ordering to do, so no heap.
             if grads is None and not create_graph:
-                _plain_backward_step(f, retain_grad)
+                _plain_backward_step(f, retain_grad, outputs[0])
             else:
-                _backward_step(f, store, create_graph, retain_grad)
+                _backward_step(f, store, create_graph, retain_grad, {id(outputs[0])})
             return
     order = itertools.count()
     heap = []
     seen = set()
+    # The Variables this walk reached (its roots, those it gave a gradient) among a
+    # compiled call's outputs: only those start the call's backward (RegionFunction.
+    # reached_grads), as eager's walk only enters the part of the call behind them.
+    reached = {id(y) for y in outputs}
 
     def push(c):
         if c is not None and c not in seen and (within is None or c in within):
@@ -596,8 +600,11 @@ def backprop(outputs, retain_grad=False, create_graph=False, grads=None, within=
             # of the call's part, then one of the caller's, is eager's one walk.
             outside.append(f)
             continue
-        for x in _backward_step(f, store, create_graph, retain_grad):
-            push(x.creator)
+        for x in _backward_step(f, store, create_graph, retain_grad, reached):
+            c = x.creator
+            if c is not None and isinstance(c, RegionFunction):
+                reached.add(id(x))
+            push(c)
     if tr is not None:
         tr.backward_of(None)
         if outside:
@@ -615,17 +622,20 @@ def _input_grads(f, gys):
     return gxs
 
 
-def _plain_backward_step(f, retain_grad):
+def _plain_backward_step(f, retain_grad, root):
     """_backward_step for the commonest case, `loss.backward()` on a compiled call's
-    output, outside any trace: gradients live in `._grad`, no graph is built."""
-    if retain_grad and f.sets_output_grads:
-        return _backward_step(f, _AttrGrads, False, retain_grad)
+    output, outside any trace: gradients live in `._grad`, no graph is built. root:
+    the one Variable the walk starts from."""
+    if retain_grad and f.sets_output_grads or f.stale:
+        return _backward_step(f, _AttrGrads, False, retain_grad, {id(root)})
     gys = []
     for r in f.outputs:
         y = r()
         g = None if y is None else y._grad
-        if g is None:
-            return _backward_step(f, _AttrGrads, False, retain_grad)   # zeros to make
+        if g is None or (y is not root and isinstance(f, RegionFunction)):
+            # Zeros to make, or another result's .grad, which this walk did not give
+            # (the call's backward decides whether eager's walk would read it).
+            return _backward_step(f, _AttrGrads, False, retain_grad, {id(root)})
         gys.append(g)
     local = Config._local
     old_mode = local.enable_backprop
@@ -646,14 +656,16 @@ def _plain_backward_step(f, retain_grad):
                 y._grad = None
 
 
-def _backward_step(f, store, create_graph, retain_grad):
+def _backward_step(f, store, create_graph, retain_grad, reached=None):
     """Call f.backward on its outputs' gradients, accumulate into its inputs' gradients;
-    return the inputs that received one."""
-    gys = f.output_grads(store)
+    return the inputs that received one. reached: ids of the Variables the walk
+    reached so far (backprop's), for a compiled call's outputs."""
+    region = reached is not None and isinstance(f, RegionFunction)
+    gys = f.reached_grads(store, reached) if region else f.output_grads(store)
     local = Config._local
     old_mode = local.enable_backprop
     local.set_backprop(create_graph)
-    reached = []
+    given = []
     tr = local.trace
     try:
         # While tracing, the trace decides how f's backward is recorded (a user
@@ -670,7 +682,7 @@ def _backward_step(f, store, create_graph, retain_grad):
                 gx = as_variable(gx)
                 old = store.get(x)
                 store.set(x, gx if old is None else old + gx)
-                reached.append(x)
+                given.append(x)
     finally:
         local.set_backprop(old_mode)
     if ogs is not None:
@@ -681,11 +693,12 @@ def _backward_step(f, store, create_graph, retain_grad):
             if y is not None and g is not None:
                 store.set(y, g)
     if not retain_grad:
-        for y in f.outputs:
+        for y, g in zip(f.outputs, gys):
             y = y()
-            if y is not None:
+            # (A compiled call's output eager's walk does not reach keeps its .grad.)
+            if y is not None and (g is not None or not region):
                 store.set(y, None)
-    return reached
+    return given
 
 
 # The slot itself: unchain() writes it past the descriptor a trace puts in its place
@@ -783,6 +796,9 @@ class Function:
     """
 
     kind = OPAQUE
+    # A region's (RegionFunction): the .grads eager's Variables inside it hold, which
+    # a walk keeping its gradients in .grad adds to (variant.CompiledFunction).
+    stale = None
     params = ()
     expr = None
     # With retain_grad, backward_retaining(gys) gives (input grads, output grads): a
@@ -907,6 +923,12 @@ class RegionFunction(Function):
 
     def finish_cut(self, slots):
         pass
+
+    def reached_grads(self, store, reached):
+        """output_grads for a walk that reached the outputs whose ids are in reached:
+        None for an output whose .grad eager's walk would not read (set before it, on
+        a result no reached one depends on)."""
+        return self.output_grads(store)
 
 
 def _no_data_message(fn, inputs):

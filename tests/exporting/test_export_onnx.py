@@ -498,6 +498,26 @@ def test_a_while_loop_exports_per_traced_trip_count():
         ex(np.array([7.0]))
 
 
+def test_state_stored_between_calls_is_refused_naming_it():
+    # An RNN's `self.h = h` (here a holder's): the exported graph would read the state as
+    # it is at export and never store the new one, so later runs would differ from eager.
+    class Holder:
+        h = None
+
+    hold = Holder()
+
+    def f(x):
+        h = F.tanh(x) if hold.h is None else F.tanh(x + 0.5 * hold.h)
+        hold.h = h
+        return F.cos(h)
+
+    for holds in (None, tj.Variable(np.ones(3))):
+        hold.h = holds
+        with pytest.raises(tj.ExportError, match=r"stores state.*hold\.h"):
+            tj.export(f, np.random.rand(3))
+        assert hold.h is holds        # the export put it back
+
+
 def test_an_lstm_step_and_its_gradients():
     np.random.seed(9)
     lstm = tj.layers.LSTM(6, in_size=4)

@@ -29,7 +29,7 @@ def test_the_pipeline_is_a_named_sequence_of_graph_passes():
     names = [p.__name__ for p in passes.PIPELINE]
     assert names == ["eliminate_dead_code", "fold_constants",
                      "eliminate_common_subexpressions", "eliminate_dead_code",
-                     "batch_matmuls", "fuse"]
+                     "batch_matmuls", "fuse_conv_epilogues", "fuse"]
     g = tj.jit(_mlp_like).trace(*_args())
     assert set(g.notes["pass_seconds"]) == set(names)
     assert all(t >= 0 for t in g.notes["pass_seconds"].values())

@@ -112,13 +112,9 @@ def grads(x, rs, create):
 @pytest.mark.parametrize("create", [False, True], ids=["first", "create_graph"])
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.__name__)
 @pytest.mark.parametrize("fn", FUNCS, ids=lambda f: f.__name__)
-def test_results_feeding_results_get_eagers_grads(fn, mode, create, request):
-    if fn is side_by_side and mode in (preset, preset_retain):
-        # Known bug, not fixed yet: a .grad the caller set on a result that the
-        # backward does not reach (nothing upstream of y) is taken as a cotangent by the
-        # compiled backward (eager never walks that result's part), and cleared after.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="preset .grad on an "
-                                              "unreached result of a compiled call"))
+def test_results_feeding_results_get_eagers_grads(fn, mode, create):
+    # (side_by_side with a preset .grad: a result the backward does not reach keeps
+    # it, and the compiled backward does not read it, as eager never walks its part.)
     jf = tj.jit(fn)
     rng = np.random.default_rng(0)
     for _ in range(5):

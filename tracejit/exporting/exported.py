@@ -248,6 +248,13 @@ def _traced(jf, args, kwargs, name):
         v = jf._variant_for(args, kwargs)
     except RuntimeError as e:
         raise ExportError(f"export({name}): {e}") from None
+    if jf._threading is not None:
+        # The calls thread state (an RNN's `self.h = h`): the variant read what the
+        # state holds now, and a model would neither read later values nor store its own.
+        locs = ", ".join(loc.describe() for loc in jf._threading[0])
+        raise ExportError(f"export({name}): the function stores state that later calls "
+                          f"read ({locs}); a model has no state between runs (refused). "
+                          f"Pass the state as an argument and return the new one.")
     if v.has_random:
         raise ExportError(f"export({name}): the function draws random numbers; an "
                           f"exported model would replay one draw (refused)")

@@ -98,9 +98,10 @@ def _same(a, b):
 
 
 def flatten(graph):
-    """graph's nodes with every fused group inlined back into its member ops (new
-    Node objects; Values are the graph's own): the op-level graph that ONNX and a
-    saved file hold, independent of fusion's (size-dependent) grouping."""
+    """graph's nodes with every fused group (and every node standing for others, its
+    `replaces`) inlined back into its member ops (new Node objects; Values are the
+    graph's own): the op-level graph that ONNX and a saved file hold, independent of
+    fusion's (size-dependent) grouping."""
     alias = {}
 
     def res(v):
@@ -112,6 +113,11 @@ def flatten(graph):
 
     def walk(nodes):
         for n in nodes:
+            if getattr(n.fn, "replaces", None):
+                # A node a pass put in place of op-level nodes (ops/conv_fused.py): the
+                # same values, computed by those nodes.
+                walk(n.fn.replaces)
+                continue
             sub = getattr(n.fn, "graph", None) if n.kind == "fused" else None
             if sub is None:
                 m = Node(n.fn, [res(v) for v in n.inputs], n.outputs, n.line)

@@ -297,10 +297,12 @@ class Graph:
         """Counts a reader and a benchmark care about: ops, kernels, memory."""
         counts = {}
         for n in self.nodes:
-            # A fused kernel counts as the ops it computes: an optimized graph (what
-            # trace() gives) and the traced one count the same ops.
+            # A fused kernel counts as the ops it computes, a node standing for others
+            # (passes/conv_epilogue.py) as those: an optimized graph (what trace()
+            # gives) and the traced one count the same ops.
             sub = getattr(n.fn, "graph", None) if n.kind == "fused" else None
-            for m in (sub.nodes if sub is not None else (n,)):
+            inner = sub.nodes if sub is not None else getattr(n.fn, "replaces", None)
+            for m in (inner or (n,)):
                 counts[m.name] = counts.get(m.name, 0) + 1
         produced = [v for n in self.nodes if n.kind != "guard" for v in n.outputs]
         out_ids = {id(v) for v in self.outputs}

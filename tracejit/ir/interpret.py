@@ -86,7 +86,8 @@ def compile(g):
     return run
 
 
-def run_with_variables(g, variables, meta=None, saved=None, instances=None, adopt=None):
+def run_with_variables(g, variables, meta=None, saved=None, instances=None, adopt=None,
+                       twins=None):
     """Replay g on Variables through the primitives: a differentiable (eager) graph.
 
     Used for create_graph=True through a compiled region and by unchain_backward: the
@@ -104,7 +105,8 @@ def run_with_variables(g, variables, meta=None, saved=None, instances=None, adop
     are the call's own user Functions with per-call state. `adopt` (id(Value) ->
     Variable) makes that Variable the one its node outputs, in the place of a new one:
     the nodes after read it (unchain_backward's expand: the compiled call's own results
-    become the eager graph's, so cutting it cuts them).
+    become the eager graph's, so cutting it cuts them). `twins`, a dict, is filled
+    with id(Value) -> the replay's Variable of every value.
     """
     from tracejit.core import Constant, as_variable, using_config
     from tracejit.ops.trace_only import UserBackward, UserCall
@@ -155,6 +157,8 @@ def run_with_variables(g, variables, meta=None, saved=None, instances=None, adop
                 mine.creator, mine.generation = f, y.generation
                 y = mine
             env[id(v)] = y
+    if twins is not None:
+        twins.update(env)
     return [read(v) for v in g.outputs]
 
 

@@ -168,6 +168,9 @@ class SumTo(Reduction):
     def forward(self, x):
         return _np_sum_to(x, self.shape)
 
+    def epilogue_part(self, node):
+        return ("sum_to", self.shape)
+
     def to_onnx(self, b, node):
         # The axes broadcasting added or stretched, summed keeping them, then the target
         # shape (which may follow a dynamic dimension).

@@ -303,3 +303,107 @@ def max_pool_gather(x, z, y, KH, KW, SH, SW, PH, PW):
                 at = _argmax(xf, b, H, W, oh, ow, KH, KW, SH, SW, PH, PW)[1]
                 yf[o] = zf[b + _u(at)] if at >= 0 else 0
                 o += one
+
+
+@numba.njit(inline="always")
+def _bias_relu(v, bias, relu, z):
+    # The pre-activation's ReLU (NaN propagates, as ReLU's expr and np.maximum(x, 0)).
+    a = v + bias
+    return a, ((a if not a <= 0 else z) if relu else a)
+
+
+@_jit
+def conv_epilogue(src, rs, bias, relu, pre, act, pooled, N, OC, OH, OW):
+    # src (flat): N * OC images of OH rows of rs elements, the first OW of each row the
+    # conv's output (rs > OW: conv._conv_wide's wide grid). Per element a = src + bias[c]
+    # (bias empty: none) and r = ReLU(a) (relu) are written to pre / act (flat, N, OC,
+    # OH, OW) where those are not empty; pooled (not empty: the 2x2, stride 2 max
+    # pooling of r, as _pool22) is computed from registers, so r need not be written.
+    has_b, keep_a, keep_r, pool = bias.size > 0, pre.size > 0, act.size > 0, \
+        pooled.size > 0
+    z = src.dtype.type(0)
+    urs, uOW, one = _u(rs), _u(OW), _u(1)
+    o = _u(0)
+    for n in range(N):
+        for c in range(OC):
+            b = bias[c] if has_b else z
+            base = _u((n * OC + c) * OH * rs)
+            if keep_a or keep_r:
+                for h in range(_u(OH)):
+                    s = base + h * urs
+                    for w in range(uOW):
+                        a, r = _bias_relu(src[s + w], b, relu, z)
+                        if keep_a:
+                            pre[o + w] = a
+                        if keep_r:
+                            act[o + w] = r
+                    o += uOW
+            if pool:
+                # Output positions computed, not counted: the loop over ow has no carried
+                # index, so LLVM can vectorize it (the NaN rule as selects).
+                OH2, OW2 = _u(OH // 2), _u(OW // 2)
+                q = _u((n * OC + c)) * OH2 * OW2
+                for oh in range(OH2):
+                    s = base + _u(2) * oh * urs
+                    d = q + oh * OW2
+                    for ow in range(OW2):
+                        i = s + _u(2) * ow
+                        va = _bias_relu(src[i], b, relu, z)[1]
+                        vb = _bias_relu(src[i + one], b, relu, z)[1]
+                        vd = _bias_relu(src[i + urs], b, relu, z)[1]
+                        ve = _bias_relu(src[i + urs + one], b, relu, z)[1]
+                        best = _first_max4(va, vb, vd, ve)[0]
+                        # NaN wins, the first in kh-major order (NumPy's max).
+                        best = ve if ve != ve else best
+                        best = vd if vd != vd else best
+                        best = vb if vb != vb else best
+                        best = va if va != va else best
+                        pooled[d + ow] = best
+
+
+@_jit
+def max_pool_grad_masked(x, gy, a, gx, s):
+    # The 2x2, stride 2 max pooling's gradient (as _pool22 mode 1) times the mask a > 0
+    # (ReLU's backward), in one pass: gx[argmax] = gy * (a[argmax] > 0), zeros
+    # elsewhere (0 * mask). s (shape (C,), empty: not wanted) gets the sum of gx over
+    # n, h, w (the bias's gradient), accumulated in float64.
+    N, C, H, W = x.shape
+    OH, OW = H // 2, W // 2
+    xf, gf, af, gxf = x.reshape(-1), gy.reshape(-1), a.reshape(-1), gx.reshape(-1)
+    z = gx.dtype.type(0)
+    want = s.size > 0
+    acc = np.zeros(C, np.float64)
+    uW, one, two = _u(W), _u(1), _u(2)
+    o = _u(0)
+    for nc in range(N * C):
+        b = _u(nc * H * W)
+        tot = 0.0
+        for oh in range(_u(OH)):
+            r = b + two * oh * uW
+            for ow in range(_u(OW)):
+                i = r + two * ow
+                va, vb, vd, ve = xf[i], xf[i + one], xf[i + uW], xf[i + uW + one]
+                k = _first_max4(va, vb, vd, ve)[1]
+                at = i + (k >> one) * uW + (k & one)
+                if (va != va) | (vb != vb) | (vd != vd) | (ve != ve):
+                    pos = _argmax(xf, b, H, W, np.int64(oh), np.int64(ow), 2, 2, 2, 2,
+                                  0, 0)[1]
+                    at = b + _u(pos)
+                gxf[i] = z
+                gxf[i + one] = z
+                gxf[i + uW] = z
+                gxf[i + uW + one] = z
+                g = gf[o] * (gx.dtype.type(1) if af[at] > 0 else z)
+                gxf[at] = g
+                tot += g
+                o += one
+        if H % 2:
+            for w in range(_u(W)):
+                gxf[b + _u(H - 1) * uW + w] = z
+        if W % 2:
+            for h in range(_u(H)):
+                gxf[b + h * uW + _u(W - 1)] = z
+        acc[nc % C] += tot
+    if want:
+        for c in range(C):
+            s[c] = acc[c]

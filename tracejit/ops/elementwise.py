@@ -162,6 +162,9 @@ class ReLU(Elementwise):
         x, = self.inputs
         return gy * (x > 0)
 
+    def epilogue_part(self, node):
+        return ("relu", None)
+
 
 @primitive
 class LeakyReLU(Elementwise):
@@ -302,6 +305,9 @@ class Add(Elementwise):
     def forward(self, x0, x1):
         return x0 + x1
 
+    def epilogue_part(self, node):
+        return ("add", None)
+
     def backward(self, gy):
         x0, x1 = self.inputs
         return sum_to_shape(gy, x0.shape), sum_to_shape(gy, x1.shape)
@@ -327,6 +333,9 @@ class Mul(Elementwise):
 
     def forward(self, x0, x1):
         return x0 * x1
+
+    def epilogue_part(self, node):
+        return ("mul", None)
 
     def backward(self, gy):
         x0, x1 = self.inputs
@@ -434,6 +443,14 @@ class Greater(_Compare):
 
     def forward(self, x0, x1):
         return x0 > x1
+
+    def epilogue_part(self, node):
+        # ReLU's mask: x > 0 against a literal zero (the IR's Lit carries a value; ops
+        # sit below the IR and do not import it).
+        c = getattr(node.inputs[1], "value", None)
+        if c is not None and c == 0:
+            return ("positive", None)
+        return None
 
 
 @primitive

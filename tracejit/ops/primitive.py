@@ -129,6 +129,15 @@ class Primitive(Function):
         `src` names the array read."""
         raise NotImplementedError(f"{type(self).__name__} is no index read")
 
+    def epilogue_part(self, node):
+        """Conv epilogues (passes/conv_epilogue.py): what `node` is in a convolution's
+        epilogue (conv -> + bias -> ReLU -> max pooling) or in its gradient's prologue
+        (max pooling's gradient -> times ReLU's mask -> the bias's sum), as (role,
+        static value), or None: ("conv", (stride, pad)), ("add", None), ("relu", None),
+        ("max_pool", window), ("max_pool_grad", window), ("positive", None) for x > 0,
+        ("mul", None), ("sum_to", shape); window is (kernel, stride, pad)."""
+        return None
+
     def view_index(self, node):
         """Movement: the index whose NumPy view of the input `node` reads (x[1:]), or
         None when the result is no view."""

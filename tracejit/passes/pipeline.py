@@ -9,6 +9,7 @@ import os
 import sys
 import time
 
+from tracejit.passes.conv_epilogue import fuse_conv_epilogues
 from tracejit.passes.fusion import FUSED, fuse
 from tracejit.passes.matmul_batching import batch_matmuls
 from tracejit.passes.simplify import (eliminate_common_subexpressions, eliminate_dead_code,
@@ -18,9 +19,10 @@ from tracejit.passes.simplify import (eliminate_common_subexpressions, eliminate
 # ---------------------------------------------------------------- pipeline
 
 # batch_matmuls after CSE: the transposed weights every time step reads are one value
-# by then, so their concatenation is made once per call.
+# by then, so their concatenation is made once per call. fuse_conv_epilogues before
+# fuse: fuse would put the bias add and the ReLU into a kernel of their own.
 PIPELINE = (eliminate_dead_code, fold_constants, eliminate_common_subexpressions,
-            eliminate_dead_code, batch_matmuls, fuse)
+            eliminate_dead_code, batch_matmuls, fuse_conv_epilogues, fuse)
 
 
 class PassError(Exception):

@@ -45,17 +45,24 @@ NOISE_RUNS = 2
 NOISE_FACTOR = 4
 
 
-@contextlib.contextmanager
 def float32_noise(seed):
     """In this thread, every float64 result of a Function (forward, and the backward's
     own Functions) multiplied by 1 +- eps32, a random sign per element: the float64
     twin run under it rounds, in effect, where a float32 run rounds and by as much, so
-    how far it moves is the computation's float32 condition, measured. Views of an
-    operand (reshape, transpose) are left alone: they round nothing, and changing them
-    would change the operand. The generator is private: NumPy's global stream
-    (dropout) is untouched."""
+    how far it moves is the computation's float32 condition, measured."""
+    return rounding_noise(seed, np.float32)
+
+
+@contextlib.contextmanager
+def rounding_noise(seed, dtype):
+    """In this thread, every float64 result of a Function (forward, and the backward's
+    own Functions) multiplied by 1 +- eps of `dtype`, a random sign per element: one
+    rounding of `dtype` per operation (float64: a move of one or two ulps, which
+    multiplying by 1 +- eps64 always makes). Views of an operand (reshape, transpose)
+    are left alone: they round nothing, and changing them would change the operand.
+    The generator is private: NumPy's global stream (dropout) is untouched."""
     rng = np.random.default_rng(seed)
-    eps = float(np.finfo(np.float32).eps)
+    eps = float(np.finfo(dtype).eps)
 
     def hook(xs, outputs):
         for y in outputs:

@@ -137,6 +137,10 @@ class Jitted:
         # Identity-keyed storms: the key with its identity-keyed objects replaced by
         # their classes -> its keys warmed up and not called again (_identity_storm).
         self._id_forms = _Forms(_MAX_WARM)
+        # Static-value storms: the key with its static values replaced by their types ->
+        # its keys warmed up and not traced yet, and -> the keys it traced (_static_storm).
+        self._static_once = _Forms(_MAX_WARM, _static_form)
+        self._static_traced = _Forms(_MAX_WARM, _static_form)
         self._eager_keys = {}        # key -> reason (fallback for good)
         # trace() after a fallback: key -> the line the fallback names, and, where a
         # variant was traced and then demoted by a check against eager, its graphs
@@ -690,10 +694,13 @@ class Jitted:
             if self._identity_storm(key):
                 self._count("fallbacks")
                 return self.fn(*args, **kwargs)
+            self._static_storm(key, args, kwargs, traced=False)
             self._warm.add(key)
             self._count("misses")
             return self.fn(*args, **kwargs)
         self._id_forms.traced(key)
+        self._static_once.traced(key)
+        self._static_storm(key, args, kwargs, traced=True)
         variants = self._variants.get(key)
         if variants is not None and len(variants) >= self.max_variants:
             self._fallback(key, f"more than max_variants={self.max_variants} variants "
@@ -769,6 +776,55 @@ class Jitted:
             f"reuse one object, or make it a frozen dataclass of numbers and strings",
             tracing.user_line(3))
         return True
+
+    def _static_storm(self, key, args, kwargs, traced):
+        """Warn once when keys that differ only in static values (ints, strings, tuples
+        of them, static_argnums / static_argnames) pile up: _STATIC_STORM of them warmed
+        up and not called again (a new value at every call: nothing ever compiles), or
+        traced (every value compiles a variant of its own). The calls run as before
+        (a value that comes back compiles; the tables are bounded); the warning names
+        the argument and the call's line, and says what to pass instead."""
+        form = _static_form(key)
+        if form is None:
+            return
+        table = self._static_traced if traced else self._static_once
+        keys = table.get(form)
+        if keys is None:
+            keys = table.add(form)
+        keys.add(key)
+        if len(keys) < _STATIC_STORM:
+            return
+        other = next(k for k in reversed(keys.d) if k != key)
+        where, old, new = _static_difference(other[0], key[0], self._arg_labels(args, kwargs))
+        declared = where.split("[")[0] in self._declared_static(args, kwargs)
+        what = (f"{len(keys)} of its values each traced and compiled a variant of their "
+                f"own (a compile storm)" if traced else
+                f"{len(keys)} different values of it were each called once: every call "
+                f"is a new signature, warmed up eagerly, and nothing compiles (a retrace "
+                f"storm)")
+        number = isinstance(new, (int, float, np.number)) and not isinstance(new, bool)
+        hint = ("drop it from static_argnums / static_argnames and pass it as a float "
+                "or a 0-d ndarray (a runtime input, read at each call)" if declared else
+                "pass it as a float, a 0-d ndarray or a Variable (a runtime input, read "
+                "at each call, not part of the signature)" if number else
+                "pass the numbers it carries as floats or arrays (runtime inputs)")
+        self._warn_once(
+            ("static storm", traced, where),
+            f"jit({self.__name__}): argument {where} is static "
+            f"({_article(type(new).__name__)} {type(new).__name__}, "
+            f"part of the signature: {old!r}, {new!r}, ...) and {what}. To compile it "
+            f"once, {hint}; keep static only values from a small set (a shape, a flag, "
+            f"a name)", tracing.user_line(3))
+
+    def _arg_labels(self, args, kwargs):
+        """The arguments' names in key order (positional, then keywords sorted)."""
+        from tracejit.trace.pytree import arg_names
+        return list(arg_names(self.fn, len(args))) + sorted(kwargs)
+
+    def _declared_static(self, args, kwargs):
+        labels = self._arg_labels(args, kwargs)
+        return {labels[i] for i in self.static_argnums if i < len(args)} | \
+            set(self.static_argnames)
 
     def _eager_after_failed_trace(self, key, error, put_back, args, kwargs):
         """The trace raised: the user's bug if eager raises too (eager's exception is
@@ -1356,6 +1412,8 @@ _MAX_WARM = 512
 _MAX_SIGNATURES = 256     # signatures with variants (and with a fallback) kept
 # The number of keys differing only in identity-keyed objects that makes a storm.
 _IDENTITY_STORM = 8
+# ... only in static values (warmed up once each, or traced each): a storm, warned.
+_STATIC_STORM = 16
 
 
 class _BoundedSet:
@@ -1387,9 +1445,14 @@ class _BoundedSet:
 
 
 class _Forms(_BoundedSet):
-    """form -> the _BoundedSet of its one-shot keys (warmed up, not traced yet)."""
+    """form -> the _BoundedSet of its one-shot keys (warmed up, not traced yet);
+    form_of(key): its form (_identity_form, _static_form)."""
 
-    __slots__ = ()
+    __slots__ = ("form_of",)
+
+    def __init__(self, cap, form_of=None):
+        super().__init__(cap)
+        self.form_of = form_of or _identity_form
 
     def get(self, form):
         return self.d.get(form)
@@ -1402,7 +1465,7 @@ class _Forms(_BoundedSet):
 
     def traced(self, key):
         """key was called again (it traces): not one of a storm."""
-        form = _identity_form(key)
+        form = self.form_of(key)
         keys = self.d.get(form) if form is not None else None
         if keys is not None:
             keys.discard(key)
@@ -1425,6 +1488,58 @@ def _identity_form(key):
         return x
     form = sub(key)
     return form if found else None
+
+
+def _article(word):
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
+def _static_form(key):
+    """key with every static value replaced by its type; None if it has none (a fast
+    key never has one)."""
+    if len(key) != 4:
+        return None
+    found = []
+
+    def sub(x):
+        if type(x) is tuple:
+            if len(x) == 2 and x[0] is STATIC:
+                found.append(x)
+                return (STATIC, type(x[1]))
+            return tuple(sub(y) for y in x)
+        return x
+    form = sub(key[0])
+    return (form,) + key[1:] if found else None
+
+
+def _static_difference(a, b, labels):
+    """(where, old, new): the first static value that differs between the parts a and b
+    of two keys of one _static_form, where named from the argument labels."""
+    def walk(x, y, where):
+        if type(x) is tuple and type(y) is tuple:
+            if len(x) == 2 and x[0] is STATIC and y[0] is STATIC:
+                return None if x[1] == y[1] else (where, x[1], y[1])
+            # ("list", ...) / ("tuple", ...) items from 1, ("dict", keys, ...) from 2.
+            start = 2 if x[:1] == ("dict",) else 1 if x[:1] in (("list",), ("tuple",)) \
+                else None
+            for i, (u, v) in enumerate(zip(x, y)):
+                if start is not None and i < start:
+                    continue
+                sub = where if start is None else \
+                    f"{where}[{x[1][i - 2]!r}]" if start == 2 else f"{where}[{i - 1}]"
+                found = walk(u, v, sub)
+                if found is not None:
+                    return found
+        return None
+    for i, (x, y) in enumerate(zip(a, b)):
+        label = labels[i] if i < len(labels) else str(i)
+        if type(x) is tuple and len(x) == 2 and type(x[0]) is str and x[0] == label \
+                and x[0] is not STATIC:
+            x, y = x[1], y[1]              # a keyword part: (name, tree)
+        found = walk(x, y, label)
+        if found is not None:
+            return found
+    return "?", None, None
 
 
 def _identity_classes(key, objects=False):

@@ -14,7 +14,7 @@ import numpy as np
 from tracejit import core
 from tracejit.ir import interpret
 from tracejit.core import Config, Constant, RegionFunction, Variable
-from tracejit.ir import Graph, Lit
+from tracejit.ir import Graph, Lit, Value
 from tracejit.passes import FUSED
 from tracejit.trace.pytree import (FLT, PYTHON_SCALAR, SCALAR, VAR, replay_view,
                                    structure_source)
@@ -31,6 +31,16 @@ class CompiledFunction(RegionFunction):
     """The one creator of a compiled call's outputs: its backward is a compiled graph."""
 
     rng = None    # NumPy's random state before the call, if the region draws numbers
+    # The .grads eager's Variables inside the call hold (none of the results): id(
+    # Value) -> (Value, gradient Variable). A backward with retain_grad keeps them on
+    # every intermediate it passes (and a backward inside the function may have left
+    # some, stale_init), and a later walk through the call adds each to the gradient
+    # flowing past it, as eager's does: that walk is eager's backward replayed.
+    stale = None
+    # Whether the walk now running this backward keeps its gradients in .grad (set by
+    # reached_grads, which every walk reaching a call with stale .grads calls first):
+    # only such a walk reads them (one with gradients kept aside, grad(), does not).
+    walk_reads_grads = True
 
     def __init__(self, variant, saved, arrays):
         self.variant = variant
@@ -49,8 +59,53 @@ class CompiledFunction(RegionFunction):
             gys.append(None if y is None else store.get(y))
         return gys
 
+    def reached_grads(self, store, reached):
+        """The outputs' gradients (output_grads) where eager's walk reads them: an
+        output the walk did not reach whose .grad was set before it (retained by an
+        earlier backward, set by the caller) is read only where a reached output
+        depends on it inside the call (`return loss, h`: eager's walk from loss passes
+        through h); elsewhere eager never enters that part of the call, and the .grad
+        stays as it is (None here: not read, not cleared)."""
+        self.walk_reads_grads = store is core._AttrGrads
+        gys = self.output_grads(store)
+        unreached = [k for k, (ref, g) in enumerate(zip(self.outputs, gys))
+                     if g is not None and id(ref()) not in reached]
+        if unreached:
+            upstream = self.variant.outputs_upstream()
+            live = [j for j, g in enumerate(gys) if g is not None and j not in unreached]
+            for k in unreached:
+                if not any(k in upstream[j] for j in live):
+                    gys[k] = None
+        return gys
+
+    def stale_init(self):
+        """The .grads a backward inside the function left on the call's intermediates
+        (Variant.stale_grads): the last outputs of the graph, after what it saved."""
+        n = len(self.variant.bwd.saved)
+        self.stale = {id(val): (val, Variable(a)) for val, a in
+                      zip(self.variant.stale_grads, self.saved[n:])}
+
+    def _stale_reached(self, gys):
+        """Whether a walk from the outputs with a gradient in gys passes a Variable of
+        the call that holds a .grad (stale)."""
+        v = self.variant
+        if v.bwd.replay_refusal or core._state.trace is not None:
+            return False
+        anc = v.output_ancestry()
+        return any(g is not None and any(k in anc[j] for k in self.stale)
+                   for j, g in enumerate(gys))
+
+    def _backward_replayed(self, gys, retain=False):
+        """_eager_backward on the call's own user Function instances."""
+        if self.instances is None:
+            return self._eager_backward(gys, retain)
+        with running_backward(self.instances):
+            return self._eager_backward(gys, retain)
+
     def backward(self, *gys):
         v = self.variant
+        if self.stale and self.walk_reads_grads and self._stale_reached(gys):
+            return self._backward_replayed(gys)
         if self.instances is None and not v.check_backward:
             st = core._state
             if not st.enable_backprop and st.trace is None:
@@ -89,17 +144,17 @@ class CompiledFunction(RegionFunction):
             return True
         if v.feeding_results is None:
             v.feeding_results = _results_feeding_results(v)
-        return v.feeding_results
+        # Or the call has intermediates: each keeps its gradient (stale), which a
+        # later walk through the call (from a result kept as state, the same loss
+        # again) adds to what flows past it.
+        return v.feeding_results or v.has_intermediates()
 
     def backward_retaining(self, gys):
         """(input gradients, output gradients) for a backward with retain_grad: eager's
         backward over the region replayed (_eager_backward), whose results keep their
         gradients; an output gradient None where the replay gave the result none (its
         .grad stays as it is, as eager leaves an unreached Variable's)."""
-        if self.instances is None:
-            return self._eager_backward(gys, retain=True)
-        with running_backward(self.instances):
-            return self._eager_backward(gys, retain=True)
+        return self._backward_replayed(gys, retain=True)
 
     def _eager_backward(self, gys, retain=False):
         """The gradients of this call's inputs by eager's backward over the region
@@ -131,17 +186,21 @@ class CompiledFunction(RegionFunction):
                 mine = ref()
                 if mine is not None and mine.creator is self:
                     adopt[id(user.outputs[slot])] = mine
+        of_value = {}
         try:
             with core.using_config("enable_backprop", True):
                 twins = interpret.run_with_variables(user, env, v.bwd.joint_meta,
                                                      v.saved_map(self), self.instances,
-                                                     adopt=adopt)
+                                                     adopt=adopt, twins=of_value)
         finally:
             if rng is not None:
                 np.random.set_state(rng)
-        var_slots = [slot for slot, (kind, _, b) in enumerate(
-            [leaf for leaf in v.out_leaves if leaf[0] == "out"]) if b == VAR]
+        var_slots = v.var_slots
         grads, roots = core.DictGrads(), []
+        # The .grads the call's intermediates hold: the walk adds to them, as eager's.
+        keeps = self.walk_reads_grads
+        for key, (_, sg) in (self.stale or {}).items() if keeps else ():
+            grads.set(of_value[key], sg)
         for gy, slot in zip(gys, var_slots):
             twin = twins[slot]
             if gy is not None and twin.creator is not None:
@@ -156,6 +215,8 @@ class CompiledFunction(RegionFunction):
             with core.no_grad():
                 core.backprop(roots, grads=grads, retain_grad=retain)
         gxs = tuple(grads.get(x) for x in leaves)
+        if keeps:
+            self._keep_stale(grads, of_value, retain)
         if not retain:
             return gxs
         if create:
@@ -167,6 +228,26 @@ class CompiledFunction(RegionFunction):
                 if key not in stop:
                     var._grad = g
         return gxs, tuple(grads.get(twins[slot]) for slot in var_slots)
+
+    def _keep_stale(self, grads, of_value, retain):
+        """The .grads the call's intermediates hold after a replayed walk: with
+        retain_grad, each one the walk gave one (the sum); without, those it passed
+        cleared, the others as they were. Not the results' (their own .grad) nor the
+        inputs'."""
+        v = self.variant
+        results = {id(v.forward_graph.outputs[s]) for s in v.var_slots}
+        inputs = {id(x) for x in v.forward_graph.inputs}
+        stale = dict(self.stale or {})
+        values = {id(val): val for n in v.forward_graph.nodes for val in n.outputs}
+        for key, twin in of_value.items():
+            if key in results or key in inputs or key not in values:
+                continue
+            g = grads.get(twin)
+            if g is not None and (retain or key in stale):
+                stale[key] = (values[key], g)
+            elif key in stale and g is None:
+                del stale[key]
+        self.stale = stale or None
 
     def _from_live_outputs(self, gys, grads):
         """The gradients the backward graph gave (the compiled one, or interpreted) for
@@ -428,6 +509,29 @@ def _results_feeding_results(v):
     return False
 
 
+def _eager_ancestry(v, value):
+    """ids of the forward graph's Values behind `value` in eager's graph: through
+    the nodes recorded with history (the trace's grad_meta), along the operands they
+    link to (a no_grad node or a `.data` read is no path)."""
+    g = v.forward_graph
+    producer = {id(o): n for n in g.nodes for o in n.outputs}
+    meta = v.bwd.joint_meta
+    out, todo = set(), [value]
+    while todo:
+        n = producer.get(id(todo.pop()))
+        if n is None or id(n) in out:
+            continue
+        out.add(id(n))
+        grad, links = meta.get(id(n), (False, ())) if meta is not None else (True, n.inputs)
+        if not grad:
+            continue
+        for u in links:
+            if isinstance(u, Value) and id(u) not in out:
+                out.add(id(u))
+                todo.append(u)
+    return out
+
+
 def _region(roots, leaves):
     """The Functions between `roots` and `leaves` (not past them)."""
     stop = {id(x) for x in leaves}
@@ -591,15 +695,20 @@ class Variant:
         # diff_sources: sources (as in self.sources) of the creator's inputs.
         self.diff_sources = backward.diff_sources if backward else []
         saved_values = backward.saved if backward else []
+        # The .grads a backward inside the call left on its intermediates: outputs
+        # after the saved values, which each call's CompiledFunction keeps (stale_init).
+        held = list(backward.held_grads) if backward else []
+        self.stale_grads = [x for x, _ in held]
         self.n_user_outs = len(user_outs)
         self.n_effect_outs = len(effect_values)
         fwd_nodes = g.nodes[:n_fwd_nodes]
         self.forward_graph = Graph(g.name, fwd_inputs, fwd_nodes,
-                                   user_outs + effect_values + saved_values,
+                                   user_outs + effect_values + saved_values
+                                   + [gv for _, gv in held],
                                    g.input_names[:n_fwd_inputs])
         self.forward_graph.output_roles = (["result"] * len(user_outs)
                                            + ["effect"] * len(effect_values)
-                                           + ["saved"] * len(saved_values))
+                                           + ["saved"] * (len(saved_values) + len(held)))
         # Specs of the output Variables, in the order of the creator's outputs.
         self.out_specs = [v.spec for kind, v, b in out_leaves if kind == "out" and b == VAR]
         # The output slot (among the "out" leaves) of each output Variable.
@@ -660,8 +769,44 @@ class Variant:
         self._bexe = None
         self._interp_bwd = None
         self.feeding_results = None   # _results_feeding_results, found at first need
+        self._outputs_upstream = None  # outputs_upstream, found at first need
+        self._output_ancestry = None   # output_ancestry, found at first need
         self.backward_runner = None
         self.input_ids = None
+
+    def output_ancestry(self):
+        """Per output Variable of the creator: the ids of the Values behind it in
+        eager's graph of the call (_eager_ancestry)."""
+        if self._output_ancestry is None:
+            outs = self.forward_graph.outputs
+            self._output_ancestry = [
+                _eager_ancestry(self, outs[s]) if isinstance(outs[s], Value) else set()
+                for s in self.var_slots]
+        return self._output_ancestry
+
+    def has_intermediates(self):
+        """Whether eager's graph of the call has a Variable behind a result that is
+        neither a result nor an input (one a backward with retain_grad leaves a
+        .grad on)."""
+        g = self.forward_graph
+        skip = {id(x) for x in g.inputs} | {id(g.outputs[s]) for s in self.var_slots}
+        values = {id(val) for n in g.nodes for val in n.outputs}
+        return any(k in values and k not in skip for anc in self.output_ancestry()
+                   for k in anc)
+
+    def outputs_upstream(self):
+        """Per output Variable of the creator (var_slots' order), the outputs upstream
+        of it in eager's graph of the call (another result it is computed from, with
+        history): a walk reaching it passes through those."""
+        if self._outputs_upstream is None:
+            outs = self.forward_graph.outputs
+            vals = [outs[s] for s in self.var_slots]
+            ups = []
+            for j, (y, anc) in enumerate(zip(vals, self.output_ancestry())):
+                ups.append(frozenset(k for k, u in enumerate(vals) if k != j and
+                                     isinstance(u, Value) and (id(u) in anc or u is y)))
+            self._outputs_upstream = ups
+        return self._outputs_upstream
 
     def fresh_slots(self):
         """The outputs of the forward graph the runner hands out as arrays of their
@@ -1629,6 +1774,8 @@ def build_runner(v, leaf_kinds, key=None):
             inner.append("cf.saved = saved_views(cf.saved, bwd_arrays, v.bwd)")
         if v.has_random:
             inner.append("cf.rng = rng")      # a create_graph replay draws the same numbers
+        if v.stale_grads:
+            inner.append("cf.stale_init()")
         # The outputs eager gives no creator first: one may be a made leaf, an input
         # of cf.
         inner += [plain[m] for m, (_, _, creator, _) in enumerate(made) if not creator]

@@ -52,8 +52,8 @@ def trace_backward(tr, out_raw, out_leaves, made=()):
              and y.dtype.kind in "fc"]
     if not boundary or not roots:
         return None, []
-    retained = _retained_on_the_way(tr, roots)
-    if retained is not None:
+    retained = tr.held_grads
+    if not isinstance(retained, list):
         return BackwardEscape(
             "a backward inside the function left a .grad (retain_grad=True) on a "
             "Variable the function made, and a backward from its results passes through "
@@ -290,7 +290,7 @@ def trace_backward(tr, out_raw, out_leaves, made=()):
         fixed_inputs=frozenset(pos[id(v)] for leaf, v in tr.arg_inputs
                                if tr.leaf_kinds[leaf] == FLT),
         grad_dtypes=_grad_dtypes(tr, roots, out_index, boundary),
-        replay_refusal=tr.replay_refusal,
+        replay_refusal=tr.replay_refusal, held_grads=retained,
         # The states of a buffer the call updates in place, which the backward reads as
         # the buffer (_read_live): the replay's forward nodes too. Eager's graph holds
         # each such operand as the buffer itself (`view = W1.data` before `W1.data *=
@@ -339,34 +339,41 @@ def _ancestors(tr, roots):
     return out
 
 
-def _retained_on_the_way(tr, roots):
-    """The line that made a Variable of the call (not a result root) that holds a .grad
-    now and that a backward from `roots` would pass through, or None. Eager's backward
-    adds into such a .grad (`x.grad = x.grad + gx`) and propagates the sum past it, so
-    it changes every gradient upstream; the compiled backward starts from the results'
-    seeds only. A root's own retained .grad is its seed (the caller's backward starts
-    from the result's .grad), which the compiled backward does read."""
-    root_ids = {id(y) for y in roots}
-    # The graph behind a result whose own .grad the call retained (the inner backward's
-    # loss, returned): the compiled backward of that region follows what eager's does
-    # there (tests/trace/test_result_grads_jit.py); a retained .grad elsewhere (a loss
-    # the function does not return, a later backward from another result) it does not.
+def held_grads(tr, out_raw, out_leaves):
+    """The .grads a backward inside the call left (retain_grad=True) on the Variables
+    of the call behind its results, not results themselves (their .grad is theirs,
+    tr.made_grads): eager's later walk through the call adds to each and propagates
+    the sum past it, so the compiled call keeps them (CompiledFunction.stale): a list
+    of (Value of the Variable, Value of its .grad). Or the line that made one the
+    compiled call does not keep yet: one that is no result's ancestor through a
+    result whose own .grad the call retained (its loss, returned), which the caller
+    could only change through the graph (`y.creator.inputs[0]`, which a compiled call
+    does not have), still runs eagerly. (A .grad with graph history, create_graph's,
+    is kept as its value: a later create_graph walk does not differentiate it.)"""
+    results = {id(x) for x, (kind, _, b) in zip(out_raw, out_leaves)
+               if kind == "out" and b == VAR}
+    roots = [x for x in out_raw if isinstance(x, Variable) and id(x) in results
+             and x.creator is not None and x.creator in tr.functions]
     covered = _ancestors(tr, [y for y in roots if y._grad is not None])
-    seen, stack = set(), [y.creator for y in roots]
+    held, done, seen, stack = [], set(), set(), [y.creator for y in roots]
     while stack:
         f = stack.pop()
         if f is None or f in seen or f not in tr.functions:
             continue
         seen.add(f)
         for x in f.inputs:
-            if id(x) in root_ids or x.creator is None or x.creator not in tr.functions:
+            if x.creator is None or x.creator not in tr.functions:
                 continue
-            if x._grad is not None and id(x) not in covered:
-                v = getattr(x, "_tv", None)
+            stack.append(x.creator)
+            if id(x) in results or x._grad is None or id(x) in done:
+                continue
+            done.add(id(x))
+            v = getattr(x, "_tv", None)
+            if id(x) not in covered or not isinstance(v, Value) or not tr.is_mine(v):
                 return next((n.line for n in tr.graph.nodes if v is not None
                              and any(o is v for o in n.outputs)), None) or "an unknown line"
-            stack.append(x.creator)
-    return None
+            held.append((v, tr.value_of(x._grad)))
+    return held
 
 
 def _grad_dtypes(tr, roots, out_index, boundary):

@@ -8,9 +8,9 @@ import random
 import numpy as np
 
 from tracejit.core import Config, Constant, Variable
-from tracejit.trace import buffers, pystate
+from tracejit.trace import buffers, opaque, pystate
 from tracejit.trace import record as tracing
-from tracejit.trace.backward import mutated_inputs, trace_backward
+from tracejit.trace.backward import held_grads, mutated_inputs, trace_backward
 from tracejit.trace.pytree import (ARR, FLT, VAR, arg_at, arg_names, flatten_result,
                                    rebind_views, replay_view, result_leaves, result_views,
                                    strip_tracers, unflatten)
@@ -30,8 +30,11 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     def_line = tracing.def_line(fn)
     tr = Trace(name)
     leaves = []
+    # Probes for the iterators and memoized functions the call reaches (trace.opaque):
+    # its arguments' here, its state's below.
+    probes = []
     targs, tkwargs = _tracer_args(tr, fn, args, kwargs, leaves, static_argnums,
-                                  static_argnames)
+                                  static_argnames, probes)
     # The arguments' .grad as the call found them (part of the signature): the
     # perturbation check's copies start from these, not from what the call set.
     grads_before = {id(x): x._grad for x in leaves if isinstance(x, Variable)}
@@ -57,12 +60,13 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     # (a user __getattr__ our probes meet, the function itself): a trace left active,
     # or a user array left swapped for a traced view, would run every later call of
     # every function, eager or jitted, under this dead trace.
-    swaps, code_swaps, hook = [], [], None
+    swaps, code_swaps, hook, probe_swaps = [], [], None, []
     try:
         try:
             # (An argument's arrays too: an in-place update of `m.buf` is an effect of
             # the call.)
             swaps = pystate.swap_arrays(locs + arg_locs, tr.capture_view)
+            probe_swaps = opaque.swap_probes(locs + arg_locs)
             # float()/int() in the function's own code, and in the user functions it
             # reads (helpers, a Model's forward), give traced Python numbers.
             code_swaps = tracing.swap_scalar_code(locs, fn)
@@ -83,6 +87,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             if hook is not None:
                 buffers.uninstall(hook)
             tracing.unswap_scalar_code(code_swaps)
+            pystate.unswap(probe_swaps)
             pystate.unswap(swaps)
         out_leaves_raw = []
         # An argument's list, dict or tuple returned as the call got it is that
@@ -156,6 +161,8 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         tr.made_grads = [(x, x._grad, None if x._grad is None else tr.value_of(x._grad))
                          for x, leaf in zip(out_leaves_raw, out_leaves)
                          if leaf[0] == "out" and leaf[2] == VAR]
+        # (Before the backward adds to the graph: a seed's Value may be a new input.)
+        tr.held_grads = held_grads(tr, out_leaves_raw, out_leaves) if grad_mode else []
         # The .grad a backward inside the call gave a leaf it made and returns
         # (`c = Variable(np.ones(3)); F.sum(x * c).backward(); return c`): result leaf
         # -> its Value, set on the runner's new leaf. Only a .grad of its own (not a
@@ -301,6 +308,11 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     # Why it must run eagerly, in the order the reasons are reported: what the tracer
     # saw, then a Python value the function changed, then a backward it cannot compile.
     escapes = [Escape(*e) for e in tr.escapes + tr.late_escapes]
+    # An outside iterator the call advanced, a memoized function it called with traced
+    # data: escapes; the memoized calls it made with plain arguments: guarded locations.
+    probe_escapes, cached = opaque.findings(probes + [p for _, _, p in probe_swaps])
+    escapes += [Escape(*e) for e in probe_escapes]
+    locs = locs + (pystate.locations_below(fn, arg_objects, cached) if cached else [])
     # Python values the function changed: a Variable rebound (an RNN's `self.h = h`)
     # is state the runtime can thread through the call (pystate.threaded), anything
     # else compiled calls cannot replay.
@@ -444,7 +456,7 @@ def _forward_parts(tr, n_inputs):
         grad_effects=[(target(var), gv) for var, gv in tr.grad_effects])
 
 
-def _tracer_args(tr, fn, args, kwargs, leaves, static_argnums, static_argnames):
+def _tracer_args(tr, fn, args, kwargs, leaves, static_argnums, static_argnames, probes):
     """The arguments as the traced function gets them: a Variable is itself (its _tv
     set), an ndarray a TracedArray view, a float a TracedFloat, each a new graph input;
     lists, dicts and tuples are copies of tracers. Fills the Trace's argument tables."""
@@ -509,6 +521,10 @@ def _tracer_args(tr, fn, args, kwargs, leaves, static_argnums, static_argnames):
             return type(x)(convert(y, f"{name}_{i}", path + (i,)) for i, y in enumerate(x))
         if type(x) is dict:
             return {k: convert(y, f"{name}_{k}", path + (k,)) for k, y in x.items()}
+        probe = opaque.probe_for(x, f"argument {name}")
+        if probe is not None:
+            probes.append(probe)
+            return probe
         return x
 
     named = fn

@@ -5,7 +5,10 @@ argument, or (up to _MAX_DEPTH levels below those) an attribute (an instance's _
 or __slots__, a class's data attribute), a dict item (string, integer or tuple key) or
 a list/tuple item (namedtuples too; a dict subclass's or a mappingproxy's item, a
 functools.partial's bound arguments, and what a weak reference refers to: a
-WeakValueDictionary's or WeakKeyDictionary's item, a weakref.ref's referent); below that, for _DEEP more levels, the reads the
+WeakValueDictionary's or WeakKeyDictionary's item, a weakref.ref's referent; a
+ContextVar's value in the current context; a memoized function's result for the
+arguments the trace called it with, trace.opaque); below that, for _DEEP more levels,
+the reads the
 code names (its attribute names, keys and indices), which are also followed past a
 container's first _MAX_ITEMS items and past the location bound (`BIG[80]`, one
 attribute of an object with a thousand). Module-level helper functions the function
@@ -29,6 +32,7 @@ At trace time:
     threads: read at each call, written back after it (`threaded`, below).
 """
 import collections
+import contextvars
 import functools
 import types
 import weakref
@@ -67,7 +71,8 @@ class Location:
         # pinned: guarded by identity although a list of weak references (_bookkeeping)
         # is not, because the code reads through it (_walk).
         self.pinned = False
-        self.kind = kind            # "cell", "global", "default", "attr", "item"
+        self.kind = kind            # "cell", "global", "default", "attr", "item",
+                                    # "deref", "ctxvar", "call"
         self.container = container
         self.key = key
         self.label = label          # how the user names it: "k", "opt.lr", "cfg['k']"
@@ -89,6 +94,10 @@ class Location:
             if self.kind == "deref":           # a weak reference's referent
                 v = self.container()
                 return _MISSING if v is None else v
+            if self.kind == "ctxvar":
+                return context_value(self.container)
+            if self.kind == "call":
+                return cached_call(self.container, self.key)
             if self.kind == "item" and isinstance(self.container, _SEQUENCES):
                 c = self.container
                 return c[self.key] if -len(c) <= self.key < len(c) else _MISSING
@@ -107,10 +116,30 @@ class Location:
                 object.__setattr__(self.container, self.key, value)
             else:
                 setattr(self.container, self.key, value)
-        elif self.kind in ("default", "deref") or isinstance(self.container, tuple):
+        elif self.kind == "ctxvar":
+            # (In the current context, the call's: a trace's swap, undone after it.)
+            self.container.set(value)
+        elif self.kind in ("default", "deref", "call") or isinstance(self.container, tuple):
             raise TypeError("immutable location")
         else:
             self.container[self.key] = value
+
+
+def context_value(var):
+    """What `var.get()` gives in the current context (_MISSING: nothing, no default).
+    Not var.get(_MISSING): a default argument overrides the variable's own default."""
+    try:
+        return var.get()
+    except LookupError:
+        return _MISSING
+
+
+def cached_call(fn, key):
+    """fn(*args, **kwargs) for key (args, kwargs): a memoized function's result for the
+    arguments a trace called it with (trace.opaque), as eager's call gets it (a lookup
+    when it is cached, the function run again after cache_clear or an eviction)."""
+    args, kwargs = key
+    return fn(*args, **kwargs)
 
 
 def _custom_setattr(obj):
@@ -398,6 +427,18 @@ def locations(fn, arg_objects=(), max_depth=_MAX_DEPTH, max_locations=_MAX_LOCAT
     return _walk(roots, seen_functions, max_depth, max_locations)
 
 
+def locations_below(fn, arg_objects, locs):
+    """locs and the locations below them, walked as locations(fn, arg_objects) walks
+    (the reads fn's code names past the depth bound): the state under locations found
+    after the trace (a memoized call's result, trace.opaque)."""
+    seen_functions = _Reached()
+    _roots(fn, seen_functions)
+    for _, obj in arg_objects:
+        for g in _getters(type(obj)):
+            _roots(g, seen_functions)
+    return _walk([(loc, None, None) for loc in locs], seen_functions)
+
+
 def argument_locations(args, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATIONS):
     """The locations reached through the objects a call is passed (a model passed as
     `m`, a method's `self`), labelled from the argument ("argument 0.rnn.h"): state the
@@ -484,6 +525,12 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
             # identity as any object (a dead referent reads as absent).
             frontier.append((Location("deref", obj, None, f"{label}()", loc), None, None,
                              depth + 1))
+            continue
+        if isinstance(obj, contextvars.ContextVar):
+            # `cv.get()` in the code: the value in the current context (C-level state
+            # the attribute walk does not enter), guarded, and walked, as a cell's.
+            frontier.append((Location("ctxvar", obj, None, f"{label}.get()", loc), None,
+                             None, depth + 1))
             continue
         if isinstance(obj, (weakref.WeakValueDictionary, weakref.WeakKeyDictionary)):
             # Items read as a dict's are (`W["b"].w`): the weak container holds them
@@ -631,7 +678,8 @@ def snapshot(locs):
                     and (loc.pinned or not _bookkeeping(v))) \
                 or isinstance(v, (dict, types.MappingProxyType, weakref.ref,
                                   weakref.WeakValueDictionary,
-                                  weakref.WeakKeyDictionary, functools.partial)) \
+                                  weakref.WeakKeyDictionary, functools.partial,
+                                  contextvars.ContextVar)) \
                 or isinstance(v, tuple):      # a namedtuple config (CFG._replace(lr=...))
             snap.append((loc, v, True))
     return snap
@@ -681,7 +729,7 @@ def compile_check(snap):
     no dispatch on the location's kind). `changed` then says which one, for the log."""
     if not snap:
         return lambda: False
-    env = {"M": _MISSING, "same": _same_scalar}
+    env = {"M": _MISSING, "same": _same_scalar, "ctx": context_value, "call": cached_call}
     lines = []
     for i, (loc, v, by_identity) in enumerate(snap):
         env[f"c{i}"], env[f"k{i}"], env[f"v{i}"], env[f"t{i}"] = \
@@ -692,6 +740,12 @@ def compile_check(snap):
             read = f"getattr(c{i}, k{i}, M)"
         elif loc.kind == "default":
             read = f"c{i}.__defaults__[k{i}]"
+        elif loc.kind == "ctxvar":
+            read = f"ctx(c{i})"
+        elif loc.kind == "call":
+            read = f"call(c{i}, k{i})"
+        elif loc.kind == "deref":
+            read = f"(c{i}() if c{i}() is not None else M)"
         elif loc.kind == "item" and isinstance(loc.container, _SEQUENCES):
             read = f"(c{i}[k{i}] if -len(c{i}) <= k{i} < len(c{i}) else M)"
         else:

@@ -223,6 +223,7 @@ class Trace(core.TraceHooks):
         # outside, (Variable, Value or None), and on a result it made, (x, x.grad, Value).
         self.grad_effects = []
         self.made_grads = []
+        self.held_grads = []
         # id(Node) -> ((operand position, Variable), ...): the operands made in the
         # call of a node recorded with grad on (record); trace.call drops it when the
         # call is read off.

@@ -131,6 +131,10 @@ class BackwardPlan:
     # (W1.data *= 0.9), which eager's graph holds as that buffer (a Constant of a .data
     # view, the Parameter): a replay reads the buffer as it is then (trace.backward).
     replay_live: dict = None
+    # (Value of a Variable of the call, Value of its .grad): the .grads a backward
+    # inside the call left on its intermediates (trace.backward.held_grads), outputs
+    # of the forward graph after the saved values.
+    held_grads: list = ()
 
     @functools.cached_property
     def joint_diff_position(self):

@@ -279,10 +279,13 @@ def _compile_plan(g, parallel, use_disk):
             gi += 1
         elif n.kind == passes.FUSED:
             for part in split_group(n):
-                if part.kind == passes.FUSED:
-                    _emit_group(w, part, parallel, use_disk)
-                else:
+                if part.kind != passes.FUSED:
                     _emit_call(w, part, numpy_0d)
+                elif _no_kernel(part.fn):
+                    for m in part.fn.graph.nodes:
+                        _emit_call(w, m, numpy_0d)
+                else:
+                    _emit_group(w, part, parallel, use_disk)
         else:
             _emit_call(w, n, numpy_0d)
     rets = []
@@ -305,6 +308,30 @@ def _compile_plan(g, parallel, use_disk):
     # 30 cells of an unrolled loop: 30 calls of one kernel).
     w.notes["distinct_kernels"] = len(w.kernel_sources)
     return run, source, w.notes
+
+
+def _no_kernel(fn):
+    """True when a fused part runs as its members' own forwards (NumPy), as eager does.
+
+    Why: each kernel costs a numba compilation (0.05-0.1 s of CPU for a small one), and
+    these parts gain nothing from one: 0-d ops on 0-d values (Adam's step-size
+    arithmetic) have no loop, 1 us a NumPy call; one elementwise op without libm math on
+    operands of one dtype and of the part's shape (a cast of a weight) is one SIMD ufunc
+    pass in NumPy too. W6's step: 3 of its 12 kernels; W7's window: 2 of 14. Kept as
+    kernels: a broadcast or mixed-dtype operand (NumPy's casting and broadcasting loops:
+    W7's x * w, (30, 1) float64 by (1, 100) float32, 7 us against the kernel's 1.5), an
+    index read (x[i] of an array, folded into the kernel), a lone transcendental op
+    (vecmath's one pass against a composite NumPy forward), reductions (float64
+    accumulation) and parts of two or more ops."""
+    nodes = fn.graph.nodes
+    if all(v.shape == () for n in nodes for v in list(n.inputs) + list(n.outputs)
+           if isinstance(v, Value)):
+        return True
+    if len(nodes) != 1 or nodes[0].kind != "elementwise" or nodes[0].fn.vector_math:
+        return False
+    ins = [v for v in nodes[0].inputs if isinstance(v, Value)]
+    return (all(v.shape == fn.shape for v in ins)
+            and len({v.dtype for v in ins}) == 1)
 
 
 def _emit_call(w, n, numpy_0d):

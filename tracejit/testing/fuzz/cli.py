@@ -378,8 +378,9 @@ def main(argv=None):
                         f"{k}: {v}" for k, v in sorted(AVOIDABLE.items())))
     ap.add_argument("--focus", default=None,
                     choices=["state", "nested_grad", "views", "rebound", "argument_views",
-                             "unchain", "mixed_dtypes", "matmul", "made_leaves",
-                             "scalar_dropout", "backward_into", "retain_grad", "rebind_alias"],
+                             "unchain", "mixed_dtypes", "matmul", "conv", "made_leaves",
+                             "scalar_dropout", "backward_into", "retain_grad", "c_state",
+                             "rebind_alias"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
@@ -388,6 +389,8 @@ def main(argv=None):
                     "rebound (state a step rebinds on a captured holder across calls, "
                     "an RNN's h); "
                     "argument_views (intermediates that are views of arguments); "
+                    "conv (conv2d + bias -> ReLU -> max pooling, other readers of each "
+                    "value); "
                     "unchain (unchain_backward inside f reaching an argument with a creator); "
                     "mixed_dtypes (float32 results whose cotangents are float64, beside a "
                     "float64 state threaded between calls); "
@@ -400,6 +403,9 @@ def main(argv=None):
                     "caller's graph through arguments with a creator); "
                     "retain_grad (earlier values returned beside the last, the caller's "
                     "backward with retain_grad=True: their .grad); "
+                    "c_state (--generator deep_captures: a ContextVar's value or an "
+                    "lru_cache'd function's result on every path, rebound or cleared "
+                    "between calls); "
                     "rebind_alias (a captured Parameter's .data or an ndarray stored as "
                     "state set to an existing buffer: x.data[::-1], x.grad.data)")
     ap.add_argument("--generator", default="programs", choices=sorted(GENERATORS),

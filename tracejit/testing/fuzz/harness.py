@@ -2,7 +2,8 @@
 
 The program is a module (see tracejit/fuzz_gen.py) defining `f`, `CAPTURES` (the
 Parameters and arrays f reads), `args(call)`, `PLAN` and `BACKWARD` (and optionally `RETAIN`:
-the backward with retain_grad=True), and optionally
+the backward with retain_grad=True; `PRESET`: every result Variable but the first gets
+the .grad 0.25 first, and the backward starts from the first alone), and optionally
 `BETWEEN(call, args)`, which the caller runs after each call and before its backward
 (updating the arguments there). The module runs
 twice from scratch, so eager and jit start from identical state (their own captured
@@ -23,7 +24,9 @@ stream with the same seed. What is compared after every call, in this order:
 
 Values compare with a tolerance scaled to the array's magnitude: `rtol_for(program)`
 (1e-3 when any float32 is involved, else 1e-7, plus 8 ulps absolute); NaN must match NaN,
-inf must match inf.
+inf must match inf. Float values beyond it, and nothing else, are judged by the
+computation's condition, measured (`rounding_only`: runs under one rounding of noise
+per operation), float32 and float64 alike: a program within it is "rounding".
 `check_file(path)` is what a written reproducer calls.
 """
 import linecache
@@ -45,7 +48,7 @@ from tracejit.core import Constant, Parameter, Variable
 # NOISE_FACTOR: how many times the noisy twins' largest move a float32 result may be off
 # the twin (one run is one sample of float32's rounding, which a float32 run can exceed
 # by a small factor): the runtime's rule.
-from tracejit.runtime.checking import NOISE_FACTOR, float32_noise  # noqa: F401
+from tracejit.runtime.checking import NOISE_FACTOR, float32_noise, rounding_noise  # noqa: F401
 
 __all__ = ["load", "run_side", "compare_sides", "run_program", "check_file", "PLANTS"]
 
@@ -187,7 +190,7 @@ def _grads(targets):
 
 
 def observe(f, args, captures, backward, call, plant=None, between=None, state=None,
-            retain=False):
+            retain=False, preset=False):
     """Call f once as a user would, then differentiate; a dict of snapshots.
     `between(call, args)`, if given, runs after the call and before the backward (the
     caller changing its arguments there). `state`: the program's STATE (the state f
@@ -234,6 +237,10 @@ def observe(f, args, captures, backward, call, plant=None, between=None, state=N
             loss = None
             for k, y in enumerate(objs):
                 if isinstance(y, Variable) and y.data is not None and y.dtype.kind == "f":
+                    if preset and loss is not None:
+                        if y.grad is None:     # (not one the call left: its own)
+                            y.grad = Variable(np.full(y.shape, 0.25, y.dtype))
+                        continue
                     c = rng.uniform(-1.0, 1.0, y.shape).astype(y.dtype)
                     term = F.sum(y * c)
                     loss = term if loss is None else loss + term
@@ -336,7 +343,8 @@ def run_side(source, path, jit, progress=None, plant=None):
             with np.errstate(all="ignore"):
                 rec = observe(jf, args, captures, ns["BACKWARD"], call,
                               plant if jit else None, ns.get("BETWEEN"),
-                              ns.get("STATE"), retain=ns.get("RETAIN", False))
+                              ns.get("STATE"), retain=ns.get("RETAIN", False),
+                              preset=ns.get("PRESET", False))
             records.append(rec)
             if rec["raised"]:
                 break
@@ -511,22 +519,28 @@ def _float_leaves(rec):
             and np.asarray(leaf["value"]).dtype.kind == "f"}
 
 
-def rounding_only(jit_recs, eager_recs, ref_recs, noise_recs=()):
-    """True if jit is, leaf by leaf, no farther from the float64 twin than float32
-    rounding explains: twice eager's own distance, plus a few float32 ulps of the
-    value's magnitude, plus NOISE_FACTOR times the distance float32-sized noise moved
-    the twin (`noise_recs`: runs of the twin under `float32_noise`). The last term is
-    the computation's condition number: 1 - y * y of a saturated float32 tanh turns
-    one ulp of y (tracejit's tanh32 is correctly rounded, NumPy's is not) into hundreds
-    of ulps of the gradient, and where eager's rounding happens to land near the twin,
-    twice eager's distance alone would call correct rounding a mismatch. A float32-only
-    jit bug (a 1% error) is farther from the reference than rounding moves it and stays
-    a mismatch."""
+def rounding_only(jit_recs, eager_recs, ref_recs, noise_recs=(), dtype=np.float32,
+                  tol=None):
+    """True if jit is, leaf by leaf, no farther from the reference than `dtype`'s
+    rounding explains: twice eager's own distance, plus a few ulps of the value's
+    magnitude, plus NOISE_FACTOR times the distance `dtype`-sized noise moved the
+    reference (`noise_recs`: runs of it under `rounding_noise`). The last term is the
+    computation's condition number: 1 - y * y of a saturated tanh turns one ulp of y
+    (tracejit's tanh is correctly rounded, NumPy's is not) into hundreds of ulps of the
+    gradient, and where eager's rounding happens to land near the reference, twice
+    eager's distance alone would call correct rounding a mismatch. A jit bug (a 1e-3
+    error of a well-conditioned value) is farther from the reference than rounding
+    moves it and stays a mismatch.
+
+    float32: the reference is the float64 twin. float64 has no more precise twin: the
+    reference is eager itself (its distance 0), run again under float64-sized noise.
+    `tol` (rtol, atol): an element within compare_sides' tolerance of eager is not a
+    difference to explain (only the elements compare_sides flagged are judged)."""
     if not (len(jit_recs) == len(eager_recs) == len(ref_recs)):
         return False
     if any(len(n) != len(ref_recs) for n in noise_recs):
         return False
-    eps = float(np.finfo(np.float32).eps)
+    eps = float(np.finfo(dtype).eps)
     for call, (g, w, r) in enumerate(zip(jit_recs, eager_recs, ref_recs)):
         if g["raised"] or w["raised"] or r["raised"]:
             return False
@@ -558,9 +572,18 @@ def rounding_only(jit_recs, eager_recs, ref_recs, noise_recs=()):
             err_eager = np.abs(b[fin] - ref[fin])
             allowed = (2 * err_eager + 8 * eps * (scale + np.abs(ref[fin]))
                        + NOISE_FACTOR * noise)
-            if np.any(err_jit > allowed):
+            bad = err_jit > allowed
+            if tol is not None:       # within compare_sides' bound of eager (_close's)
+                bf = np.abs(b[fin])
+                bad &= np.abs(a[fin] - b[fin]) > tol[0] * (bf + np.max(bf)) + tol[1]
+            if np.any(bad):
                 return False
     return True
+
+
+ROUNDING_REASON = {
+    np.float32: "float32 rounding: jit is as close to the float64 twin as eager",
+    np.float64: "float64 rounding: within what one rounding per operation moves eager"}
 
 
 def run_program(source, path, has_float32, progress=None, plant=None):
@@ -568,20 +591,22 @@ def run_program(source, path, has_float32, progress=None, plant=None):
     t0 = time.perf_counter()
     eager = run_side(source, path, jit=False, progress=progress)
     jit = run_side(source, path, jit=True, progress=progress, plant=plant)
-    cls, detail, diffs = compare_sides(jit, eager, rtol_for(has_float32))
-    if cls == "mismatch" and has_float32 and diffs and \
-            all(cat.endswith(": value") for cat in diffs):
+    tol = rtol_for(has_float32)
+    cls, detail, diffs = compare_sides(jit, eager, tol)
+    if cls == "mismatch" and diffs and all(cat.endswith(": value") for cat in diffs):
         # Float values differ and nothing else: tell rounding from a wrong answer by the
-        # program's float64 twin, run eagerly.
-        twin = float64_twin(source)
-        ref = run_side(twin, path, jit=False, progress=progress)
+        # computation's condition, measured (rounding_only). float32: the program's
+        # float64 twin is the reference; float64: eager itself.
+        dtype = np.float32 if has_float32 else np.float64
+        ref_source = float64_twin(source) if has_float32 else source
+        ref = run_side(ref_source, path, jit=False, progress=progress) if has_float32 \
+            else eager
         noise = []
         for k in range(NOISE_RUNS):
-            with float32_noise(k):
-                noise.append(run_side(twin, path, jit=False, progress=progress)[0])
-        if rounding_only(jit[0], eager[0], ref[0], noise):
-            cls, detail = "rounding", f"{detail} (float32 rounding: jit is as close to " \
-                                      f"the float64 twin as eager)"
+            with rounding_noise(k, dtype):
+                noise.append(run_side(ref_source, path, jit=False, progress=progress)[0])
+        if rounding_only(jit[0], eager[0], ref[0], noise, dtype, tol):
+            cls, detail = "rounding", f"{detail} ({ROUNDING_REASON[dtype]})"
     return dict(cls=cls, detail=detail, diffs=diffs, warnings=sorted(set(jit[1])),
                 cache_info=jit[2], seconds=time.perf_counter() - t0)
 

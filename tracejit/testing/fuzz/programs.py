@@ -180,6 +180,7 @@ class Builder:
         self.rebinds = set()      # captures f updates with an augmented assignment
         self.view_args = {}       # ndarray argument -> how it is a view (_view_of)
         self.layout_flip = set()  # Variable arguments whose memory layout args() varies
+        self.buffer_reads = set()  # arguments struct reads (must stay C-contiguous)
         self.extra_args = []      # (name, source of its value in args()): escapes block
         self.extra_kinds = {}     # extra argument name -> its ARG_KINDS entry
         self.returned_views = []  # names of views returned too: returned views block
@@ -206,18 +207,20 @@ class Builder:
         self.vals.append(v)
         return v
 
-    def capture(self, shape, kind=None, reuse=True):
-        """A captured Parameter or array of `shape` (reused when one exists).
+    def capture(self, shape, kind=None, reuse=True, dtype=None):
+        """A captured Parameter or array of `shape` (reused when one exists), of
+        `dtype` if given.
 
         Captures are drawn in [-1, 1]; the ones an inner step updates are never reused
         elsewhere (their values grow), nor are arrays updated in place (`*= 0.9` only
         shrinks them, but their sign pattern must not matter)."""
         for c in self.captures:
             if reuse and c[2] == tuple(shape) and (kind is None or c[1] == kind) \
+                    and dtype in (None, c[3]) \
                     and c[0] not in self.updated and self.draw(st.booleans()):
                 return c
         kind = kind or self.draw(st.sampled_from(["param", "param", "array"]))
-        dtype = self.draw(st.sampled_from(["float64", "float32"]))
+        dtype = dtype or self.draw(st.sampled_from(["float64", "float32"]))
         where = self.draw(st.sampled_from(["global", "closure"]))
         name = ("W" if kind == "param" else "K") + str(len(self.captures))
         c = (name, kind, tuple(shape), dtype, where)
@@ -859,11 +862,15 @@ def _escapes_numpy_scalar_argument(b):
 def _escapes_buffer_read(b):
     """A branch on bytes C code reads from traced data (struct.unpack_from): runs eagerly
     (warned), never a frozen branch."""
-    ins = [w for w in b.vals if w.signed and w.var and w.name.startswith("x")]
+    # struct reads a C-contiguous buffer only (else eager raises ValueError): never an
+    # argument whose layout args() varies (_argument_view's flattened slice).
+    ins = [w for w in b.vals if w.signed and w.var and w.name.startswith("x")
+           and w.name not in b.layout_flip]
     v = b.pick(lambda w: w.var)
     if not ins or v is None:
         return b.st_unary()
     src = b.draw(st.sampled_from(ins))
+    b.buffer_reads.add(src.name)
     fmt = "d" if src.dtype == "float64" else "f"
     name = b.fresh()
     b.emit(f"if struct.unpack_from({fmt!r}, {src.name}.data)[0] > 0:")
@@ -1244,7 +1251,7 @@ def _argument_view(b):
     if B not in v.shape:
         forms.append((f"F.reshape({x}, (-1,))", (int(np.prod(v.shape)),)))
     fixed = int(np.prod([d for d in v.shape if d != B]))
-    if v.var and nd >= 2 and fixed >= 2:
+    if v.var and nd >= 2 and fixed >= 2 and x not in b.buffer_reads:
         # Flattened and sliced: a view of a C-contiguous buffer, a copy of any other
         # (args() changes the argument's layout between calls: issue 9's helper task
         # 5), so the result aliases the argument on some calls only.
@@ -1412,9 +1419,90 @@ def _st_outer_product(b):
     b.features.add("matmul_outer")
 
 
+def _st_lone_op_parts(b):
+    # Parts with no kernel of their own (backends/numba/plan._no_kernel): a captured
+    # weight cast to the other float dtype that only a matmul reads (W7's float32
+    # weights), and 0-d arithmetic (Adam's step size) on a 0-d argument, both NumPy
+    # calls between kernels; the scale after them fuses.
+    vs = _matrix_values(b)
+    if not vs:
+        return b.st_matmul()
+    v = b.draw(st.sampled_from(vs))
+    k, m = v.shape[1], b.draw(st.integers(1, 4))
+    c = b.capture((k, m), "param" if b.draw(st.integers(0, 3)) else None)
+    other = "float32" if c[3] == "float64" else "float64"
+    p, name = b.fresh(), b.fresh()
+    b.emit(f"{p} = F.matmul({v.name}, F.Cast({other!r})({c[0]}))")
+    dtype = "float64" if "float64" in (other, v.dtype) else "float32"
+    t = b.pick(lambda w: w.var and w.shape == () and w.name.startswith("x"))
+    scale = f"{1.0 / k!r}"
+    if t is not None:
+        q = f"({t.name} * {0.5 / t.bound!r})"          # in [-0.5, 0.5]
+        scale = f"(0.1 * (1 - 0.9 ** {q}) / (1 - 0.999 ** ({q} + 2.0)) * {1.0 / k!r})"
+        dtype = "float64" if "float64" in (dtype, t.dtype) else "float32"
+    b.emit(f"{name} = {p} * {scale}")
+    b.add(name, (v.shape[0], m), dtype, v.bound * 8.0)
+    b.features.add("lone_op_parts")
+
+
 MATMUL_STEPS = [(_st_sum_of_products, 3), (_st_shared_operand, 2), (_st_recurrence, 2),
-                (_st_outer_product, 1)]
+                (_st_outer_product, 1), (_st_lone_op_parts, 1)]
 # ---------------------------------------------------------------- end of matmul batching
+# ------------------------------------------------------------------ conv epilogues
+# What passes/conv_epilogue.py rewrites: conv2d (+ bias) -> ReLU -> max pooling, with
+# windows the fused kernel computes (2x2, stride 2) and others, and sometimes another
+# reader of the conv's output, the pre-activation or the ReLU's output (which must
+# stay materialized, or keep the chain from fusing). The image is a captured array
+# shifted by a value of f, so gradients reach f's arguments through the chain.
+# focus="conv" (--focus conv) draws these.
+
+def _st_conv_epilogue(b):
+    v = b.pick()
+    if v is None:
+        return b.st_unary()
+    n, ch, oc = b.draw(st.integers(1, 2)), b.draw(st.integers(1, 2)), b.draw(st.integers(1, 3))
+    hw = (b.draw(st.integers(4, 7)), b.draw(st.integers(4, 7)))
+    k, stride, pad = b.draw(st.sampled_from([(3, 1, 1), (3, 2, 0), (1, 1, 0), (2, 1, 1)]))
+    # One dtype mostly (the fused forms need it); sometimes the bias's differs.
+    # An inner training step (backward and SGD in f) puts the pooling's gradient in
+    # f's own graph, where the ReLU's mask is read from the ReLU's output.
+    inner = b.draw(st.booleans())
+    img = b.capture((n, ch) + hw, "array")
+    W = b.capture((oc, ch, k, k), "param", dtype=img[3], reuse=not inner)
+    bias = b.capture((oc,), "param", dtype=None if b.draw(st.integers(0, 3)) == 0
+                     else img[3], reuse=not inner) if b.draw(st.booleans()) else None
+    reader = b.draw(st.sampled_from(["none", "none", "conv", "pre", "act"]))
+    out_hw = [(d + 2 * pad - k) // stride + 1 for d in hw]
+    pools = [None, (3, 1, 1)] + [(2, 2, 0), (2, 2, 0), (2, 1, 0)] * (min(out_hw) >= 2)
+    pool = b.draw(st.sampled_from(pools))
+    c, pre, act, out = b.fresh("c"), b.fresh("pre"), b.fresh("act"), b.fresh("p")
+    b.emit(f"{c} = F.conv2d({img[0]} + F.mean({v.name}) * 0.5, {W[0]}, None, "
+           f"stride={stride}, pad={pad})")
+    b.emit(f"{pre} = {c} + F.reshape({bias[0]}, (1, -1, 1, 1))" if bias else f"{pre} = {c}")
+    b.emit(f"{act} = F.relu({pre})")
+    b.emit(f"{out} = F.pooling({act}, {pool[0]}, stride={pool[1]}, pad={pool[2]})" if pool
+           else f"{out} = {act}")
+    extra = {"none": "", "conv": f" + F.mean({c}) * 0.25", "pre": f" + F.mean({pre} * {pre})",
+             "act": f" + F.mean({act}) * 0.5"}[reader]
+    loss, name = b.fresh("loss"), b.fresh()
+    # Not out * out: its gradient is 0 where a window pools a 0, which hides a mask.
+    b.emit(f"{loss} = F.mean(F.tanh({out} * 0.5 + 0.25) ** 2){extra}")
+    if inner:
+        for p in [W] + ([bias] if bias else []):
+            b.updated.add(p[0])
+            b.emit(f"{p[0]}.cleargrad()")
+        b.emit(f"{loss}.backward()")
+        for p in [W] + ([bias] if bias else []):
+            b.emit(f"{p[0]}.data -= 0.1 * {p[0]}.grad.data")
+        b.features.add("inner_backward_update")
+    b.emit(f"{name} = {v.name} * F.tanh({loss})")
+    dts = [img[3], W[3]] + ([bias[3]] if bias else [])
+    b.add(name, v.shape, "float64" if "float64" in dts or v.dtype == "float64"
+          else "float32", v.bound)
+    b.features.add("conv_epilogue")
+
+
+CONV_STEPS = [(_st_conv_epilogue, 1)]
 # ------------------------------------------------------------------ made leaves (helper
 # "madeleaf"). A Variable made inside f that is a leaf of eager's graph when f returns
 # (`c = tj.Variable(np.full(x.shape, 0.5))`, a Parameter, `Variable(h.data)`, a result
@@ -1450,7 +1538,9 @@ def _made_leaf(b):
         b.emit(f"{c} = tj.Variable({v.data})")
         bound = v.bound
     elif kind == "of_data_times":
-        b.emit(f"{c} = tj.Variable({v.data} * 0.5)")
+        # np.asarray: `d * 0.5` of a 0-d ndarray is a NumPy scalar, which Variable
+        # rejects (DeZero's too): without it the program is invalid in eager.
+        b.emit(f"{c} = tj.Variable(np.asarray({v.data} * 0.5))")
         bound = v.bound * 0.5
     else:
         if not v.var:
@@ -1528,7 +1618,35 @@ def _parameter_state(b):
     b.features.add(f"parameter_state_{form}")
 
 
-MADE_LEAF_STEPS = [(_made_leaf, 1), (_parameter_state, 1)]
+def _made_leaves_sharing(b):
+    """Several Variables made of one array: `Variable(h.data)` again, or `Variable(c.data)`
+    of such a leaf, in a chain of two to six, returned in a drawn order (some in a list
+    or a tuple). Eager's are leaves holding that one array, each with its gradient;
+    each compiled leaf naming another as the array's owner was a cycle that made
+    tracing raise RecursionError."""
+    v = b.pick(lambda w: w.var and w.bound <= 5 and not w.name.startswith("x"), recent=6) \
+        or b.pick(lambda w: w.var and w.bound <= 5, recent=6)
+    if v is None:
+        return b.st_unary()
+    n = b.draw(st.integers(2, 6))
+    cs = []
+    for k in range(n):
+        c = b.fresh("c")
+        src = v if not cs or b.draw(st.booleans()) else None
+        b.emit(f"{c} = tj.Variable({v.data if src is not None else cs[-1] + '.data'})")
+        cs.append(c)
+    h = b.fresh()
+    b.emit(f"{h} = {v.name} * {cs[0]} + {cs[-1]} * 0.5")
+    b.add(h, v.shape, v.dtype, v.bound * v.bound + v.bound * 0.5)
+    order = b.draw(st.permutations(cs))
+    for c in order[:b.draw(st.integers(1, n))]:
+        b.returned_views.append(b.draw(st.sampled_from([c, c, f"[{c}]", f"({c},)"])))
+    b.features.add("made_leaves_sharing")
+    if v.name in {name for name, _, _ in b.args}:
+        b.features.add("made_leaves_sharing_an_argument")
+
+
+MADE_LEAF_STEPS = [(_made_leaf, 1), (_parameter_state, 1), (_made_leaves_sharing, 1)]
 
 
 # ------------------------------------------------------------- rebinds to an existing buffer
@@ -1668,6 +1786,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     focus="mixed_dtypes" mostly MIXED_DTYPE_STEPS (float32 results with float64
     cotangents beside a dead float64 state);
     focus="matmul" mostly MATMUL_STEPS (what passes/matmul_batching.py rewrites);
+    focus="conv" mostly CONV_STEPS (conv -> bias -> ReLU -> pooling: what
+    passes/conv_epilogue.py rewrites);
     focus="made_leaves" mostly MADE_LEAF_STEPS (leaves made in f that outlive it);
     focus="rebind_alias" mostly REBIND_ALIAS_STEPS (a captured Parameter's .data or
     stored ndarray state rebound to an existing buffer);
@@ -1744,6 +1864,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         table += [(lambda g=g: g(b), w * 12) for g, w in UNCHAIN_STEPS]  # unchain inside
     if focus == "matmul":       # (only then, as unchain's)
         table += [(lambda g=g: g(b), w * 6) for g, w in MATMUL_STEPS]     # matmul batching
+    if focus == "conv":         # (only then, as unchain)
+        table += [(lambda g=g: g(b), w * 40) for g, w in CONV_STEPS]     # conv epilogues
     if focus == "backward_into":  # (only then, as unchain)
         table += [(lambda g=g: g(b), w * 12) for g, w in BACKWARD_INTO_STEPS]
     weighted = [fn for fn, w in table for _ in range(w)]
@@ -1780,6 +1902,13 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         focus is None and draw(st.integers(0, 3)) == 0))
     if retain:
         b.features.add("retain_grad")
+    # The caller sets .grad on every result Variable but the first before a backward
+    # from the first alone (PRESET): eager's walk adds a preset .grad where it passes
+    # (a result the first depends on) and leaves the others' alone.
+    preset = backward is not None and draw(st.integers(0, 1 if focus == "retain_grad"
+                                                       else 7)) == 0
+    if preset:
+        b.features.add("preset_result_grads")
     base_seed = draw(st.integers(0, 10_000))
     # Sometimes one entry of the unsigned inputs is inf or -inf on the last call of phase
     # A (a compiled variant exists by then): NumPy's results must come out of every
@@ -1789,7 +1918,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
             and draw(st.integers(0, 3)) == 0:
         nonfinite = draw(st.sampled_from(["np.inf", "-np.inf"]))
         b.features.add("nonfinite_input")
-    src = _render(b, inputs, outputs, plan, backward, base_seed, nonfinite, retain)
+    src = _render(b, inputs, outputs, plan, backward, base_seed, nonfinite, retain,
+                  preset)
     has32 = any(d == "float32" for *_, d, _ in inputs) or any(
         c[3] == "float32" for c in b.captures)
     arg_kinds = ["var" if kind == "var" else "float_array" for _, kind, *_ in inputs]
@@ -1848,7 +1978,8 @@ def _outputs(b, retain_focus=False):
     return ", ".join(outs) + ("," if len(outs) == 1 else "")
 
 
-def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=False):
+def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=False,
+            preset=False):
     out = ["import numpy as np", "import tracejit as tj", "import tracejit.functions as F",
            "", ""]
     if "buffer_read" in b.features:
@@ -1897,6 +2028,7 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=Fal
             "# use a new batch side", f"PLAN = {plan!r}",
             f"BACKWARD = {backward!r}   # None, 'plain' or 'create_graph'",
             f"RETAIN = {retain!r}   # the caller's backward with retain_grad",
+            f"PRESET = {preset!r}   # results' .grad set, the backward from the first",
             f"NONFINITE = {nonfinite}   # on call 5, entry 0 of the unsigned inputs",
             "", ""]
     out.append("def args(call):")
@@ -2127,7 +2259,9 @@ def _state_reset_lines(b):
 # subtree>`), or the leaf replaced by a new Variable before every call. A level is read
 # as an attribute, a @property, a __getattr__ that raises KeyError for unknown names, a
 # __slots__ attribute, a slots dataclass field, a dict item (a string or a tuple key), a
-# list item (the first, or one past a long list's first 64), a deque's last item. The
+# list item (the first, or one past a long list's first 64), a deque's last item, a
+# ContextVar's value (`.get()`), a memoized zero-argument function's result (`()`, an
+# lru_cache the caller clears when it rebinds what it returns). The
 # argument object may compare by value (its class's __eq__ / __hash__, or a mutable
 # dataclass's). The function may cut its argument's creator (`x.creator = None`,
 # `x.unchain()`), whose graph the caller built from a captured Variable U. Eager reads the path anew on each call; a compiled call must
@@ -2136,8 +2270,10 @@ def _state_reset_lines(b):
 _DEEP_LEAVES = ("variable", "parameter", "array", "float")
 # a attribute, p property, g __getattr__ (KeyError), s __slots__, c slots dataclass,
 # d dict item, t tuple-keyed dict item, l list item, L item 70 of a 100-item list,
-# q the last item of a deque.
-_DEEP_STEPS = "apgscdtlLqwro"
+# q the last item of a deque, v a ContextVar's value, m an lru_cache'd function's result.
+_DEEP_STEPS = "apgscdtlLqwrovm"
+# Levels kept in C (trace.opaque): focus="c_state" puts one in every path.
+_DEEP_C_STEPS = "vm"
 _DEEP_OBJECT_STEPS = "apgsc"
 
 
@@ -2160,12 +2296,13 @@ def _deep_tree_src(steps, leaf, root_class="_deep_obj"):
             "L": f"_deep_long({inner})",
             "q": f"collections.deque([0.0, {inner}], maxlen=4)",
             "w": f"_deep_weak_table({inner})", "r": f"_deep_weak_ref({inner})",
-            "o": f"collections.OrderedDict(n={inner})"}[s]
+            "o": f"collections.OrderedDict(n={inner})",
+            "v": f"_deep_ctx({inner})", "m": f"_deep_memo({inner})"}[s]
 
 
 _DEEP_READ = {"a": ".n", "p": ".n", "g": ".n", "s": ".n", "c": ".n", "d": "['n']",
               "t": "[(1, 'n')]", "l": "[0]", "L": "[70]", "q": "[-1]",
-              "w": "['n'].n", "r": "().n", "o": "['n']"}
+              "w": "['n'].n", "r": "().n", "o": "['n']", "v": ".get()", "m": "()"}
 
 
 def _deep_ref(steps):
@@ -2201,6 +2338,12 @@ _DEEP_CLASSES = [
     "    return weakref.WeakValueDictionary({'n': o})", "", "",
     "def _deep_weak_ref(n):",
     "    o = _deep_obj(n=n)", "    _DEEP_KEEP.append(o)", "    return weakref.ref(o)", "", "",
+    "def _deep_ctx(n):",
+    "    cv = contextvars.ContextVar('n')", "    cv.set(n)", "    return cv", "", "",
+    "def _deep_memo(n):",
+    "    box = [n]", "",
+    "    @functools.lru_cache(maxsize=None)", "    def get():", "        return box[0]", "",
+    "    get.box = box", "    return get", "", "",
 ]
 
 
@@ -2213,6 +2356,9 @@ def deep_capture_programs(draw, avoid=(), focus=None):
                                   max_size=depth)))
     if steps[0] not in _DEEP_OBJECT_STEPS and draw(st.booleans()):
         steps = "a" + steps[1:]
+    if focus == "c_state" and not set(steps) & set(_DEEP_C_STEPS):
+        at = draw(st.integers(1 if depth > 1 else 0, depth - 1))
+        steps = steps[:at] + draw(st.sampled_from(_DEEP_C_STEPS)) + steps[at + 1:]
     kinds = draw(st.lists(st.sampled_from(_DEEP_LEAVES), min_size=1, max_size=2,
                           unique=True))
     root = draw(st.sampled_from(["global", "closure", "argument", "vargument",
@@ -2246,7 +2392,8 @@ def deep_capture_programs(draw, avoid=(), focus=None):
             "both": f"F.sum(F.tanh(x * {ref}) * {ref})"}[op]
     root_class = {"vargument": "_deep_vobj", "dargument": "_deep_mdc"}.get(root, "_deep_obj")
     cut_line = {None: [], "assign": ["x.creator = None"], "unchain": ["x.unchain()"]}[cut]
-    out = ["import collections", "import dataclasses", "import weakref", "",
+    out = ["import collections", "import contextvars", "import dataclasses",
+           "import functools", "import weakref", "",
            "import numpy as np", "import tracejit as tj",
            "import tracejit.functions as F", "", "", "SHAPE = (3,)", "", ""]
     out += _DEEP_CLASSES
@@ -2287,6 +2434,10 @@ def deep_capture_programs(draw, avoid=(), focus=None):
             "        return v['n'].n",
             "    if s == 'r':",
             "        return v().n",
+            "    if s == 'v':",
+            "        return v.get()",
+            "    if s == 'm':",
+            "        return v()",
             "    return v['n'] if s in 'do' else v[(1, 'n')] if s == 't' else "
             "v[0] if s == 'l' else v[-1] if s == 'q' else v[70]", "", "",
             "def _put(h, s, v):",
@@ -2302,6 +2453,11 @@ def deep_capture_programs(draw, avoid=(), focus=None):
             "        h['n'].n = v",
             "    elif s == 'r':",
             "        h().n = v",
+            "    elif s == 'v':",
+            "        h.set(v)",
+            "    elif s == 'm':",
+            "        h.box[0] = v",
+            "        h.cache_clear()",
             "    elif s == 't':",
             "        h[(1, 'n')] = v",
             "    else:",
@@ -2342,7 +2498,8 @@ def deep_capture_programs(draw, avoid=(), focus=None):
 _DEEP_LEGEND = ("a attribute, p property, g __getattr__, s slots, c slots dataclass, "
                 "d dict item, t tuple key, l list item, L item 70, q deque's last, "
                 "w WeakValueDictionary item's attribute, r weakref.ref's referent's "
-                "attribute, o OrderedDict item")
+                "attribute, o OrderedDict item, v ContextVar's value, m lru_cache'd "
+                "function's result")
 
 
 def _deep_root_src(steps, leaf, root_class):

@@ -1,0 +1,103 @@
+"""Variables made inside a jitted function of one array (`c = Variable(h.data);
+d = Variable(h.data)`, `Variable(c.data)` of such a Variable, in a chain of any length),
+returned in any order, in containers, as eager returns them: every one a leaf holding
+that one array (`c.data is d.data`), each given its own gradient by a backward through
+the results. Each used to name the other as the owner of the array (the result leaves'
+"wrap" of "vardata" of a result), a cycle the runner's code generation recursed around
+until RecursionError: a fallback on every call.
+"""
+import numpy as np
+import pytest
+
+import tracejit as tj
+import tracejit.functions as F
+from tracejit import Variable
+
+pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
+
+
+def two_of_one(x):
+    h = F.sin(x)                          # not returned: its array is computed
+    c = Variable(h.data)
+    d = Variable(h.data)
+    return x * c + d * d, c, d
+
+
+def in_containers(x):
+    h = x ** 2
+    c = Variable(h.data)
+    y = F.sin(h * c) + c
+    d = Variable(h.data)
+    return y, (c,), [d], float(y.data.sum())
+
+
+def chain(x, n=5, used=5):
+    h = F.tanh(x) * 2.0
+    cs = [Variable(h.data)]
+    for _ in range(n - 1):
+        cs.append(Variable(cs[-1].data))  # the same array again
+    y = x
+    for c in cs[:used] + cs[-1:]:
+        y = y * c + c
+    return (y,) + tuple(reversed(cs))     # the last made first
+
+
+def long_chain(x):
+    # Deeper than the recursion limit if each leaf's code named the one before it.
+    return chain(x, n=1100, used=2)
+
+
+def with_the_owner_returned_last(x):
+    h = F.exp(x * 0.5)
+    c = Variable(h.data)
+    return x * c, c, h                    # h's array is c's too
+
+
+CASES = [two_of_one, in_containers, chain, long_chain, with_the_owner_returned_last]
+
+
+def _leaves(r):
+    """The result's Variables in order, flattened, and its Python number if any."""
+    out = []
+    for x in r:
+        if isinstance(x, (tuple, list)):
+            out += _leaves(x)
+        elif isinstance(x, Variable):
+            out.append(x)
+    return out
+
+
+def _observe(fn, call):
+    x = Variable(np.linspace(-1.0, 1.0, 4) * (1 + 0.3 * call) + 0.1 * call)
+    r = fn(x)
+    vs = _leaves(r)
+    # Which results share an array object (eager: every made leaf holds one array):
+    # each result's data as the first result holding that object.
+    first = {}
+    shares = [first.setdefault(id(v.data), k) for k, v in enumerate(vs)]
+    rng = np.random.default_rng(call)
+    loss = sum(F.sum(v * rng.uniform(-1.0, 1.0, v.shape)) for v in vs)
+    loss.backward()
+    return dict(values=[v.data.copy() for v in vs], shares=shares,
+                creators=[v.creator is not None for v in vs],
+                grads=[None if v.grad is None else v.grad.data.copy() for v in vs],
+                xgrad=x.grad.data.copy(),
+                numbers=[x for x in r if isinstance(x, float)])
+
+
+@pytest.mark.parametrize("fn", CASES, ids=lambda f: f.__name__)
+def test_made_leaves_of_one_array_compile_and_match_eager(fn):
+    jf = tj.jit(fn)
+    for call in range(6):
+        want, got = _observe(fn, call), _observe(jf, call)
+        assert got["shares"] == want["shares"]
+        assert got["creators"] == want["creators"]
+        assert got["numbers"] == pytest.approx(want["numbers"], rel=1e-12)
+        for key in ("values", "grads"):
+            for g, w in zip(got[key], want[key]):
+                assert (g is None) == (w is None), key
+                if w is not None:
+                    np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12, err_msg=key)
+        np.testing.assert_allclose(got["xgrad"], want["xgrad"], rtol=1e-10, atol=1e-12)
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] >= 4, info
