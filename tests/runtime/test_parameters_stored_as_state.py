@@ -78,3 +78,48 @@ BODIES = {
 @pytest.mark.parametrize("what", list(BODIES))
 def test_a_parameter_stored_as_state_is_eagers(what, holder):
     _compare(BODIES[what], holder)
+
+
+@pytest.mark.parametrize("where", ["last", "first"])
+def test_a_parameter_stored_on_a_layer_is_registered_as_eagers(where):
+    """`self.h = Parameter(...)` on a Layer: threaded, and the Layer's params() (their
+    order too: an optimizer walks them) are eager's after every call, also after the
+    caller unregisters it (`m.h = None`) between calls."""
+    def run(jit):
+        class M(tj.layers.Layer):
+            def __init__(self):
+                super().__init__()
+                if where == "first":
+                    self.h = tj.Parameter(np.zeros(3), name="h")
+                self.W = tj.Parameter(np.full((3,), 0.5), name="W")
+                if where == "last":
+                    self.h = None
+                self.V = tj.Parameter(np.full((3,), 0.25), name="V")
+        m = M()
+
+        def step(x):
+            y = F.tanh(x * m.W) * m.V
+            prev = m.h
+            m.h = tj.Parameter(y.data * 0.5 if prev is None else
+                               prev.data * 0.5 + y.data, name="h")
+            return F.sum(y * m.h)
+        g = tj.jit(step) if jit else step
+        out = []
+        for call in range(7):
+            if call == 4:
+                m.h = None
+            y = g(tj.Variable(np.random.default_rng(call).uniform(-1.0, 1.0, (3,))))
+            y.backward()
+            out.append(([p.name for p in m.params()], np.array(y.data),
+                         m.h.data.copy(), m.h.grad.data.copy(), m.W.grad.data.copy()))
+            m.cleargrads()
+            m.W.data *= 1.1
+        return out, g
+
+    (eager, _), (jitted, g) = run(False), run(True)
+    for a, b in zip(eager, jitted):
+        assert a[0] == b[0]
+        for u, v in zip(a[1:], b[1:]):
+            np.testing.assert_allclose(v, u, rtol=1e-12)
+    info = g.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] >= 2, info

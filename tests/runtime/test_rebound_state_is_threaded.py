@@ -253,10 +253,9 @@ class OwnSetattr:
         object.__setattr__(self, k, v)
 
 
-@pytest.mark.parametrize("what", ["Parameter on a Layer", "number", "own __setattr__"])
+@pytest.mark.parametrize("what", ["number", "own __setattr__"])
 def test_what_cannot_be_threaded_runs_eagerly_naming_it(what, record_jit_warnings):
-    # (A Parameter stored as a Layer's attribute: the Layer registers it, a write of
-    # threaded state would not. Elsewhere a Parameter is threaded:
+    # (A Parameter, also one stored as a Layer's attribute, is threaded:
     # test_parameters_stored_as_state.py.)
     np.random.seed(8)
     box = OwnSetattr() if what == "own __setattr__" else \

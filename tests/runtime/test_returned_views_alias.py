@@ -319,3 +319,17 @@ def test_a_computed_result_follows_the_memory_order_of_each_call_s_argument(orde
                 assert np.shares_memory(x, oe[m]) == np.shares_memory(y, oj[m]), (call, k, m)
     info = jf.cache_info()
     assert info["fallbacks"] == 0 and info["hits"] >= 4, info
+
+
+def test_one_view_returned_twice_is_one_object_on_the_traced_call_too():
+    # The traced call rebuilt the first place on the argument's buffer and left the
+    # second a copy: two objects, one not aliasing the argument.
+    def f(x):
+        h = x.data[:, ::-1]
+        return F.sin(x), h, h
+
+    jf = check_aliasing(no_caps(f), var_arg())
+    for call in range(4):
+        x = Variable(np.random.default_rng(call).standard_normal((3, 4)))
+        _, a, b = jf(x)
+        assert a is b and np.shares_memory(a, x.data), call

@@ -422,25 +422,30 @@ def leaves_with_paths(obj, path="output", out=None, containers=False, _seen=None
     return out
 
 
-def identity_difference(expected, got, known=()):
+def result_objects(result):
+    """(path, object) of every Variable, its .data, array, list and dict in a result:
+    taken of eager's right after its run (a captured Variable it returns is the same
+    object in both runs, whose .data the compiled run may rebind: `W.data = x.data`)."""
+    objs = []
+    for path, x in leaves_with_paths(result, containers=True):
+        if isinstance(x, Variable):
+            objs.append((path, x))
+            objs.append((f"{path}.data", x._data))
+        elif isinstance(x, (np.ndarray, list, dict)):
+            objs.append((path, x))
+    return objs
+
+
+def identity_difference(expected, got, known=(), expected_objects=None):
     """Where the results' identities differ (the values and the structure are the same
     already): eager returns an object that existed before the call (`known`: the
     arguments, their arrays, captured state) and compiled another, or one object (a
     Variable, an array, a Variable's .data, a list or dict) in two places where
-    compiled has two different ones, or the reverse."""
+    compiled has two different ones, or the reverse. expected_objects: eager's
+    result_objects, taken right after its run (default: taken now)."""
     known = {id(x) for x in known}
-
-    def objects(result):
-        objs = []
-        for path, x in leaves_with_paths(result, containers=True):
-            if isinstance(x, Variable):
-                objs.append((path, x))
-                objs.append((f"{path}.data", x._data))
-            elif isinstance(x, (np.ndarray, list, dict)):
-                objs.append((path, x))
-        return objs
-
-    eo, go = objects(expected), objects(got)
+    eo = result_objects(expected) if expected_objects is None else expected_objects
+    go = result_objects(got)
     # Where the two share differently, the lists part at the first container one side
     # meets again and the other not: the loop names it before their lengths differ.
     first_e, first_g = {}, {}

@@ -30,6 +30,7 @@ from tracejit.trace.call import trace_call
 from tracejit.runtime.checking import (NOISE_RUNS, NOREF, LiveState, Soft,
                                        first_difference, float32_noise,
                                        gradient_difference, identity_difference,
+                                       result_objects,
                                        leaves_with_paths, low_precision_involved,
                                        twin_copy, with_noise, layout_copy)
 from tracejit.core import Config, Parameter, Variable
@@ -951,13 +952,25 @@ class Jitted:
                           for a, t in zip(args, arg_trees)),
                     {k: kwargs[k] if t is None else unflatten(t, None, it)
                      for k, t in kw_trees.items()})
+        # An argument that is also captured state (f(x, W), W the closure's) is that
+        # object in the reruns too, as the variant requires: captured state is not
+        # perturbed (LiveState puts it back).
+        for j, var in v.captured_args:
+            if j < len(p_leaves) and leaves[j] is var:
+                p_leaves[j] = var
         p_args, p_kwargs = rebuild(p_leaves)
-        # Only the arguments are perturbed (fresh copies): perturbing captured Parameters
-        # in place would show other threads using the same model wrong weights.
-        state = LiveState(v, p_leaves)
         # The real arguments too: one may also be captured (f(w) where f updates the
         # closure's w), which the eager run on the copies then changes.
         originals = LiveState(v, leaves)
+        # A captured Variable whose .grad was an argument when the call began (`S['h'] =
+        # W.grad`, threaded; the call has replaced it since) has that argument's copy as
+        # its .grad in the reruns, as the variant requires (put back: originals).
+        for (where, var), j in v.grad_args:
+            if where == "obj" and j < len(p_leaves):
+                var._grad = p_leaves[j]
+        # Only the arguments are perturbed (fresh copies): perturbing captured Parameters
+        # in place would show other threads using the same model wrong weights.
+        state = LiveState(v, p_leaves)
         perturbed = state.capture()
         # What existed before the call: eager returning one of these, compiled must too.
         known = _known_objects(p_leaves, state)
@@ -976,6 +989,7 @@ class Jitted:
                 warnings.simplefilter("ignore")
                 with np.errstate(all="ignore"):
                     expected = self.fn(*p_args, **p_kwargs)
+            eager_objects = result_objects(expected)
             eager_state = state.capture()
             passed.restore()
             state.restore(perturbed)
@@ -986,7 +1000,7 @@ class Jitted:
                                       low_precision_involved(p_leaves, state))
             if diff is not None:
                 return "value", diff
-            diff = identity_difference(expected, got, known)
+            diff = identity_difference(expected, got, known, eager_objects)
             if diff is not None:
                 return "identity", diff
             v.check_backward = True
@@ -1138,6 +1152,7 @@ class Jitted:
             v.checks_left += 1
             self._count("misses")
             raise
+        eager_objects = result_objects(expected)
         eager_state = state.capture()
         rng_after = np.random.get_state()
         after = self._passed_state(args, kwargs, leaves)
@@ -1173,7 +1188,8 @@ class Jitted:
             return twin[0]
         diff = _values_difference(expected, got, state, eager_state, get_twin,
                                   low_precision_involved(leaves, state))
-        same_objects = identity_difference(expected, got, known) if diff is None else None
+        same_objects = identity_difference(expected, got, known, eager_objects) \
+            if diff is None else None
         grad_diff = None
         if diff is None and same_objects is None and v.bwd is not None:
             # The backward a later `result.backward()` runs, against eager's, on this
@@ -1737,8 +1753,9 @@ class _StatePutBack:
                 # A private random stream the function draws from (gen.random()).
                 self.streams.append((val, _stream_state(val)))
             elif isinstance(val, Layer):
-                # Nested deeper than locations reach (model.block.l1.W): all its params.
-                objs += [("var", p, None) for p in val.params()]
+                # Nested deeper than locations reach (model.block.l1.W): all its params
+                # (not a threaded one's placeholder, pystate.UNSET).
+                objs += [("var", p, None) for p in val.params() if isinstance(p, Variable)]
             elif isinstance(val, Optimizer):
                 # Its per-parameter buffers (vs[id(p)]), one level below its dicts.
                 bufs = [b for d in vars(val).values() if type(d) is dict for b in d.values()]

@@ -577,6 +577,9 @@ class Variant:
         # Results eager returns as views of an input's buffer or of another result:
         # rebuilt on it at return time (pytree.result_views).
         self.out_views = call.out_views or {}
+        # Arrays a rebind effect stores that eager shares with a buffer from outside, a
+        # .grad or a result: rebuilt on it (pytree.rebind_views).
+        self.rebind_views = call.rebind_views or {}
         # Per output Variable: whether eager gives it a creator (it gets ours), and
         # the grad effects whose new .grad is one of them (the same object).
         self.has_creator = call.has_creator
@@ -602,6 +605,12 @@ class Variant:
         # Variables from outside whose .grad the trace found None: the variant holds
         # while it is None.
         self.grad_none = list(call.grad_none)
+        # Variables from outside whose .grad was an argument when traced (the graph
+        # reads it as that argument): the variant holds while it is.
+        self.grad_args = list(call.grad_args)
+        # Arguments that were Variables or arrays the function also captures: the graph
+        # reads them as the argument (one object), so the variant holds while they are.
+        self.captured_args = list(call.captured_args)
         # Variables from outside a backward inside the call stopped at (leaves when
         # traced): the variant holds while they have no creator.
         self.leaf_required = list(call.leaf_required)
@@ -812,7 +821,8 @@ class Variant:
                 if i not in self.out_views:
                     slots.append(k)
                 k += 1
-        slots += [slot for kind, _, slot in self.effects if kind == "rebind"]
+        slots += [slot for e, (kind, _, slot) in enumerate(self.effects)
+                  if kind == "rebind" and self.rebind_views.get(e, (0, 1))[1] != ()]
         slots += [slot for gi, (_, slot) in enumerate(self.grad_effects)
                   if slot is not None and gi not in self.grad_alias
                   and gi not in self.grad_same]
@@ -1329,7 +1339,7 @@ def build_runner(v, leaf_kinds, key=None):
            "CompiledFunction": CompiledFunction if v.grad_reach is None else
            PartialCompiledFunction, "Config": Config, "wrap": core.wrap_array,
            "ref": weakref.ref, "new": object.__new__, "Variable": Variable,
-           "MISS": MISS, "SLOW": SLOW, "dead": _dead_ref}
+           "MISS": MISS, "SLOW": SLOW, "dead": _dead_ref, "replay_view": replay_view}
     consts = []
 
     def const(obj):
@@ -1405,6 +1415,13 @@ def build_runner(v, leaf_kinds, key=None):
         t = f"leaves[{var}]._grad" if where == "leafgrad" else const(var)
         msg = f"the .grad of {_label(var)} was None when traced, is set now"
         body.append(f"if {t}._grad is not None: raise Stale({msg!r})")
+    for j, var in v.captured_args:
+        msg = f"argument {j} was an object the function also captures when traced, is not now"
+        body.append(f"if leaves[{j}] is not {const(var)}: raise Stale({msg!r})")
+    for (where, var), j in v.grad_args:
+        t = f"leaves[{var}]._grad" if where == "leafgrad" else const(var)
+        msg = f"the .grad of {_label(var)} was argument {j} when traced, is not now"
+        body.append(f"if {t}._grad is not leaves[{j}]: raise Stale({msg!r})")
     for where, var in v.leaf_required:
         t = {"leaf": f"leaves[{var}]", "leafgrad": f"leaves[{var}]._grad"}.get(where) \
             if where != "obj" else const(var)
@@ -1529,21 +1546,33 @@ def build_runner(v, leaf_kinds, key=None):
         walk_at.setdefault(min(w[2], len(effects)), []).append(w)
     grad_lines = []
     effect_lines = []
+    # The grad effects whose array a returned `Variable(x.grad.data)` wraps, or a
+    # rebind effect stores (`W.data = x.grad.data`): made before the effects, ge{gi}.
+    shared_grads = {a[1] for kind, a, _ in v.out_leaves if kind == "wrap"
+                    and a[0] == "graddata"} | \
+        {r for (where, r), _ in v.rebind_views.values() if where == "grad"}
+    for gi in sorted(shared_grads):
+        body += _fresh_lines(f"ge{gi}", out(v.grad_effects[gi][1]))
+    slot_of = {}
+    for i, (kind, _, _) in enumerate(v.out_leaves):
+        if kind == "out":
+            slot_of[i] = len(slot_of)
     for i, (kind, t, slot) in enumerate(effects):
         if i in walk_at:
             effect_lines.append(("walks", walk_at[i]))
         if i in dest:
             effect_lines.append(f"np.copyto({dest[i]}, {out(slot)}, casting='unsafe')")
-        else:
+            continue
+        rebuilt = _rebind_view_lines(v, i, effects, names, dest, out, slot_of, const) \
+            if i in v.rebind_views else []
+        if len(rebuilt) != 1:       # (else that array itself: nothing to fall back to)
             effect_lines.append(f"val = {out(slot)}")
             effect_lines.append(f"{t}._data = val.copy() if any(val is x for x in arrays) "
                                 f"else val")
+        effect_lines += rebuilt
     if len(effects) in walk_at:
         effect_lines.append(("walks", walk_at[len(effects)]))
     aliased = {}      # made index -> grad effect targets whose .grad it is
-    # The grad effects whose array a returned `Variable(x.grad.data)` wraps.
-    wrapped_grads = {a[1] for kind, a, _ in v.out_leaves if kind == "wrap"
-                     and a[0] == "graddata"}
     body_before_grads = body
     body = grad_lines
     for gi, ((where, var), slot) in enumerate(v.grad_effects):
@@ -1558,13 +1587,11 @@ def build_runner(v, leaf_kinds, key=None):
             # A new array, as eager's: the graph may give an input here (a seed passed
             # through, `y = x + 1.0`, is a constant array of the trace), which the
             # caller may change in place (ClipGrad) and the next call reads.
-            body.append(f"val = {out(slot)}")
-            body.append("val = val.copy() if any(val is x for x in arrays) or not "
-                        "val.flags.owndata else val")
-            body.append(f"{t}._grad = " + ("Constant(val)" if gi in v.grad_constant
-                                            else "wrap(val)"))
-            if gi in wrapped_grads:
-                body.append(f"ge{gi} = val")      # a result wraps this array too
+            val = f"ge{gi}" if gi in shared_grads else "val"
+            if gi not in shared_grads:
+                body += _fresh_lines("val", out(slot))
+            body.append(f"{t}._grad = " + (f"Constant({val})" if gi in v.grad_constant
+                                            else f"wrap({val})"))
             env["Constant"] = core.Constant
     body = body_before_grads
     grads_done = False
@@ -1816,6 +1843,39 @@ def _fresh(val, arrays):
     return val.copy() if any(val is x for x in arrays) or not val.flags.owndata else val
 
 
+def _fresh_lines(name, expr):
+    """name = the graph's output expr as a new array of its own, as eager's: the graph
+    may give an input or a constant of the trace there (a seed passed through)."""
+    return [f"{name} = {expr}",
+            f"{name} = {name}.copy() if any({name} is x for x in arrays) or not "
+            f"{name}.flags.owndata else {name}"]
+
+
+def _rebind_view_lines(v, e, effects, names, dest, out, slot_of, const):
+    """Rebind effect e stores, as eager does, (a view of) the buffer it is one of
+    (v.rebind_views): an input's array as read, an earlier in-place effect's buffer,
+    the array a grad effect sets or an earlier rebind stored, a computed result's. A replay NumPy answers with a
+    copy keeps the graph's value (stored just before)."""
+    (where, r), steps = v.rebind_views[e]
+    t = effects[e][1]
+    if where == "input":
+        if v.sources[r].kind not in ("arg", "var", "array"):
+            return []
+        base = names[r]
+    elif where == "effect":
+        base = dest[r]
+    elif where == "grad":
+        base = f"ge{r}"
+    elif where == "rebind":
+        base = f"{effects[r][1]}._data"
+    else:
+        base = out(slot_of[r])
+    if not steps:
+        return [f"{t}._data = {base}"]      # that array object itself: `W.data = x.data`
+    return [f"val = replay_view({base}, {const(steps)})",
+            f"if val is not None: {t}._data = val"]
+
+
 def _view_lines(v, out, names, dest, const, env, listed, target, made_grad_arrays,
                 copies):
     """Each result eager returns as a view (v.out_views) replaces the graph's copy of
@@ -1824,7 +1884,6 @@ def _view_lines(v, out, names, dest, const, env, listed, target, made_grad_array
     it holds. A replay NumPy answers with a copy (a reshape of a non-contiguous
     argument, as eager copies it) keeps the graph's value, computed from the inputs
     before the effects (as eager's copy was)."""
-    env["replay_view"] = replay_view
     slot, k = {}, 0
     for i, (kind, _, _) in enumerate(v.out_leaves):
         if kind == "out":
@@ -1852,6 +1911,8 @@ def _view_lines(v, out, names, dest, const, env, listed, target, made_grad_array
             if r not in dest:
                 continue
             base = dest[r]          # the buffer effect r wrote into
+        elif where == "rebind":     # the array rebind effect r stored, `W.data = h.data`
+            base = f"{target(*v.effects[r][1])}._data"
         elif where == "grad":       # the .grad grad effect r set (a seed's copy, ...)
             base = f"{target(*v.grad_effects[r][0])}._grad._data"
         elif where == "value":      # a value no result holds, returned by the graph

@@ -12,7 +12,7 @@ from tracejit.trace import buffers, opaque, pystate
 from tracejit.trace import record as tracing
 from tracejit.trace.backward import held_grads, mutated_inputs, trace_backward
 from tracejit.trace.pytree import (ARR, FLT, MAX_DEPTH, VAR, arg_at, arg_names,
-                                   container_depth, flatten_result,
+                                   container_depth, flatten_result, rebind_views,
                                    replay_view, result_leaves, result_views,
                                    strip_tracers, unflatten)
 from tracejit.trace.record import (TracedArray, TracedFloat, Trace, _user_functions,
@@ -140,6 +140,16 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
                 f"result {unexpressed[0]} is a view of an argument's, a captured array's "
                 f"or another result's buffer that compiled calls cannot rebuild (they "
                 f"would return an unaliased copy)", def_line))
+        # Arrays `W.data = ...` stores that eager shares with an argument, a .grad or a
+        # result (`W.data = x.data[:, ::-1]`): rebuilt on that buffer when applied.
+        bound_views, unbound = rebind_views(tr, out_leaves_raw, out_leaves, out_views)
+        if unbound:
+            var = tr.effects[unbound[0]][1]
+            tr.escapes.append((
+                f"`{_var_label(tr, var)}.data = ...` stores a view of an argument's, a "
+                f"captured array's, a .grad's or a result's buffer that compiled calls "
+                f"cannot rebuild (they would store an unaliased copy)",
+                tr.rebind_lines.get(unbound[0], def_line)))
         # A .grad that a backward going on into the caller's graph touched after: the
         # one that walk started from (it is repeated at call time, after these).
         grad_of = _grads_before_walks(tr)
@@ -187,7 +197,13 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             if leaf[0] == "wrap" and id(x._data) in copied and \
                     copied[id(x._data)][0] is x._data:
                 x._data = copied[id(x._data)][1]
+        _rebind_on_grads(tr, bound_views)
         _rebuild_owned_views(tr, out_leaves_raw, out_leaves, out_views, result_objects)
+        # One object in several places (`return h, h` of a view `h = x.data.T`; one
+        # array at L[0] and L[-1]): the one rebuilt above, in each.
+        for i, leaf in enumerate(out_leaves):
+            if leaf[0] == "same":
+                result_objects[i] = result_objects[leaf[1]]
         if _unreturned_grad_graph(tr, out_leaves_raw, grad_of):
             tr.escapes.append((
                 "backward(create_graph=True) inside the function leaves a .grad with "
@@ -271,6 +287,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         tracing.stop(tr, prev)
         tracing.plain_numbers(locs)
         tr.arg_views = None       # tracers hold the trace: no cycle left behind
+        tr.rebind_owners = tr.rebind_arrays = None    # (nor the call's arrays)
         tr.scalar_args = None
         tr.arg_containers = None
         for x in leaves:
@@ -353,6 +370,11 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             f"property or a set); compiled calls would not see it rebound",
             tr.capture_lines.get(id(var))))
         break
+    # An argument Variable or array that is also captured state (f(x, W) with W the
+    # closure's; a captured Parameter or array stored as threaded state): the graph
+    # reads it as the argument, so the variant holds while that argument is this object.
+    captured_args = {tr.arg_leaf[id(val)]: val for _, val, _ in snap_before
+                     if isinstance(val, (Variable, np.ndarray)) and id(val) in tr.arg_leaf}
     side_effects = [SideEffect(*e) for e in tr.side_effects]
     if not escapes:
         grown = pystate.grown(sizes_before)
@@ -376,10 +398,13 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         # (With the arguments': an object argument keys the variant by identity, and
         # what the caller rebinds on it between calls (`m.buf = new`) is guarded.)
         locations=locs + arg_locs, backward=backward, out_views=out_views,
+        rebind_views=bound_views,
+        captured_args=sorted(captured_args.items(), key=lambda e: e[0]),
         rebound=rebound or [],
         mutated=frozenset(mutated_inputs(tr)) if backward is not None else frozenset(),
         sources=parts.get("sources", []), effects=parts.get("effects", []),
         grad_effects=parts.get("grad_effects", []), grad_none=parts.get("grad_none", []),
+        grad_args=parts.get("grad_args", []),
         leaf_required=parts.get("leaf_required", []), cuts=parts.get("cuts", []),
         walk_untouched=parts.get("walk_untouched", []), walk_undo=tr.walk_undo,
         walk_checks=parts.get("walk_checks", []))
@@ -422,6 +447,8 @@ def _forward_parts(tr, n_inputs):
         # where it would add now, or the function read None): the variant holds while
         # it is None. (An argument's is in the signature.)
         grad_none=[target(var) for var, was_none in tr.grad_reads.values() if was_none],
+        # Variables from outside whose .grad was an argument: it must be that one.
+        grad_args=[(target(var), tr.arg_leaf[id(g)]) for var, g in tr.grad_args.values()],
         effects=[Effect(kind, target(obj), v) for kind, obj, v in tr.effects],
         leaf_required=[target(var) for var in tr.backward_leaves.values()],
         cuts=[(ev[0], [target(x) for x in ev[1]]) + tuple(ev[2:])
@@ -463,6 +490,7 @@ def _tracer_args(tr, fn, args, kwargs, leaves, static_argnums, static_argnames, 
             arg_inputs.append((len(leaves) - 1, v))
             x._tv = v
             tr.arg_vars[id(x)] = (x, v)
+            tr.read_arrays[id(v)] = x._data
             return x
         if isinstance(x, np.ndarray):
             leaves.append(x)
@@ -740,11 +768,32 @@ def _unshare_grads(tr, vars_, grad_of=None):
     return copied
 
 
+def _rebind_on_grads(tr, views):
+    """A Variable the call rebound to (a view of) a .grad it set (`W.data = x.grad.data`),
+    or to what such a Variable holds (`V.data = W.data`), holds it on the array that
+    .grad holds now: _unshare_grads may have given it a copy of the graph's constant
+    (the seed), which the stored array still is."""
+    grads = list(tr.grad_writes.values())
+    for e, ((where, r), steps) in sorted(views.items()):
+        var = tr.effects[e][1]
+        if where not in ("grad", "rebind") or var._data is not tr.rebind_arrays[e]:
+            continue        # (rebound again since)
+        base = grads[r]._grad._data if where == "grad" else tr.effects[r][1]._data
+        view = replay_view(base, steps)
+        if view is not None:
+            var._data = view
+
+
+def _var_label(tr, var):
+    return tr.name_of(var) or var.name or "a captured Variable"
+
+
 def _rebuild_owned_views(tr, raw, leaves, views, objects):
     """The traced call's own results that are views of a .grad the call set, of a
     result's retained .grad or of a returned `Variable(np.ones(3))` (result_views'
     "grad", "madegrad" and made "leaf" roots), or of an array the function made
-    ("copy"), and views of those, rebuilt on the array that object holds now (on a
+    ("copy"), or of what a rebound Variable holds ("rebind": _rebind_on_grads may
+    have moved it onto such a copy), and views of those, rebuilt on the array that object holds now (on a
     copy, for "copy"): _unshare_grads and result_leaves gave it a copy of the
     graph's constant, which the views the trace took still point into (a write into
     one would change the constant every later call reads)."""
@@ -757,7 +806,7 @@ def _rebuild_owned_views(tr, raw, leaves, views, objects):
 
     def owned(i):
         (where, r), _ = views[i]
-        if where in ("grad", "madegrad", "copy"):
+        if where in ("grad", "madegrad", "copy", "rebind"):
             return True
         return where == "leaf" and (leaves[r][0] != "out" or (r in views and owned(r)))
     todo, done = sorted(i for i in views if owned(i)), set()
@@ -775,6 +824,8 @@ def _rebuild_owned_views(tr, raw, leaves, views, objects):
                     copies[r] = (a.view(np.ndarray) if type(a) is not np.ndarray
                                  else a).copy(order="K")
                 base = copies[r]
+            elif where == "rebind":     # the array the rebound Variable holds now
+                base = tr.effects[r][1]._data
             else:
                 base = grads[r]._grad if where == "grad" else \
                     made[r]._grad if where == "madegrad" else objects[r]

@@ -772,8 +772,14 @@ def _same_scalar(a, b):
 
 
 def describe_value(v):
+    """v as the user wrote it: a traced array is the ndarray (or NumPy scalar) eager
+    has there."""
     if type(v) in _SCALARS or isinstance(v, np.generic):
         return repr(v)
+    if isinstance(v, np.ndarray):
+        if getattr(v, "_numpy_scalar", False):
+            return f"a NumPy {v.dtype} scalar"
+        return f"an ndarray of shape {v.shape} and dtype {v.dtype}"
     return f"a {type(v).__name__} object"
 
 
@@ -844,26 +850,26 @@ UNSET = _Unset()
 def state_refusal(loc, old, new):
     """Why a rebinding of loc (old -> new) cannot be threaded, None when it can: an
     attribute in an object's own __dict__ (set as its class sets attributes), an item
-    of a dict or list, a closure cell or a module global, holding None or a Variable
-    before and after. A Parameter too (the runner gives back the same object, or one
-    of its class, as eager), except as an attribute of a Layer: a Layer registers it
+    of a dict or list, a closure cell or a module global, holding None, a Variable or
+    an ndarray before and after. A Parameter too (the runner gives back the same
+    object, or one of its class, as eager), except as an attribute of a Layer: a Layer registers it
     (its params() change), and put() writes past that."""
     from tracejit.core import Parameter
     from tracejit.layers import Layer
     for v in (old, new):
-        if v is not None and not isinstance(v, Variable):
-            return f"{describe_value(v)} is not None or a Variable"
+        if v is not None and not isinstance(v, Variable) and not _threadable_array(v):
+            return f"{describe_value(v)} is not None, a Variable or an ndarray"
     if loc.kind == "attr":
         obj = loc.container
-        if isinstance(obj, Layer) and any(isinstance(v, Parameter) for v in (old, new)):
-            return "a Layer registers a Parameter set as its attribute"
         if loc.key not in (probe(obj, "__dict__") or {}) and \
                 loc.key not in _slot_names(type(obj)):
             return "it is not an attribute of the object itself"
         setattr_ = type(obj).__setattr__
         if setattr_ is not object.__setattr__ and setattr_ is not Layer.__setattr__:
             return f"{type(obj).__name__} defines its own __setattr__"
-        if isinstance(obj, Layer) and loc.key in obj.__dict__.get("_params", ()):
+        if isinstance(obj, Layer) and loc.key in obj.__dict__.get("_params", ()) and \
+                not all(v is None or isinstance(v, Parameter) for v in (old, new)):
+            # (A Parameter rebound to a Parameter or None: write_back registers it.)
             return "it is a registered Parameter or Layer name"
         return None
     if loc.kind in ("cell", "global"):
@@ -871,6 +877,13 @@ def state_refusal(loc, old, new):
     if loc.kind == "item" and type(loc.container) in (dict, list):
         return None
     return "the location cannot be written"
+
+
+def _threadable_array(v):
+    """An ndarray (traced, it is a result of the call, aliasing what eager's aliases):
+    not a NumPy scalar eager gives (`x.data.sum()`), which the tracer holds as one."""
+    from tracejit.trace.values import TracedArray
+    return type(v) is np.ndarray or (type(v) is TracedArray and not v._numpy_scalar)
 
 
 def threaded(fn, locs, labels, name):
@@ -899,7 +912,10 @@ def threaded(fn, locs, labels, name):
                     tr.escape(f"the function rebinds {loc.describe()}, state it "
                               f"threads, to {'nothing (deleted)' if v is _MISSING else why}"
                               f"; compiled calls could not write that back")
-        for loc in locs:
+        for loc, old in zip(locs, args[:n]):
+            # A Layer's registry as the state before left it (a trace sees no change
+            # of its size): write_back registers the state after, as eager's did.
+            _register(loc, old)
             put(loc, UNSET)
         return result, new
 
@@ -948,11 +964,29 @@ def put(loc, value):
         loc.container[loc.key] = value
 
 
+def _register(loc, value):
+    """A Layer's parameter registry after `layer.name = value`, as Layer.__setattr__
+    leaves it (a Parameter stored as threaded state on a Layer): registered in its
+    place (the end when new), unregistered when the name held one and value is not."""
+    from tracejit.layers import Layer
+    obj = loc.container
+    if loc.kind != "attr" or not isinstance(obj, Layer):
+        return
+    params = obj.__dict__.get("_params")
+    if params is None:
+        return
+    if isinstance(value, (_core.Parameter, Layer)):
+        params[loc.key] = None
+    else:
+        params.pop(loc.key, None)
+
+
 def write_back(loc, value):
     """Leave value at a threaded location after the call: what the function left
     there (_MISSING: it deleted it)."""
     if value is not _MISSING:
         put(loc, value)
+        _register(loc, value)
         return
     if loc.kind == "cell":
         del loc.container.cell_contents

@@ -602,6 +602,8 @@ def result_views(tr, raw, leaves):
     (the buffer in-place effect e writes into), ("copy", i) (a copy, new every call, of
     forward graph input i, an array the function made: eager's is new every call),
     ("value", Value) (a value no result holds, which the variant returns too),
+    ("rebind", e) (the array rebind effect e stored, `W.data = h.data`, its Variable
+    rebound that once),
     ("leaf", j) (result leaf j's array: a
     computed one, or the new array of a returned `Variable(np.ones(3))`), ("grad", g)
     (the array of the .grad the call's g-th grad effect sets: a seed passed through,
@@ -613,28 +615,7 @@ def result_views(tr, raw, leaves):
     result is that array object itself (`x.grad.data`). unexpressed: leaf indices whose
     traced array shares memory with such a buffer but no replay rebuilds it (the call
     runs eagerly: a copy would be silently unaliased)."""
-    producer = {}
-    for n in tr.graph.nodes:
-        for o in n.outputs:
-            producer[id(o)] = n
-    input_pos = {id(v): i for i, v in enumerate(tr.graph.inputs)}
-    arrays = _input_arrays(tr)
-    out_pos = {}
-    for j, leaf in enumerate(leaves):
-        if leaf[0] == "out" and leaf[2] in (VAR, ARR) and leaf[1] is not None:
-            out_pos.setdefault(id(leaf[1]), j)
-    # A Value an in-place effect writes into a buffer from outside (`W += 1.0`; a view
-    # taken after it is rebuilt on the updated value): that buffer, after the effects.
-    effect_pos, effect_arrays = {}, {}
-    for e, (kind, target, v) in enumerate(tr.effects):
-        buf = target._data if kind == "inplace" else target if kind == "inplace_array" \
-            else None
-        if isinstance(buf, np.ndarray):
-            effect_pos.setdefault(id(v), e)
-            effect_arrays[e] = buf.view(np.ndarray) if type(buf) is not np.ndarray else buf
-    owned = _owned_buffers(tr, raw, leaves)
-    made_inputs = {input_pos[id(v)]: a for a, v in tr.captured_arrays.values()
-                   if id(v) in input_pos and _made_in_call(tr, a) and _copy_keeps_layout(a)}
+    ctx = _ViewRoots(tr, raw, leaves)
     views, unexpressed = {}, []
     for i, leaf in enumerate(leaves):
         if leaf[0] != "out" or leaf[2] not in (VAR, ARR):
@@ -643,59 +624,9 @@ def result_views(tr, raw, leaves):
         if arr is None:
             continue
         data = raw[i]._data if isinstance(raw[i], Variable) else raw[i]
-        v, steps = leaf[1], []
-        while True:
-            # Every buffer this value is the array of, tried in turn: the one the
-            # traced result is exactly a view of (same memory, same strides) is its root.
-            cands = []
-            j = out_pos.get(id(v))
-            if j is not None and j != i:
-                cands.append((("leaf", j), _plain(raw[j]), None))
-            cands += owned.get(id(v), [])
-            if id(v) in effect_pos:
-                cands.append((("effect", effect_pos[id(v)]), effect_arrays[effect_pos[id(v)]],
-                              None))
-            if id(v) in input_pos:
-                r = input_pos[id(v)]
-                # An array the function made (a seed nothing else holds, np.ones(3)):
-                # eager makes it anew every call; the runner copies the graph's.
-                cands.append((("input", r), arrays[r], None) if r in arrays else
-                             (("copy", r), made_inputs.get(r), None))
-            found = None
-            for root, base, obj in cands:
-                if base is None:
-                    continue
-                if not steps and obj is not None and (data is obj or (
-                        getattr(data, "_owner", None) is obj and _same_array(arr, base))):
-                    found = (root, ())      # that array object itself: `x.grad.data`
-                    break
-                # No op between (a reshape to its own shape, elided): a new view of
-                # the buffer, as NumPy's reshape gives.
-                replay = tuple(reversed(steps)) or (_new_view,)
-                # (A copy here, a reshape of a non-contiguous buffer, is rebuilt too: the
-                # same shape with other strides can reshape without a copy (x[::2] of a
-                # longer buffer, (2, 4) with strides (64, 16)), and eager then returns a
-                # view of it; where the replay copies, the runner keeps the graph's value.)
-                if _replays(base, replay, arr) or _replays_as_copy(base, replay, arr):
-                    found = (root, replay)
-                    break
-            if found is not None:
-                views[i] = found
-                break
-            n = producer.get(id(v))
-            if n is None or n.kind != MOVEMENT or len(n.inputs) != 1:
-                # A view of a value no result holds (`h.data.T`, F.reshape(h) with h
-                # not returned): the variant returns the value too and replays the
-                # view on it, so that it has eager's layout and views of one value
-                # alias each other, as eager's views of h do.
-                owner = tr.owner.get(id(v))
-                if steps and isinstance(owner, Variable) and owner._tv is v and \
-                        n is not None and _plain(owner) is not None and \
-                        _replays(_plain(owner), tuple(reversed(steps)), arr):
-                    views[i] = (("value", v), tuple(reversed(steps)))
-                break
-            steps.append(_view_step(n))
-            v = n.inputs[0]
+        found = ctx.view_of(arr, data, leaf[1], i)
+        if found is not None:
+            views[i] = found
 
     def group(i):        # the buffer a result is rebuilt on: ("input", r) or ("leaf", j)
         while i in views and views[i][0][0] == "leaf":
@@ -709,10 +640,7 @@ def result_views(tr, raw, leaves):
         arr = _plain(raw[i])
         if arr is None or arr.size == 0:
             continue
-        if any(_overlaps(arr, base) for base in list(arrays.values())
-               + list(effect_arrays.values())
-               + [base for c in owned.values() for _, base, _ in c]
-               + list(made_inputs.values())) or any(
+        if ctx.overlaps_outside(arr) or any(
                 # (The same Value twice is the identity checks' business: `return y, y`.)
                 j != i and leaves[j][0] == "out" and group(j) != ("leaf", i)
                 and leaves[j][1] is not leaf[1]
@@ -720,6 +648,171 @@ def result_views(tr, raw, leaves):
                 for j in range(len(leaves))):
             unexpressed.append(i)
     return views, unexpressed
+
+
+def rebind_views(tr, raw, leaves, out_views):
+    """Which arrays the call's rebind effects store (`W.data = x.data[:, ::-1]`) are, in
+    eager, views of a buffer a compiled call has at hand when it applies them, and how
+    to rebuild each there: {effect index: (root, steps)}, roots as result_views' (an
+    input's array as the call reads it, the buffer of an earlier in-place effect, the
+    .grad a grad effect sets, a computed result's array). unexpressed: the effects whose
+    array shares memory with a buffer from outside or with a result, but no replay
+    rebuilds it (the call runs eagerly: a copy would be silently unaliased)."""
+    ctx = _ViewRoots(tr, raw, leaves)
+    views, unexpressed, copies = {}, [], set()
+
+    def root_of(i):     # the buffer result i is rebuilt on, ("leaf", i) if none
+        while i in out_views and out_views[i][0][0] == "leaf":
+            i = out_views[i][0][1]
+        return out_views[i][0] if i in out_views else ("leaf", i)
+    for e, (kind, _, v) in enumerate(tr.effects):
+        arr = tr.rebind_arrays.get(e) if kind == "rebind" else None
+        if not isinstance(arr, np.ndarray) or type(arr) is not np.ndarray:
+            continue
+        found = ctx.view_of(arr, arr, v, before=e)
+        if found is not None and _rebind_root_ok(found[0], e, leaves, out_views):
+            views[e] = found
+            continue
+        # (A result rebuilt on the array this effect stores shares it in compiled
+        # calls too.)
+        shared = arr.size and any(
+            leaf[0] == "out" and root_of(i) != ("rebind", e) and _plain(x) is not None
+            and _overlaps(arr, _plain(x)) for i, (x, leaf) in enumerate(zip(raw, leaves)))
+        if found is not None and found[0][0] == "copy" and not shared and \
+                found[0][1] not in copies:
+            # An array the function made (`W.data = np.ones(3)`): eager's is new every
+            # call, and so is the runner's copy of the graph's, shared with nothing else.
+            copies.add(found[0][1])
+            continue
+        if shared or (arr.size and ctx.overlaps_outside(arr)):
+            unexpressed.append(e)
+    return views, unexpressed
+
+
+def _rebind_root_ok(root, e, leaves, out_views):
+    """Does the runner hold root's buffer when it applies rebind effect e: an input it
+    reads, an earlier in-place effect's buffer, a grad effect's array (made before the
+    effects), a computed result not itself rebuilt as a view?"""
+    where, r = root
+    if where in ("input", "grad", "rebind"):
+        return True         # (an earlier rebind: candidates' `before`)
+    if where == "effect":
+        return r < e
+    return where == "leaf" and leaves[r][0] == "out" and r not in out_views
+
+
+class _ViewRoots:
+    """The buffers a view can be rebuilt on at call time (result_views' roots), and the
+    search for the one an array the trace holds is a view of."""
+
+    def __init__(self, tr, raw, leaves):
+        self.tr, self.raw = tr, raw
+        self.producer = {}
+        for n in tr.graph.nodes:
+            for o in n.outputs:
+                self.producer[id(o)] = n
+        self.input_pos = {id(v): i for i, v in enumerate(tr.graph.inputs)}
+        self.arrays = _input_arrays(tr)
+        self.out_pos = {}
+        for j, leaf in enumerate(leaves):
+            if leaf[0] == "out" and leaf[2] in (VAR, ARR) and leaf[1] is not None:
+                self.out_pos.setdefault(id(leaf[1]), j)
+        # A Value an in-place effect writes into a buffer from outside (`W += 1.0`; a
+        # view taken after it is rebuilt on the updated value): that buffer, after the
+        # effects.
+        self.effect_pos, self.effect_arrays = {}, {}
+        for e, (kind, target, v) in enumerate(tr.effects):
+            buf = target._data if kind == "inplace" else target \
+                if kind == "inplace_array" else None
+            if isinstance(buf, np.ndarray):
+                self.effect_pos.setdefault(id(v), e)
+                self.effect_arrays[e] = buf.view(np.ndarray) \
+                    if type(buf) is not np.ndarray else buf
+        self.owned = _owned_buffers(tr, raw, leaves)
+        # A Value `var.data = ...` stored, var rebound that once (its data then is it
+        # from that effect on): the array it stored.
+        once = {}
+        for e, (kind, var, _) in enumerate(tr.effects):
+            if kind == "rebind":
+                once[id(var)] = None if id(var) in once else e
+        self.rebind_pos = {}
+        for e in once.values():
+            arr = tr.rebind_arrays.get(e) if e is not None else None
+            if type(arr) is np.ndarray and tr.effects[e][1]._data is arr:
+                self.rebind_pos.setdefault(id(tr.effects[e][2]), e)
+        self.made_inputs = {self.input_pos[id(v)]: a for a, v in tr.captured_arrays.values()
+                            if id(v) in self.input_pos and _made_in_call(tr, a)
+                            and _copy_keeps_layout(a)}
+
+    def candidates(self, v, i, before=None):
+        """Every buffer Value v is the array of: (root, that array, its object or
+        None), result leaf i's own excluded, of rebind effects only those before
+        effect `before` (None: after all effects)."""
+        cands = []
+        e = self.rebind_pos.get(id(v))
+        if e is not None and (before is None or e < before):
+            # (Its object: the Variable whose .data it stored, `W.data = x.grad.data`.)
+            cands.append((("rebind", e), self.tr.rebind_arrays[e],
+                          self.tr.rebind_owners.get(e)))
+        j = self.out_pos.get(id(v))
+        if j is not None and j != i:
+            cands.append((("leaf", j), _plain(self.raw[j]), None))
+        cands += self.owned.get(id(v), [])
+        e = self.effect_pos.get(id(v))
+        if e is not None:
+            cands.append((("effect", e), self.effect_arrays[e], None))
+        r = self.input_pos.get(id(v))
+        if r is not None:
+            # An array the function made (a seed nothing else holds, np.ones(3)): eager
+            # makes it anew every call; the runner copies the graph's.
+            cands.append((("input", r), self.arrays[r], None) if r in self.arrays else
+                         (("copy", r), self.made_inputs.get(r), None))
+        return cands
+
+    def view_of(self, arr, data, v, i=None, before=None):
+        """(root, steps) rebuilding arr, the traced array `data` of Value v (result leaf
+        i's, or rebind effect `before`'s), on a buffer it is a view of, or None."""
+        steps = []
+        while True:
+            # Every buffer this value is the array of, tried in turn: the one the
+            # traced array is exactly a view of (same memory, same strides) is its root.
+            cands = [c for c in self.candidates(v, i, before) if c[1] is not None]
+            for root, base, obj in cands if not steps else ():
+                if data is base or obj is not None and (data is obj or (
+                        getattr(data, "_owner", None) is obj and _same_array(arr, base))):
+                    return root, ()     # that array object itself: `x.grad.data`
+            for root, base, obj in cands:
+                # No op between (a reshape to its own shape, elided): a new view of
+                # the buffer, as NumPy's reshape gives.
+                replay = tuple(reversed(steps)) or (_new_view,)
+                # (A copy here, a reshape of a non-contiguous buffer, is rebuilt too: the
+                # same shape with other strides can reshape without a copy (x[::2] of a
+                # longer buffer, (2, 4) with strides (64, 16)), and eager then returns a
+                # view of it; where the replay copies, the runner keeps the graph's value.)
+                if _replays(base, replay, arr) or _replays_as_copy(base, replay, arr):
+                    return root, replay
+            n = self.producer.get(id(v))
+            if n is None or n.kind != MOVEMENT or len(n.inputs) != 1:
+                # A view of a value no result holds (`h.data.T`, F.reshape(h) with h
+                # not returned): the variant returns the value too and replays the
+                # view on it, so that it has eager's layout and views of one value
+                # alias each other, as eager's views of h do.
+                owner = self.tr.owner.get(id(v))
+                if steps and isinstance(owner, Variable) and owner._tv is v and \
+                        n is not None and _plain(owner) is not None and \
+                        _replays(_plain(owner), tuple(reversed(steps)), arr):
+                    return ("value", v), tuple(reversed(steps))
+                return None
+            steps.append(_view_step(n))
+            v = n.inputs[0]
+
+    def overlaps_outside(self, arr):
+        """Does arr share memory with a buffer from outside the call or one a compiled
+        call hands back by identity?"""
+        return any(_overlaps(arr, base) for base in list(self.arrays.values())
+                   + list(self.effect_arrays.values())
+                   + [base for c in self.owned.values() for _, base, _ in c]
+                   + list(self.made_inputs.values()))
 
 
 def _owned_buffers(tr, raw, leaves):
@@ -783,16 +876,18 @@ def _input_arrays(tr):
     pos = {id(v): i for i, v in enumerate(tr.graph.inputs)}
     out = {}
     for var, v in tr.arg_vars.values():
-        if id(v) in pos and isinstance(var._data, np.ndarray):
-            out[pos[id(v)]] = var._data
+        a = tr.read_arrays.get(id(v), var._data)
+        if id(v) in pos and isinstance(a, np.ndarray):
+            out[pos[id(v)]] = a
     for arr, v in tr.arg_arrays.values():
         if id(v) in pos and id(arr) in tr.arg_leaf:
             out[pos[id(v)]] = arr
     for v, (kind, obj) in tr.captures:
         if id(v) not in pos:
             continue
-        if kind == "var" and isinstance(obj._data, np.ndarray):
-            out[pos[id(v)]] = obj._data
+        a = tr.read_arrays.get(id(v), obj._data) if kind == "var" else None
+        if kind == "var" and isinstance(a, np.ndarray):
+            out[pos[id(v)]] = a
         elif kind == "array" and not _made_in_call(tr, obj):
             out[pos[id(v)]] = obj
     return {i: (a.view(np.ndarray) if type(a) is not np.ndarray else a)

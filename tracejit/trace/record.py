@@ -112,6 +112,19 @@ class _Pending:
 PENDING = _Pending()
 
 
+
+def _array_itself(t):
+    """The plain array a tracer stands for: `x.data` (a Variable's data as read), or a
+    captured array, is that very object, as eager's `W.data = x.data` stores it; any
+    other tracer a plain view of its memory."""
+    owner = t._owner
+    if owner is not None and isinstance(owner._data, np.ndarray) and \
+            type(owner._data) is np.ndarray and _same_layout(t, owner._data):
+        return owner._data
+    if t._capture is not None and type(t._capture) is np.ndarray and \
+            _same_layout(t, t._capture):
+        return t._capture
+    return t.view(np.ndarray)
 class Trace(core.TraceHooks):
     """Everything one tracing run records. One per traced call, thread-local."""
 
@@ -124,9 +137,18 @@ class Trace(core.TraceHooks):
         self.captures = []           # (Value, source) for inputs read from outside the args
         self.capture_lines = {}      # id(Variable) -> the user's line that first used it
         self.captured_vars = {}      # id(Variable) -> (Variable, Value)
+        # id(Value) -> the array an argument or captured Variable held when read (its
+        # data may be rebound since: `W.data = ...`)
+        self.read_arrays = {}
         self.captured_arrays = {}    # id(ndarray) -> (ndarray, current Value)
         self.effects = []            # (kind, target, Value) replayed after a run
         self.grad_writes = {}        # id(Variable) -> Variable, live vars whose .grad was set
+        self.rebind_arrays = {}      # rebind effect index -> the array it stored
+        self.rebind_lines = {}       # ... -> the user's line
+        self.rebind_owners = {}      # ... -> the Variable whose .data it stored
+        # id(Variable) -> (Variable, argument Variable): a captured Variable whose .grad,
+        # read before the call set it, is an argument (`S['h'] = W.grad` threaded)
+        self.grad_args = {}
         self.grad_reads = {}         # id(Variable) -> (Variable, was None): captured vars
                                      # whose .grad was read before the call set it
         self.escapes = []            # (reason, line)
@@ -246,6 +268,7 @@ class Trace(core.TraceHooks):
             return Lit(0.0, np.float64)
         v = self.add_input(var.shape, var.dtype, self.name_of(var) or var.name)
         self.own(var._data)
+        self.read_arrays[id(v)] = var._data
         self.captured_vars[id(var)] = (var, v)
         self.captures.append((v, ("var", var)))
         self.capture_lines[id(var)] = user_line(3)
@@ -919,9 +942,10 @@ class Trace(core.TraceHooks):
                 # `var.data -= x` assigns back the array it changed in place: nothing new.
                 return var._data
             tv = self.array_value(value)
-            plain = value.view(np.ndarray)
+            plain = _array_itself(value)
+            owner = value._owner if plain is getattr(value._owner, "_data", None) else None
         else:
-            plain = value
+            plain, owner = value, None
             tv = self.array_value(value) if value is not None else None
         if var._tv is None:
             # From outside, and written before it was read: capture it now, so it is a
@@ -932,6 +956,12 @@ class Trace(core.TraceHooks):
                 self.escape("setting a captured Variable's data to None")
                 return plain
             self.effects.append(("rebind", var, tv))
+            # The array it stores, whose buffer the runner rebuilds it on (a view of
+            # an argument's, a .grad's: pytree.rebind_views).
+            self.rebind_arrays[len(self.effects) - 1] = plain
+            self.rebind_lines[len(self.effects) - 1] = user_line()
+            if owner is not None:
+                self.rebind_owners[len(self.effects) - 1] = owner
             var._tv = tv
         else:
             var._tv = tv if tv is not None else PENDING
@@ -949,6 +979,9 @@ class Trace(core.TraceHooks):
             # it to add to: the variant holds while it is None / set again (an
             # argument's is in the signature).
             self.grad_reads.setdefault(id(var), (var, g is None))
+            if g is not None and id(g) in self.arg_vars and self.arg_vars[id(g)][0] is g:
+                # The graph reads it as that argument: it is one while the variant holds.
+                self.grad_args.setdefault(id(var), (var, g))
         if g is None or self.is_mine(g._tv) or g._tv is PENDING:
             return g
         if outside and id(g) not in self.captured_vars:
@@ -2077,12 +2110,13 @@ def plain_numbers(locs):
     """A traced Python number the function stored in state it reads (`self.loss =
     float(loss.data)`, `log.append(loss)`, `hist[k] = (loss, n)`) is the plain number
     after the trace, as after an eager call: a TracedFloat left in a list is not a
-    float to isinstance, json or a later trace."""
+    float to isinstance, json or a later trace. So is a traced array or NumPy scalar
+    (state a refused trace left: `S['h'] = x.data.sum()`)."""
     seen = set()
     for loc in locs:
         v = loc.read()
-        if isinstance(v, TracedScalar):
-            loc.write(v._value)
+        if isinstance(v, (TracedScalar, TracedArray)):
+            loc.write(_untraced(v))
         else:
             # Items the locations do not list: appended during the trace, past the
             # first 64, or nested deeper.
@@ -2157,8 +2191,8 @@ def _plain_attrs(o, seen, depth):
 
 def _plain_value(x, seen, depth):
     """x with the traced numbers in it plain (a new tuple where one holds some)."""
-    if isinstance(x, TracedScalar):
-        return x._value
+    if isinstance(x, (TracedScalar, TracedArray)):
+        return _untraced(x)
     if type(x) is tuple:
         if any(_holds_tracer(y) for y in x):
             return tuple(_plain_value(y, seen, depth - 1) for y in x)
@@ -2170,8 +2204,18 @@ def _plain_value(x, seen, depth):
 
 
 def _holds_tracer(x):
-    return isinstance(x, TracedScalar) or (type(x) is tuple and any(_holds_tracer(y)
-                                                                     for y in x))
+    return isinstance(x, (TracedScalar, TracedArray)) or (
+        type(x) is tuple and any(_holds_tracer(y) for y in x))
+
+
+def _untraced(x):
+    """What eager holds for a tracer left in Python state (a refused trace's `S['h'] =
+    x.data.sum()`): the number, the NumPy scalar, the array (a view of its memory)."""
+    if isinstance(x, TracedScalar):
+        return x._value
+    a = x.view(np.ndarray)
+    scalar = x._numpy_scalar
+    return a if not scalar else a.item() if scalar == "python" else a[()]
 
 
 def symbolic_scalars(fn):

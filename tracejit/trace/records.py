@@ -182,11 +182,18 @@ class TracedCall:
     # result leaf index -> (root, steps): a result eager returns as a view of an input's
     # buffer or of another result (pytree.result_views), rebuilt on it at return time
     out_views: Any = None
+    # rebind effect index -> (root, steps): an array `W.data = ...` stores that eager
+    # shares with a buffer the runner holds (pytree.rebind_views), rebuilt on it
+    rebind_views: Any = None
     made_grad_leaf: dict = None  # made result -> result leaf that is its .grad, a
                                  # Variable the graph does not compute (`y.backward(
                                  # retain_grad=True); return y.grad, y`: the seed)
     rebound: list = ()       # Locations of Variables it rebinds (state to thread), when
                              # that is the only Python state it changes
+    captured_args: list = ()  # (argument leaf, Variable or array): an argument that is
+                              # also state the function captures, read as the argument
+    grad_args: list = ()     # (Target, argument leaf): a .grad from outside that was
+                             # that argument when traced, as the graph reads it
     leaf_required: list = ()  # Targets a backward inside the call stopped at (no
                               # creator): the variant holds while they have none
     cuts: list = ()          # (kind, [Targets]): cuts of the caller's graph the

@@ -275,21 +275,34 @@ def observe(f, args, captures, backward, call, plant=None, between=None, state=N
                 c.data = c.data + 0.01
                 break
     rec["state"] = {}
+    results = rec.pop("objs", [])
+
+    def data_leaf(d, owner):
+        # A Variable's .data the call may have rebound (`W.data = x.data[:, ::-1]`,
+        # `x.data = W.data`): which object it is and what it shares memory with, in
+        # terms of the others (its own Variable left out: the same on both sides).
+        others = [a for a in args if a is not owner]
+        caps = {n: c for n, c in captures.items() if c is not owner}
+        leaf = _leaf(d, None if d is None else _identity(d, others, caps, results))
+        leaf["alias"] = _aliases(d, others, caps, results)
+        return leaf
     for i, a in enumerate(args):
-        rec["state"][f"argument {i}"] = _leaf(a.data if isinstance(a, Variable) else a)
+        rec["state"][f"argument {i}"] = data_leaf(a.data, a) if isinstance(a, Variable) \
+            else _leaf(a)
         if isinstance(a, Variable):
             # What a backward inside f left (also without the harness's backward): one
             # going on into the caller's graph gives the caller's leaves gradients.
             rec["state"][f"argument {i}.grad"] = None if a.grad is None else _leaf(a.grad)
     for n, c in captures.items():
         if isinstance(c, Variable):
-            rec["state"][f"capture {n}.data"] = _leaf(c.data)
+            rec["state"][f"capture {n}.data"] = data_leaf(c.data, c)
             rec["state"][f"capture {n}.grad"] = None if c.grad is None else _leaf(c.grad)
         else:
             rec["state"][f"capture {n}"] = _leaf(c)
-    results = rec.pop("objs", [])
     for n, v in (state() if state is not None else {}).items():
-        rec["state"][f"state {n}"] = None if v is None else _leaf(v)
+        # (Which object: an argument, a capture's .data or .grad, a result.)
+        rec["state"][f"state {n}"] = None if v is None else \
+            _leaf(v, _identity(v, args, captures, results))
         if v is not None:
             # The buffers the stored state shares memory with: the call's results,
             # arguments, captures (a result the passes merged with it must not).

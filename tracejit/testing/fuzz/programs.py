@@ -1584,9 +1584,9 @@ def _parameter_state(b):
     """A Parameter stored as state (threaded through compiled calls as a Variable is,
     the state after the call a Parameter, eager's object where eager keeps one): made
     in f from a value in scope, carried from the previous call's (an RNN's h as a
-    Parameter), or a captured Parameter rebound into the holder. Not on a Layer, which
-    registers it (that runs eagerly, warned). Found: every such program fell back, the
-    threading refused Parameters."""
+    Parameter), or a captured Parameter rebound into the holder; also on a Layer, which
+    registers it (its params() are eager's after the call). Found: every such program
+    fell back, the threading refused Parameters (on a Layer too)."""
     v = b.pick(lambda w: w.bound <= 4, recent=6)
     if v is None:
         return b.st_unary()
@@ -1595,8 +1595,9 @@ def _parameter_state(b):
         b.state_resets = sorted({0, 6} | set(b.draw(st.lists(st.integers(1, 9),
                                                              max_size=2))))
     k = len(b.states)
-    holder = b.draw(st.sampled_from(("object", "dict", "global")))
-    ref = {"object": f"STATE{k}.h", "dict": f"STATED{k}['h']", "global": f"H{k}"}[holder]
+    holder = b.draw(st.sampled_from(("object", "dict", "global", "layer")))
+    ref = {"object": f"STATE{k}.h", "dict": f"STATED{k}['h']", "global": f"H{k}",
+           "layer": f"LAYER{k}.h"}[holder]
     form = b.draw(st.sampled_from(("made", "carried", "captured")))
     p, h = b.fresh("p"), b.fresh()
     dtype = v.dtype
@@ -1648,6 +1649,83 @@ def _made_leaves_sharing(b):
 
 
 MADE_LEAF_STEPS = [(_made_leaf, 1), (_parameter_state, 1), (_made_leaves_sharing, 1)]
+
+
+# ------------------------------------------------------------- rebinds to an existing buffer
+# (focus "rebind_alias"). `W.data = x.data[::-1]`, `S['h'] = x.grad.data`: in eager the
+# rebound .data, or the stored array, is that buffer (or a view of it), and writes to
+# one show in the other; a compiled call must store the same buffer (rebuilt on it at
+# call time), or run eagerly. The harness compares what each capture's and argument's
+# .data and each stored state is and shares memory with.
+
+def _rebind_source(b, v):
+    """(source text, shape, dtype, bound) of an existing buffer of v's shape, or of a
+    captured one: v's data or a view of it, an argument's .grad (a seed passed through
+    or computed) or a view of it, a captured Parameter's data, a captured array."""
+    how = b.draw(st.sampled_from(("data", "view", "seed", "grad", "grad_view",
+                                  "capture_data", "capture_array")))
+    flip = "[::-1]" if v.shape else ""
+    if how in ("seed", "grad", "grad_view"):
+        args = [w for name, kind, w in b.args if kind == "var" and w is not None]
+        a = b.draw(st.sampled_from(args))
+        if how == "seed":
+            b.emit(f"F.reshape({a.name}, {a.name}.shape).backward()")   # the seed's ones
+        else:
+            b.emit(f"F.sum({a.name} * {a.name}).backward()")
+        src = f"{a.name}.grad.data" + (flip if how == "grad_view" and a.shape else "")
+        b.features.add(f"rebind_alias_{how}")
+        return src, a.shape, a.dtype, 2 * a.bound + 1.0
+    if how in ("capture_data", "capture_array"):
+        shape = tuple(1 if d == B else d for d in v.shape)
+        c = b.capture(shape, "param" if how == "capture_data" else "array")
+        b.features.add(f"rebind_alias_{how}")
+        return (f"{c[0]}.data" if c[1] == "param" else c[0]), shape, c[3], 1.0
+    b.features.add(f"rebind_alias_{how}")
+    return v.data + (flip if how == "view" else ""), v.shape, v.dtype, v.bound
+
+
+def _rebind_alias(b):
+    """A rebind to an existing buffer: a captured Parameter's .data (a capture of its
+    own, used only here), or an ndarray stored as state (in an object, a Layer, a dict,
+    a module global), set to one; then used. Found: the compiled call stored a copy
+    (W.data) or refused the state (`a ndarray object -> a TracedArray object`)."""
+    v = b.pick(lambda w: w.var and w.bound <= 4, recent=6)
+    if v is None:
+        return b.st_unary()
+    src, shape, dtype, bound = _rebind_source(b, v)
+    h = b.fresh()
+    if b.draw(st.booleans()):
+        # A Parameter of its own (its shape follows what it is rebound to).
+        W = "W" + str(len(b.captures))
+        c = (W, "param", tuple(1 if d == B else d for d in shape), dtype,
+             b.draw(st.sampled_from(["global", "closure"])))
+        b.captures.append(c)
+        b.updated.add(W)              # (never reused: its data is rebound)
+        b.emit(f"{W}.data = {src}")
+        b.emit(f"{h} = F.tanh({W} * 0.5)")
+        b.features.add("rebind_alias_capture")
+    else:
+        if not hasattr(b, "states"):
+            b.states = []
+            b.state_resets = sorted({0, 6} | set(b.draw(st.lists(st.integers(1, 9),
+                                                                 max_size=2))))
+        k = len(b.states)
+        holder = b.draw(st.sampled_from(("object", "layer", "dict", "global")))
+        ref = {"object": f"STATE{k}.h", "layer": f"LAYER{k}.h", "dict": f"STATED{k}['h']",
+               "global": f"H{k}"}[holder]
+        prev = b.fresh("p")
+        # The previous call's array read too (None after a reset_state()).
+        b.emit(f"{prev} = {ref}")
+        b.emit(f"{ref} = {src}")
+        # (np.asarray: a 0-d array's product is a NumPy scalar, which F.tanh refuses)
+        b.emit(f"{h} = F.tanh(np.asarray({ref} * 0.5 if {prev} is None else "
+               f"{ref} * 0.5 + {prev} * 0.25))")
+        b.states.append((holder, ref, k))
+        b.features.add(f"rebind_alias_state_{holder}")
+    b.add(h, shape, dtype, 1.0)
+
+
+REBIND_ALIAS_STEPS = [(_rebind_alias, 1)]
 # ------------------------------------------------------------------ end of made leaves
 # ------------------------------------------- backward inside f into the caller's graph
 # (focus "backward_into"). Arguments with a creator, made by the caller in args() from
@@ -1714,6 +1792,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     focus="conv" mostly CONV_STEPS (conv -> bias -> ReLU -> pooling: what
     passes/conv_epilogue.py rewrites);
     focus="made_leaves" mostly MADE_LEAF_STEPS (leaves made in f that outlive it);
+    focus="rebind_alias" mostly REBIND_ALIAS_STEPS (a captured Parameter's .data or
+    stored ndarray state rebound to an existing buffer);
     focus="scalar_dropout" mostly 0-d inputs and dropout (argument_update_programs);
     focus="backward_into" mostly BACKWARD_INTO_STEPS (a backward inside f going on
     into the caller's graph through arguments with a creator);
@@ -1781,6 +1861,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     if focus in (None, "made_leaves"):   # (the other focuses draw as they did)
         table += [(lambda g=g: g(b), w * (12 if focus == "made_leaves" else 1))
                   for g, w in MADE_LEAF_STEPS]                       # made leaves
+    if focus == "rebind_alias":  # (only then, as unchain's)
+        table += [(lambda g=g: g(b), w * 12) for g, w in REBIND_ALIAS_STEPS]
     if focus == "unchain":      # (only then: the default profile's draws stay as they were)
         table += [(lambda g=g: g(b), w * 12) for g, w in UNCHAIN_STEPS]  # unchain inside
     if focus == "matmul":       # (only then, as unchain's)
