@@ -439,20 +439,23 @@ def split_group(node):
     order = _topo(pieces, needs)
     if order is None:
         return [node]
-    parts_nodes = []
-    used = set()
-    for p in order:
-        members = set(pieces[p])
+    def with_invariants(members):
+        """members and the invariant chains they read (copied into each part that does:
+        a part reads no value of another part but the exported ones)."""
+        members = set(members)
         todo = list(members)
-        while todo:                             # the invariant chains this part reads
+        while todo:
             for j in made(nodes[todo.pop()]):
                 if j in invariant and j not in members:
                     members.add(j)
-                    used.add(j)
                     todo.append(j)
-        parts_nodes.append(members)
-    if invariant - used:                    # read by nobody in the group: a part of its own
-        parts_nodes.insert(0, invariant - used)
+        return members
+    parts_nodes = [with_invariants(pieces[p]) for p in order]
+    # Invariant values no part reads (a group output such as broadcast(s) * t): a part
+    # of their own, with the chains they read, even those other parts copy too.
+    unread = invariant.difference(*parts_nodes)
+    if unread:
+        parts_nodes.insert(0, with_invariants(unread))
     out_ids |= exported
     written = set()                         # an output shared by parts: the first writes it
     parts = []
