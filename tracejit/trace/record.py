@@ -64,6 +64,33 @@ def frame_line(f):
     return None
 
 
+# tracejit's machinery: code that runs the user's operations. What it runs (NumPy, numba
+# compiling an op's kernel) is not the user's effect. tracejit's DeZero modules a user
+# calls (utils.gradient_check, datasets) print for the user.
+_MACHINERY = ("tracejit.core", "tracejit.functions", "tracejit.ops.", "tracejit.ir.",
+              "tracejit.passes.", "tracejit.trace.", "tracejit.backends.", "tracejit.runtime.")
+
+
+def user_frame(f):
+    """The frame of the user's code that made the call running in frame f: f itself, or
+    the first frame outward of the libraries it runs in (the standard library and
+    installed packages); None when that frame is tracejit's machinery.
+
+    Why: the trace's hooks (print, repr of traced data) are process-wide while it runs,
+    and an op's forward runs on the traced call's data: numba compiling the conv
+    kernels for a new dtype prints its type annotations into a StringIO (its cache's
+    pickling), which was reported as the user's print at numba's line."""
+    while f is not None:
+        name = f.f_globals.get("__name__", "")
+        if name.startswith(_MACHINERY):
+            return None
+        if not os.path.abspath(f.f_code.co_filename).startswith(_LIBRARY_DIRS) \
+                or name.startswith("tracejit"):
+            return f
+        f = f.f_back
+    return None
+
+
 def wrapped_function(fn):
     """The function a grad / value_and_grad wrapper differentiates (same arguments)."""
     for cell in pystate.probe(fn, "__closure__") or ():
@@ -1506,7 +1533,11 @@ class Trace(core.TraceHooks):
         return False
 
     def side_effect(self, what):
-        self.side_effects.append((what, user_line(3)))
+        """An effect only the tracing run has (print, repr of traced data), made by the
+        caller of the hook that reports it: recorded when that is the user's code."""
+        f = user_frame(sys._getframe(2))
+        if f is not None:
+            self.side_effects.append((what, frame_line(f)))
 
 
 _DTYPE_OF = {float: np.dtype(np.float64), int: np.dtype(np.int64), bool: np.dtype(bool)}
