@@ -261,6 +261,12 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             elif id(g) in first_set:
                 grad_same[gi] = first_set[id(g)]
             first_set.setdefault(id(g), gi)
+        nested = _nested_grad_line(tr, grad_of, made_pos)
+        if nested is not None:
+            tr.escapes.append((
+                "a backward inside the function sets the .grad of a .grad the call set "
+                "(x.grad.grad, x.grad a leaf of a later backward): compiled calls set "
+                "one level of .grad", nested or def_line))
         made_grad_effect = {m: first_set[id(xg)] for m, (x, xg, _) in enumerate(tr.made_grads)
                             if xg is not None and id(xg) in first_set
                             and id(xg) not in made_pos}
@@ -738,6 +744,19 @@ def _unlink_cut(tr, cut):
         if any(u is not None and id(u) in cut for u in links):
             tr.grad_meta[key] = (grad, tuple(None if u is not None and id(u) in cut else u
                                              for u in links))
+
+
+def _nested_grad_line(tr, grad_of, made_pos):
+    """The user's line where a backward set the .grad of a .grad the call set on an
+    argument or captured Variable ('' when unknown), or None. The runner sets each
+    grad effect's .grad (and a result's), not a .grad of that .grad, which eager
+    has: x.grad, made by one backward, is a leaf of the next (F.sum(x.grad * w))."""
+    for var in tr.grad_writes.values():
+        g = grad_of(var)
+        if g is not None and g._grad is not None and not tr.is_live(g) \
+                and id(g) not in made_pos:
+            return tr.made_grad_lines.get(id(g), "")
+    return None
 
 
 def _grads_before_walks(tr):

@@ -180,6 +180,7 @@ class Trace(core.TraceHooks):
                                      # whose .grad was read before the call set it
         self.escapes = []            # (reason, line)
         self.side_effects = []       # (what, line)
+        self.made_grad_lines = {}    # id(Variable made in the call) -> line its .grad was set
         self.random_nodes = []
         self.arg_arrays = {}         # id(ndarray arg) -> (array, input Value)
         self.arg_vars = {}           # id(Variable arg) -> (Variable, input Value)
@@ -1045,6 +1046,10 @@ class Trace(core.TraceHooks):
                 # Where this backward stopped: with a creator at call time, eager's
                 # backward would go on past it (backward_of).
                 self.backward_leaves[id(var)] = var
+        elif value is not None and id(var) not in self.made_grad_lines:
+            # A Variable made in the call: where it first got a .grad (a .grad's own
+            # .grad is refused at that line, call._nested_grad_line).
+            self.made_grad_lines[id(var)] = user_line(3)
 
     def is_live(self, var):
         return id(var) in self.captured_vars and self.captured_vars[id(var)][0] is var \
