@@ -174,6 +174,7 @@ class Builder:
         self.vals = []
         self.n = 0
         self.features = set()
+        self.also_return = []     # names a statement has returned (st_invariant_broadcast)
         self.captures = []        # (name, kind, shape, dtype, where)
         self.classes = set()
         self.args = []            # (name, kind, Val or None)
@@ -566,6 +567,30 @@ class Builder:
         self.emit(f"{name} = F.tanh({v.name} * {W})")
         self.features.add("inner_backward_update")
         self.add(name, v.shape, _dt(v), 1.0)
+
+    def st_invariant_broadcast(self):
+        """A 0-d value broadcast over a shape (a loop-invariant chain in the fused group:
+        backends/numba/plan.split_group copies it into each part that reads it), read by
+        two chains and by a value of its own (b * t, invariant too), beside an unrelated
+        chain of the same shape: a part made of an invariant value once read the chain
+        before it was defined (a KeyError at lowering, the interpret backend)."""
+        t = self.pick(lambda w: w.var and w.shape == ())
+        v = self.pick(lambda w: w.var and w.shape != ())
+        if t is None or v is None:
+            return self.st_binary()
+        shape, bc, p, q, r = v.shape, self.fresh(), self.fresh(), self.fresh(), self.fresh()
+        self.emit(f"{bc} = F.broadcast_to(F.reshape({t.name}, (1,) * {len(shape)}), "
+                  f"{v.name}.shape)")
+        self.emit(f"{p} = {bc} * {t.name}")
+        self.emit(f"{q} = F.mean({bc} * {v.name}) * {t.name}")
+        self.emit(f"{r} = {v.name} * 2.0 - 1.0")
+        dt = _dt(t, v)
+        self.add(p, shape, _dt(t), t.bound * t.bound)
+        self.add(q, (), dt, t.bound * t.bound * v.bound)
+        self.add(r, shape, _dt(v), v.bound * 2.0 + 1.0)
+        # Returned, so each is an output of the fused group whatever reads it later.
+        self.also_return += [p, q, r]
+        self.features.add("invariant_broadcast")
 
     def st_inplace_arg(self):
         arrs = [a for a in self.args if a[1] == "array"]
@@ -1844,7 +1869,7 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
              (b.st_movement, 2), (b.st_matmul, 1), (b.st_capture_op, 3), (b.st_if, 2),
              (b.st_loop, 1), (b.st_no_grad, 1),
              (b.st_dropout, 8 if focus == "scalar_dropout" else 1), (b.st_user_function, 2),
-             (b.st_inner_step, 1), (b.st_inplace_arg, 1)]
+             (b.st_inner_step, 1), (b.st_inplace_arg, 1), (b.st_invariant_broadcast, 1)]
     table += [(getattr(b, m), w * (12 if focus == "state" else 1)) for m, w in STATE_STEPS]
     table += [(lambda g=g: g(b), w) for g, w in ESCAPES_STEPS]     # escapes block
     table += [(lambda g=g: g(b), w * (30 if focus == "nested_grad" else 1))
@@ -1938,7 +1963,7 @@ def _outputs(b, retain_focus=False):
     `retain_focus`: the last value and one to three earlier values it may depend on
     (intermediates of its graph, as a retain_grad backward from outside sees them)."""
     last = b.vals[-1]
-    outs = [last.name]
+    outs = [last.name] + [n for n in b.also_return if n != last.name]
     if retain_focus:
         cands = [v.name for v in b.vals[:-1] if v.var]
         if cands:
