@@ -1,6 +1,6 @@
 """Variables made inside a jitted function of one array (`c = Variable(h.data);
 d = Variable(h.data)`, `Variable(c.data)` of such a Variable, in a chain of any length),
-returned in any order, in containers, as eager returns them: every one a leaf holding
+returned in any order, in containers, or stored as state, as eager returns them: every one a leaf holding
 that one array (`c.data is d.data`), each given its own gradient by a backward through
 the results. Each used to name the other as the owner of the array (the result leaves'
 "wrap" of "vardata" of a result), a cycle the runner's code generation recursed around
@@ -53,7 +53,36 @@ def with_the_owner_returned_last(x):
     return x * c, c, h                    # h's array is c's too
 
 
-CASES = [two_of_one, in_containers, chain, long_chain, with_the_owner_returned_last]
+def used_through_a_chain_to_the_owner(x):
+    # d is an input of the call's compiled Function, made before its results: its
+    # array is c's, which is h's, a result made after (the runner named h's Variable
+    # before assigning it: UnboundLocalError, a fallback on every call).
+    h = F.tanh(x)
+    c = Variable(h.data)
+    d = Variable(c.data)
+    return x * d, c, [d], h
+
+
+class _Holder:
+    def __init__(self):
+        self.h = Variable(np.zeros(4))
+
+
+STORE = _Holder()
+
+
+def used_through_a_chain_to_stored_state(x):
+    # The same with the owner stored as state the call rebinds, not returned.
+    h = F.sin(x)
+    STORE.h = h
+    c = Variable(h.data)
+    d = Variable(c.data)
+    e = Variable(d.data)
+    return x * e + d, (c,), d, e
+
+
+CASES = [two_of_one, in_containers, chain, long_chain, with_the_owner_returned_last,
+         used_through_a_chain_to_the_owner, used_through_a_chain_to_stored_state]
 
 
 def _leaves(r):
@@ -88,7 +117,7 @@ def _observe(fn, call):
 @pytest.mark.parametrize("fn", CASES, ids=lambda f: f.__name__)
 def test_made_leaves_of_one_array_compile_and_match_eager(fn):
     jf = tj.jit(fn)
-    for call in range(6):
+    for call in range(7):       # (state the call rebinds: traced on the third)
         want, got = _observe(fn, call), _observe(jf, call)
         assert got["shares"] == want["shares"]
         assert got["creators"] == want["creators"]

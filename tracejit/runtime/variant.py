@@ -1691,7 +1691,19 @@ def build_runner(v, leaf_kinds, key=None):
             return f"{const(a)}.copy(order='K')"
         if kind == "graddata":            # the array a grad effect set as a .grad
             return f"ge{a}"
-        return f"{expr_of(a)}._data"      # vardata: a made or returned Variable's
+        return data_of(a)                 # vardata: a made or returned Variable's
+
+    def data_of(j):
+        """The array of Variable result leaf j, named without that Variable where it
+        can be: a made leaf that is an input of the call's CompiledFunction is made
+        before the results (`Variable(Variable(y.data).data)`: down the chain to y's
+        output slot)."""
+        kind, a, b = leaves_[j]
+        if kind == "out" and b == VAR:
+            return out(out_slot[j])
+        if kind == "wrap":
+            return copies[j] if j in copies else array_expr(*a[:2])
+        return f"{expr_of(j)}._data"
 
     def expr_of(i):
         if exprs[i] is None:
@@ -1713,10 +1725,8 @@ def build_runner(v, leaf_kinds, key=None):
         kind, a, _ = leaves_[i]
         if kind == "wrap":
             # A made leaf that is an input of the call's CompiledFunction: made before
-            # it (a Variable result's array read as its output slot: that result is
-            # made after).
-            if a[0] == "vardata" and a[1] in out_slot and i not in copies:
-                copies[i] = out(out_slot[a[1]])
+            # it (data_of: a Variable result's array read as its output slot, as that
+            # result is made after).
             body.append(f"w{i} = {expr_of(i)}")
             exprs[i] = f"w{i}"
             if i in v.wrap_grads:
