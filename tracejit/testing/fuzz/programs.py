@@ -1668,6 +1668,13 @@ def _made_leaves_sharing(b):
     order = b.draw(st.permutations(cs))
     for c in order[:b.draw(st.integers(1, n))]:
         b.returned_views.append(b.draw(st.sampled_from([c, c, f"[{c}]", f"({c},)"])))
+    if b.draw(st.booleans()):
+        # The owner returned after them: the leaves the graph uses (inputs of the
+        # compiled Function, made before its results) hold the array of a result made
+        # after them, down a chain (`Variable(c.data)`): the runner named that result's
+        # Variable before it existed (UnboundLocalError, a fallback every call).
+        b.returned_views.append(v.name)
+        b.features.add("made_leaves_sharing_a_result")
     b.features.add("made_leaves_sharing")
     if v.name in {name for name, _, _ in b.args}:
         b.features.add("made_leaves_sharing_an_argument")
