@@ -81,8 +81,28 @@ def used_through_a_chain_to_stored_state(x):
     return x * e + d, (c,), d, e
 
 
+W = tj.Parameter(np.array([0.3, -0.2, 0.5, 0.1]))
+
+
+def of_a_seed_the_call_made(x):
+    # g is the backward's seed passed through (a retained .grad, np.ones the call
+    # made: a constant of the graph, a new array every call). c holds it, d holds it
+    # through c's data, e directly: one array. Each leaf was given its own copy of the
+    # seed once c held its copy already (d found no owner), so d.data was not c.data:
+    # a fallback on every call (the first-call check saw the identity differ).
+    W.cleargrad()
+    h = W * 2.0
+    (h + 1.0).backward(retain_grad=True)
+    g = h.grad
+    c = Variable(g.data)
+    d = Variable(c.data)
+    e = Variable(g.data)
+    return x * c + e * W, [c], (d,), e
+
+
 CASES = [two_of_one, in_containers, chain, long_chain, with_the_owner_returned_last,
-         used_through_a_chain_to_the_owner, used_through_a_chain_to_stored_state]
+         used_through_a_chain_to_the_owner, used_through_a_chain_to_stored_state,
+         of_a_seed_the_call_made]
 
 
 def _leaves(r):
@@ -118,6 +138,7 @@ def _observe(fn, call):
 def test_made_leaves_of_one_array_compile_and_match_eager(fn):
     jf = tj.jit(fn)
     for call in range(7):       # (state the call rebinds: traced on the third)
+        W.data *= 0.9       # the captured Parameter changed in place between calls
         want, got = _observe(fn, call), _observe(jf, call)
         assert got["shares"] == want["shares"]
         assert got["creators"] == want["creators"]

@@ -376,6 +376,7 @@ def result_leaves(tr, raw):
             set_grads.setdefault(id(var._grad), var)
     first = {}
     leaves, objects = [], []
+    rebinds, copied = [], []
     for i, x in enumerate(raw):
         obj, leaf = _eager_object(tr, x, var_pos, grad_owner, raw)
         if leaf is not None and leaf[0] in ("wrap", "const") and id(x) in set_grads:
@@ -398,7 +399,7 @@ def result_leaves(tr, raw):
                 # the graph reads as a constant; eager makes a new one every call.
                 leaf = ("wrap", ("constcopy",) + tuple(leaf[1][1:]), leaf[2])
             # The traced call's own result holds that array object too, as eager's.
-            x._data = _wrapped_array(tr, leaf[1], raw)
+            rebinds.append((x, leaf[1]))
         leaves.append(Leaf(*leaf))
         if leaf[0] == "out":
             obj = strip_tracers(x)
@@ -407,8 +408,20 @@ def result_leaves(tr, raw):
             if isinstance(obj, np.ndarray) and _made_in_call(tr, obj):
                 obj = obj.copy()
             elif isinstance(obj, Variable) and _made_in_call(tr, obj._data):
-                obj._data = obj._data.copy()
+                copied.append(obj)
         objects.append(obj)
+    # The arrays changed once every leaf is known: a later leaf is found to share an
+    # earlier one's array by that array (`c = Variable(seed); d = Variable(c.data)`,
+    # each a "constcopy" of the seed's ones if c held its copy already).
+    for obj in copied:
+        obj._data = obj._data.copy()
+    for x, inner in rebinds:
+        x._data = _wrapped_array(tr, inner, raw)
+    for i, leaf in enumerate(leaves):      # `return c, c.data`: c's array as it is now
+        if leaf[0] == "vardata":
+            objects[i] = raw[leaf[1]]._data
+        elif leaf[0] == "same":
+            objects[i] = objects[leaf[1]]
     return leaves, objects
 
 
