@@ -185,3 +185,31 @@ def test_transpose_view_runs_eagerly(make, recwarn):
     _compare(make, np.float64, True)
     assert any("in-place update" in str(w.message) for w in recwarn.list
                if issubclass(w.category, tj.JitWarning))
+
+
+def _made_leaf_of_a_value_before_the_update(x):
+    c = tj.Variable(x)                   # the argument's buffer itself
+    h = x * c
+    x += 0.5                             # in place: c.data changes, h does not
+    d = tj.Variable(h.data)              # h's array: eager's h and d share it
+    return h * d + F.sin(d), d
+
+
+def test_a_made_leaf_of_a_value_computed_before_the_update():
+    # The replay recomputed h from the updated buffer (x + 0.5)**2, where eager's h
+    # (d's array) is x**2: d.grad silently wrong from the first compiled call on.
+    jf = tj.jit(_made_leaf_of_a_value_before_the_update)
+    for call in range(6):
+        base = np.linspace(-1.0, 1.0, 3) * (1 + 0.25 * call) + 0.1 * call
+        seen = []
+        for fn in (_made_leaf_of_a_value_before_the_update, jf):
+            x = base.copy()
+            y, d = fn(x)
+            F.sum(y * np.array([1.0, -2.0, 0.5])).backward(create_graph=True)
+            first = d.grad.data.copy()
+            F.sum(d.grad ** 2).backward()        # second order through the replay
+            seen.append((y.data.copy(), first, d.grad.data.copy(), x.copy()))
+        for got, want in zip(seen[1], seen[0]):
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] >= 4, info

@@ -923,6 +923,12 @@ class Variant:
         snaps = bwd.snapshots
         views = bwd.saved_views
         out = {id(saved[k]): cf.saved[k] for k in bwd.replay_saved if k not in views}
+        # A value a made leaf holds (`c = Variable(h.data)`): eager's h and c share that
+        # array, so the replay's h is c's data now, as the plain backward reads it, not
+        # a recompute from inputs the call may have updated in place since.
+        for (kind, i), val in zip(bwd.sources, bwd.graph.inputs):
+            if kind == "madedata":
+                out[id(val)] = cf.inputs[i]._data
         if bwd.replay_live:
             # A state of a buffer the call updated in place: the buffer as it is now, as
             # eager's graph holds it (BackwardPlan.replay_live); never fed to the NumPy
