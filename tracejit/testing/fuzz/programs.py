@@ -1656,6 +1656,12 @@ def _made_leaves_sharing(b):
     if v is None:
         return b.st_unary()
     n = b.draw(st.integers(2, 6))
+    if b.draw(st.booleans()):
+        # An argument updated in place after v was computed (from it, maybe): a
+        # create_graph replay recomputed v from the updated buffer, where eager's
+        # leaves hold v's array as it was (their .grad silently wrong).
+        b.st_inplace_arg()
+        b.features.add("made_leaves_sharing_after_inplace")
     cs = []
     for k in range(n):
         c = b.fresh("c")
