@@ -100,9 +100,21 @@ def of_a_seed_the_call_made(x):
     return x * c + e * W, [c], (d,), e
 
 
+def of_a_captured_grad_returned_after(x):
+    # The same seed as W.grad, returned after the leaves made of it: each leaf got a
+    # copy of the seed (the .grad, a later result with no creator, could not be named
+    # as the owner), so d.data was not W.grad.data.
+    W.cleargrad()
+    (W + 0.5).backward()
+    g = W.grad
+    c = Variable(g.data)
+    d = Variable(c.data)
+    return x * c + W, (c,), d, g
+
+
 CASES = [two_of_one, in_containers, chain, long_chain, with_the_owner_returned_last,
          used_through_a_chain_to_the_owner, used_through_a_chain_to_stored_state,
-         of_a_seed_the_call_made]
+         of_a_seed_the_call_made, of_a_captured_grad_returned_after]
 
 
 def _leaves(r):

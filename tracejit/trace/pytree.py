@@ -498,11 +498,12 @@ def _array_of(tr, x, var_pos, raw):
             return ("capdata", var, None)
     # The array of a .grad the call sets (`Variable(x.grad.data)`, also of a seed passed
     # through, which the graph reads as a constant): eager's .grad and the new Variable
-    # share it, so the runner wraps the very array its grad effect sets (not a copy).
-    results = {id(y) for y in raw}
+    # share it, so the runner wraps the very array its grad effect sets (not a copy),
+    # also where that .grad is returned after x (its array: the grad effect's, which
+    # x, made earlier, cannot name through the result).
     for gi, var in enumerate(tr.grad_writes.values()):
         g = var._grad
-        if g is not None and id(g) not in results and g._tv is tv and \
+        if g is not None and g is not x and g._tv is tv and \
                 _same_array(d, g._data):
             return ("graddata", gi, None)
     # A Variable result holding it (`return x.grad, Variable(x.grad.data)`, two
