@@ -1656,11 +1656,17 @@ def _made_leaves_sharing(b):
     if v is None:
         return b.st_unary()
     n = b.draw(st.integers(2, 6))
-    if b.draw(st.booleans()):
-        # An argument updated in place after v was computed (from it, maybe): a
+    arrs = [a for a in b.args if a[1] == "array" and a[2] is not None]
+    if arrs and b.draw(st.booleans()):
+        # v computed from an ndarray argument, which is then updated in place: a
         # create_graph replay recomputed v from the updated buffer, where eager's
         # leaves hold v's array as it was (their .grad silently wrong).
-        b.st_inplace_arg()
+        a = b.draw(st.sampled_from(arrs))[2]
+        v = b.add(b.fresh(), a.shape, a.dtype, 0.5)
+        b.emit(f"{v.name} = F.sin({a.name}) * 0.5")
+        b.emit(f"{a.name} += 0.5")
+        a.bound += 0.5
+        a.signed = False
         b.features.add("made_leaves_sharing_after_inplace")
     cs = []
     for k in range(n):
