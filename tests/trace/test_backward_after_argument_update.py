@@ -570,3 +570,32 @@ RANDOM_UPDATES = {
 @pytest.mark.parametrize("fn", RANDOM_PROGRAMS)
 def test_dropout_under_a_seed_then_update_then_backward(fn, shape, update, second_order):
     _compare_seeded(fn, shape, update, second_order)
+
+
+def _made_leaf_of_the_argument(x, W):
+    c = Variable(x.data)                 # holds the array x has at the call
+    return F.tanh(x * c * W) + c, c
+
+
+def test_rebound_argument_data_with_a_made_leaf_of_it():
+    # The caller rebinds x.data before the backward: eager's backward reads x's uses
+    # from the new array and c's from the old one; the compiled backward had one value
+    # for both (x.grad silently wrong). A rebind replays eager's backward.
+    W = tj.Parameter(np.array([0.5, -1.0, 0.25]))
+    jf = tj.jit(_made_leaf_of_the_argument)
+    for call in range(6):
+        W.data *= 1.1                    # the captured Parameter changed between calls
+        base = np.linspace(-1.0, 1.0, 3) + 0.2 * call
+        seen = []
+        for fn in (_made_leaf_of_the_argument, jf):
+            W.cleargrad()
+            x = Variable(base.copy())
+            y, c = fn(x, W)
+            if call % 2:
+                x.data = x.data * 0.5 + 0.125
+            F.sum(y * np.array([1.0, -2.0, 0.5])).backward()
+            seen.append([y.data, x.grad.data, c.grad.data, W.grad.data])
+        for got, want in zip(seen[1], seen[0]):
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] >= 4, info
