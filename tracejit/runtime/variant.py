@@ -289,6 +289,15 @@ class CompiledFunction(RegionFunction):
                 return self._replayed(gys, grads)
         return grads
 
+    def rebound_beside_made_leaves(self):
+        """The caller rebound an argument's .data since the call, which made leaves
+        (`c = Variable(x.data)` may hold the old array): eager's backward reads x's
+        uses from the new array and c's from the old, where the compiled graph has one
+        value for both. Only eager's backward replayed follows that."""
+        v = self.variant
+        return v.replay_rebound and any(self.inputs[k]._data is not self.arrays[i]
+                                        for i, k in v.arg_var_pos.items())
+
     def _replayed(self, gys, grads):
         """_eager_backward, where the region can be replayed (else `grads`)."""
         if self.variant.bwd.replay_refusal or core._state.trace is not None:
@@ -763,7 +772,10 @@ class Variant:
         self.layouts = {}             # the layout inputs' strides -> {slot: axis order}
         self._layout_run = None
         self.check_backward = False     # the trace-time check: backward interpreted
-        self.replay_rebound = False     # (build_backward_runner) a rebound argument replays
+        # A backward after the caller rebinds an argument's .data replays eager's when
+        # the call made leaves (CompiledFunction.rebound_beside_made_leaves).
+        self.replay_rebound = backward is not None and not backward.replay_refusal and \
+            any(kind == "made" for kind, _ in self.diff_sources)
         self.leaf_kinds = call.leaf_forms
         self.runner = build_runner(self, call.leaf_forms)
         self._hot_runner = None
@@ -848,8 +860,7 @@ class Variant:
                "read_capture": read_capture, "other_gy": _backward_other_gy,
                "current_input": current_input, "rebound": rebound, "v": self}
         body, names = [], []
-        self.replay_rebound = replay_rebound = not self.bwd.replay_refusal and any(
-            kind == "made" for kind, _ in self.diff_sources)
+        replay_rebound = self.replay_rebound
         for j, (kind, i) in enumerate(self.bwd_sources):
             n = f"b{j}"
             names.append(n)
@@ -1219,8 +1230,7 @@ def checked_backward(cf, gys, real):
     got = real(cf, gys)
     if v.demoted is not None:
         return _backward_other_gy(cf, gys)
-    if v.replay_rebound and any(cf.inputs[k]._data is not cf.arrays[i]
-                                for i, k in v.arg_var_pos.items()):
+    if cf.rebound_beside_made_leaves():
         return got      # eager's backward replayed (no kernel ran): nothing to check
     try:
         ref = _backward_other_gy(cf, gys)
