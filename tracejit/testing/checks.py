@@ -507,18 +507,18 @@ def _containers(obj, path="output", out=None, seen=None):
     tree, in the order leaves_with_paths walks it: the leaves' paths do not tell a tuple
     from a list. A container met again (a DAG) is listed as that, not walked again."""
     out = [] if out is None else out
-    seen = set() if seen is None else seen
+    seen = {} if seen is None else seen        # id -> the path it was met at first
     is_seq = type(obj) in (tuple, list) or (isinstance(obj, tuple) and hasattr(obj, "_fields"))
     if (is_seq or type(obj) is dict) and id(obj) in seen:
-        out.append((path, type(obj), "again"))
+        out.append((path, type(obj), ("again", seen[id(obj)])))
         return out
     if is_seq:
-        seen.add(id(obj))
+        seen[id(obj)] = path
         out.append((path, type(obj), len(obj)))
         for i, x in enumerate(obj):
             _containers(x, f"{path}[{i}]", out, seen)
     elif type(obj) is dict:
-        seen.add(id(obj))
+        seen[id(obj)] = path
         out.append((path, type(obj), list(obj)))
         for k, x in obj.items():
             _containers(x, f"{path}[{k!r}]", out, seen)
@@ -700,6 +700,13 @@ def _assert_results_match(got, want, rtol, atol, what, identity=True):
         if g != w:
             g = g or ("output", type(None), None)
             w = w or ("output", type(None), None)
+            again = [(side, x[2][1]) for side, x in (("jit", g), ("eager", w))
+                     if isinstance(x[2], tuple)]
+            if again:       # one side returns a container met before, the other a new one
+                side, first = again[0]
+                raise AssertionError(f"{what}: {w[0]}: {side} gives the object of {first} "
+                                     f"again, {'eager' if side == 'jit' else 'jit'} a "
+                                     f"different one")
             raise AssertionError(f"{what}: {w[0]}: jit gave a {g[1].__name__} of {g[2]}, "
                                  f"eager a {w[1].__name__} of {w[2]}")
     got_paths = [r[0] for r in got_res]
