@@ -295,7 +295,7 @@ def test_argument_views_draw_a_flattened_slice_of_an_argument_whose_layout_flips
     # Variable(x.data.reshape(-1)[0:2]): a view of a C-contiguous x and of a strided
     # one whose dimensions merge, a copy of a Fortran-ordered one; args() varies x's
     # layout between calls (one signature key for all three).
-    progs = fuzz.generate(120, seed=1, focus="argument_views")
+    progs = fuzz.generate(200, seed=1, focus="argument_views")
     flips = [p for p in progs if "argument_layout_flip" in p.features]
     assert flips and any("argument_layout_flip_returned" in p.features for p in flips)
     for p in flips:
