@@ -1349,6 +1349,10 @@ def new_leaf(cls, data, name):
     return x
 
 
+# The sources whose array the runner reads is the caller's buffer itself (an argument's,
+# a captured Variable's or array's, a caller-set .grad's): a result, a rebind or stored
+# state eager gives as (a view of) it is rebuilt on it (pytree._ViewRoots).
+INPUT_BUFFERS = ("arg", "var", "array", "arggrad", "grad")
 MISS = object()      # a hot-path runner's answer: the arguments have another signature
 SLOW = object()      # ... the signature, but this variant must go through dispatch
 
@@ -1897,7 +1901,7 @@ def _rebind_view_lines(v, e, effects, names, dest, out, slot_of, const):
     (where, r), steps = v.rebind_views[e]
     t = effects[e][1]
     if where == "input":
-        if v.sources[r].kind not in ("arg", "var", "array"):
+        if v.sources[r].kind not in INPUT_BUFFERS:
             return []
         base = names[r]
     elif where == "effect":
@@ -1942,7 +1946,7 @@ def _view_lines(v, out, names, dest, const, env, listed, target, made_grad_array
     for i in order:
         (where, r), steps = v.out_views[i]
         if where == "input":
-            if v.sources[r].kind not in ("arg", "var", "array"):
+            if v.sources[r].kind not in INPUT_BUFFERS:
                 continue
             base = names[r]
         elif where == "effect":

@@ -9,7 +9,7 @@ from tracejit.core import MOVEMENT, DictGrads, Variable, backprop
 from tracejit.ir import Graph, Node, Value
 from tracejit.ops.trace_only import GUARD
 from tracejit.passes import remat
-from tracejit.trace.pytree import (FLT, VAR, _BasicIndex, _input_arrays, _overlaps, _plain,
+from tracejit.trace.pytree import (FLT, VAR, _BasicIndex, input_arrays, _overlaps, _plain,
                                    _replays, _view_step)
 from tracejit.trace.records import BackwardEscape, BackwardPlan
 
@@ -551,7 +551,7 @@ def _argument_views(tr, fwd_nodes, mutated, read, states=None):
 def _view_bases(tr, mutated):
     """Forward input position -> the traced call's array, for the arguments' and
     captured buffers the call does not update in place."""
-    bases = _input_arrays(tr)
+    bases = input_arrays(tr)
     for i, v in enumerate(tr.graph.inputs):
         if id(v) in mutated:
             bases.pop(i, None)
@@ -562,6 +562,9 @@ def mutated_inputs(tr):
     """ids of the graph inputs whose objects the trace updates in place."""
     targets = {id(obj) for _, obj, _ in tr.effects}
     out = {id(v) for v, (_, obj) in tr.captures if id(obj) in targets}
+    # (A .grad from outside updated in place, `x.grad.data += 1`: the effect's target
+    # is the .grad Variable, the capture's object its owner.)
+    out |= {id(v) for g, v in tr.captured_vars.values() if id(g) in targets}
     by_leaf = dict(tr.arg_inputs)
     out |= {id(by_leaf[leaf]) for obj_id, leaf in tr.arg_leaf.items()
             if obj_id in targets and leaf in by_leaf}

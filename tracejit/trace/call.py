@@ -12,8 +12,8 @@ from tracejit.trace import buffers, opaque, pystate
 from tracejit.trace import record as tracing
 from tracejit.trace.backward import held_grads, mutated_inputs, trace_backward
 from tracejit.trace.pytree import (ARR, FLT, MAX_DEPTH, VAR, arg_at, arg_names,
-                                   container_depth, flatten_result, rebind_views,
-                                   replay_view, result_leaves, result_views,
+                                   container_depth, flatten_result, input_arrays,
+                                   rebind_views, replay_view, result_leaves, result_views,
                                    strip_tracers, unflatten)
 from tracejit.trace.record import (TracedArray, TracedFloat, Trace, _user_functions,
                                    wrapped_function)
@@ -114,9 +114,13 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         # Results eager returns as views of a buffer from outside or of another result:
         # the variant rebuilds them on the live buffer; one it cannot rebuild runs eagerly.
         out_views, unexpressed = result_views(tr, out_leaves_raw, out_leaves)
+        # (A result that is an input's array object itself, `x.grad.data` of a .grad
+        # the caller set: that object.)
+        inputs = input_arrays(tr)
         for i, ((where, j), steps) in sorted(out_views.items(),
                                              key=lambda e: (e[1][0][0] == "leaf", e[0])):
-            base = result_objects[j] if where == "leaf" else None
+            base = result_objects[j] if where == "leaf" else \
+                inputs.get(j) if where == "input" and not steps else None
             base = base._data if isinstance(base, Variable) else base
             if isinstance(result_objects[i], Variable):
                 # A Variable view of another result (`return h.data, h.T`): its data

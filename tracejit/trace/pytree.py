@@ -468,8 +468,11 @@ def _eager_object(tr, x, var_pos, grad_owner, raw):
             entry = tr.captured_vars.get(id(owner))
             if id(owner) in tr.arg_leaf:
                 return owner._data, ("argdata", tr.arg_leaf[id(owner)], None)
-            if entry is not None and entry[0] is owner:
+            if entry is not None and entry[0] is owner and \
+                    id(entry[1]) not in _grad_inputs(tr):
                 return owner._data, ("capdata", owner, None)
+            # (`x.grad.data` of a .grad from outside: the runner's input array itself,
+            # this call's .grad's, result_views' ("input", r), () root.)
             if id(owner) in var_pos:
                 return owner._data, ("vardata", var_pos[id(owner)], None)
             return owner._data, None    # computed; `h.data` twice is one object
@@ -493,8 +496,11 @@ def _array_of(tr, x, var_pos, raw):
     for arr, v in tr.arg_arrays.values():
         if v is tv and _same_array(d, arr) and id(arr) in tr.arg_leaf:
             return ("arg", tr.arg_leaf[id(arr)], ARR)
+    grads = _grad_inputs(tr)
     for var, v in tr.captured_vars.values():
-        if var._tv is tv and _same_array(d, var._data):
+        # (Not a .grad from outside: capdata would be the traced call's .grad object;
+        # the runner's wrap of this call's is result_views' business.)
+        if var._tv is tv and _same_array(d, var._data) and id(v) not in grads:
             return ("capdata", var, None)
     # The array of a .grad the call sets (`Variable(x.grad.data)`, also of a seed passed
     # through, which the graph reads as a constant): eager's .grad and the new Variable
@@ -726,7 +732,7 @@ class _ViewRoots:
             for o in n.outputs:
                 self.producer[id(o)] = n
         self.input_pos = {id(v): i for i, v in enumerate(tr.graph.inputs)}
-        self.arrays = _input_arrays(tr)
+        self.arrays = input_arrays(tr)
         self.out_pos = {}
         for j, leaf in enumerate(leaves):
             if leaf[0] == "out" and leaf[2] in (VAR, ARR) and leaf[1] is not None:
@@ -754,6 +760,10 @@ class _ViewRoots:
             arr = tr.rebind_arrays.get(e) if e is not None else None
             if type(arr) is np.ndarray and tr.effects[e][1]._data is arr:
                 self.rebind_pos.setdefault(id(tr.effects[e][2]), e)
+        # A .grad from outside read as an input: its Variable (`x.grad.data` is that
+        # array object itself).
+        self.input_grads = {self.input_pos[id(v)]: g for g, v in tr.captured_vars.values()
+                            if id(v) in self.input_pos and id(v) in _grad_inputs(tr)}
         self.made_inputs = {self.input_pos[id(v)]: a for a, v in tr.captured_arrays.values()
                             if id(v) in self.input_pos and _made_in_call(tr, a)
                             and _copy_keeps_layout(a)}
@@ -779,7 +789,8 @@ class _ViewRoots:
         if r is not None:
             # An array the function made (a seed nothing else holds, np.ones(3)): eager
             # makes it anew every call; the runner copies the graph's.
-            cands.append((("input", r), self.arrays[r], None) if r in self.arrays else
+            cands.append((("input", r), self.arrays[r], self.input_grads.get(r))
+                         if r in self.arrays else
                          (("copy", r), self.made_inputs.get(r), None))
         return cands
 
@@ -883,10 +894,17 @@ def _plain(x):
     return d.view(np.ndarray) if type(d) is not np.ndarray else d
 
 
-def _input_arrays(tr):
+def _grad_inputs(tr):
+    """ids of the graph inputs standing for a .grad from outside (an argument's or a
+    captured Variable's, the caller's)."""
+    return {id(v) for v, (kind, _) in tr.captures if kind == "grad"}
+
+
+def input_arrays(tr):
     """Forward graph input index -> the array the traced call read for it, for the inputs
-    whose buffer is the caller's (an argument's, a captured Variable's or array's): not
-    an array the function made (np.ones(3), new every eager call)."""
+    whose buffer is the caller's (an argument's, a captured Variable's or array's, a
+    .grad's the caller set): not an array the function made (np.ones(3), new every
+    eager call)."""
     pos = {id(v): i for i, v in enumerate(tr.graph.inputs)}
     out = {}
     for var, v in tr.arg_vars.values():
@@ -899,8 +917,10 @@ def _input_arrays(tr):
     for v, (kind, obj) in tr.captures:
         if id(v) not in pos:
             continue
-        a = tr.read_arrays.get(id(v), obj._data) if kind == "var" else None
-        if kind == "var" and isinstance(a, np.ndarray):
+        # (A .grad the caller set, on an argument or a captured Variable: its array.)
+        a = tr.read_arrays.get(id(v), obj._data if kind == "var" else None) \
+            if kind in ("var", "grad") else None
+        if isinstance(a, np.ndarray):
             out[pos[id(v)]] = a
         elif kind == "array" and not _made_in_call(tr, obj):
             out[pos[id(v)]] = obj

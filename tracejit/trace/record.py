@@ -1024,6 +1024,9 @@ class Trace(core.TraceHooks):
         if entry is not None and entry[0] is g:
             return entry[1]
         v = self.add_input(g.shape, g.dtype, (self.name_of(var) or var.name or "p") + ".grad")
+        # (The buffer the caller's .grad holds: a root a rebind, a result or stored
+        # state can be rebuilt on, pytree.input_arrays.)
+        self.read_arrays[id(v)] = g._data
         self.captured_vars[id(g)] = (g, v)
         self.captures.append((v, ("grad", var)))
         g._tv = v
