@@ -187,6 +187,9 @@ class Builder:
         self.extra_args = []      # (name, source of its value in args()): escapes block
         self.extra_kinds = {}     # extra argument name -> its ARG_KINDS entry
         self.returned_views = []  # names of views returned too: returned views block
+        # Arguments and captured Parameters whose .grad the caller sets before each call
+        # (args()): rebind alias block.
+        self.caller_grads = set()
 
     # ---- helpers
 
@@ -1705,10 +1708,28 @@ MADE_LEAF_STEPS = [(_made_leaf, 1), (_parameter_state, 1), (_made_leaves_sharing
 def _rebind_source(b, v):
     """(source text, shape, dtype, bound) of an existing buffer of v's shape, or of a
     captured one: v's data or a view of it, an argument's .grad (a seed passed through
-    or computed) or a view of it, a captured Parameter's data, a captured array."""
+    or computed, or the one the caller set) or a view of it, a captured Parameter's
+    data or the .grad the caller set on it, a captured array."""
     how = b.draw(st.sampled_from(("data", "view", "seed", "grad", "grad_view",
+                                  "caller_grad", "caller_grad_view", "capture_grad",
                                   "capture_data", "capture_array")))
     flip = "[::-1]" if v.shape else ""
+    if how in ("caller_grad", "caller_grad_view"):
+        # The .grad the caller set on an argument before the call: a buffer from
+        # outside, read as an input (found: a rebind to it stored a copy, unwarned).
+        args = [w for name, kind, w in b.args if kind == "var" and w is not None]
+        a = b.draw(st.sampled_from(args))
+        b.caller_grads.add(a.name)
+        b.features.add(f"rebind_alias_{how}")
+        return (f"{a.name}.grad.data" + (flip if how == "caller_grad_view" and a.shape
+                                         else "")), a.shape, a.dtype, 1.0
+    if how == "capture_grad":
+        # The .grad the caller set on a captured Parameter.
+        shape = tuple(1 if d == B else d for d in v.shape)
+        c = b.capture(shape, "param")
+        b.caller_grads.add(c[0])
+        b.features.add(f"rebind_alias_{how}")
+        return f"{c[0]}.grad.data" + (flip if shape else ""), shape, c[3], 1.0
     if how in ("seed", "grad", "grad_view"):
         args = [w for name, kind, w in b.args if kind == "var" and w is not None]
         a = b.draw(st.sampled_from(args))
@@ -1731,14 +1752,23 @@ def _rebind_source(b, v):
 def _rebind_alias(b):
     """A rebind to an existing buffer: a captured Parameter's .data (a capture of its
     own, used only here), or an ndarray stored as state (in an object, a Layer, a dict,
-    a module global), set to one; then used. Found: the compiled call stored a copy
-    (W.data) or refused the state (`a ndarray object -> a TracedArray object`)."""
+    a module global), set to one, or the buffer itself as a value (returned); then
+    used. Found: the compiled call stored a copy (W.data) or refused the state (`a
+    ndarray object -> a TracedArray object`); with a .grad the caller set, stored or
+    returned a copy, unwarned."""
     v = b.pick(lambda w: w.var and w.bound <= 4, recent=6)
     if v is None:
         return b.st_unary()
     src, shape, dtype, bound = _rebind_source(b, v)
     h = b.fresh()
-    if b.draw(st.booleans()):
+    where = b.draw(st.sampled_from(("capture", "state", "result")))
+    if where == "result":
+        # The buffer itself, returned (or used) as an ndarray: eager's result is it.
+        b.emit(f"{h} = {src}")
+        b.add(h, shape, dtype, bound, var=False)
+        b.features.add("rebind_alias_result")
+        return
+    if where == "capture":
         # A Parameter of its own (its shape follows what it is rebound to).
         W = "W" + str(len(b.captures))
         c = (W, "param", tuple(1 if d == B else d for d in shape), dtype,
@@ -2112,6 +2142,8 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=Fal
             arr = "a"
         out.append(f"    {name} = tj.Variable({arr})" if kind == "var"
                    else f"    {name} = {arr}")
+        if name in b.caller_grads:
+            out.append(_caller_grad_line(name, seed))
         if name in b.view_args:
             out.append(_view_of(name, b.view_args[name]))
         if name in b.layout_flip:
@@ -2124,6 +2156,9 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=Fal
             out.append(f"        {name}.data = np.stack([{name}.data, {name}.data * 0], "
                        f"axis=-1)[..., 0]")
         names.append(name)
+    for c in b.captures:
+        if c[0] in b.caller_grads:
+            out.append(_caller_grad_line(f"CAPTURES[{c[0]!r}]", seed))
     if b.has_float:
         out.append("    s0 = s")
         names.append("s0")
@@ -2132,6 +2167,13 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=Fal
         names.append(name)
     out.append(f"    return ({', '.join(names)}{',' if len(names) == 1 else ''})")
     return "\n".join(out) + "\n"
+
+
+def _caller_grad_line(var, seed):
+    """args(): the caller sets var's .grad before the call (its own stream: the
+    arguments' draws stay as they were)."""
+    return (f"    {var}.grad = tj.Variable(np.random.default_rng({seed + 7919} + call)"
+            f".uniform(-1.0, 1.0, {var}.shape).astype({var}.dtype))")
 
 
 # ------------------------------------------------------------------ argument updates
