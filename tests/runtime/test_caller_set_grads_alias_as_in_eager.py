@@ -107,3 +107,31 @@ def test_a_caller_set_grad_updated_in_place_and_returned_as_a_view():
             out.append([np.array(y.data), same, np.array(g.data)])
         _same(*out)
     assert fj.cache_info()["hits"] >= 2
+
+
+def test_a_new_variable_of_a_caller_set_grad_holds_its_array():
+    """`Variable(x.grad.data)`, `Variable(P.grad.data)` returned: eager's new Variables
+    hold the caller's .grad arrays themselves (compiled calls gave the traced call's
+    .grad array, then a copy)."""
+    def make(jit):
+        P = tj.Parameter(np.linspace(-1.0, 1.0, 6).reshape(3, 2), name="P")
+
+        def f(x):
+            return F.sum(F.sin(x) * P), tj.Variable(x.grad.data), tj.Variable(P.grad.data)
+
+        return (tj.jit(f) if jit else f), P
+
+    (fe, Pe), (fj, Pj) = make(False), make(True)
+    for call in range(5):
+        out = []
+        for fn, P in ((fe, Pe), (fj, Pj)):
+            rng = np.random.default_rng(call)
+            x = tj.Variable(rng.uniform(-1.0, 1.0, (3, 2)))
+            x.grad = tj.Variable(rng.uniform(-1.0, 1.0, (3, 2)))
+            P.grad = tj.Variable(rng.uniform(-1.0, 1.0, (3, 2)))
+            P.data *= 1.25
+            y, a, b = fn(x)
+            out.append([np.array(y.data), a.data is x.grad.data, b.data is P.grad.data,
+                        np.array(a.data), np.array(b.data)])
+        _same(*out)
+    assert fj.cache_info()["hits"] >= 2

@@ -1723,6 +1723,8 @@ def build_runner(v, leaf_kinds, key=None):
             return f"{const(a)}.copy(order='K')"
         if kind == "graddata":            # the array a grad effect set as a .grad
             return f"ge{a}"
+        if kind == "inputdata":           # a caller's .grad's array, as the call read it
+            return names[a]
         return data_of(a)                 # vardata: a made or returned Variable's
 
     def data_of(j):

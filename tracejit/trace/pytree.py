@@ -359,7 +359,9 @@ def result_leaves(tr, raw):
                                 arr, ARR) inside it: a copy of arr, an array the call
                                 made that the graph reads as a constant; ("graddata",
                                 g, None): the array of the .grad the call's g-th grad
-                                effect sets (`Variable(x.grad.data)`)
+                                effect sets (`Variable(x.grad.data)`); ("inputdata",
+                                r, None): the array graph input r, a .grad the caller
+                                set, holds as the call reads it
     objects[i] is what the traced call itself returns for raw[i] (tracers replaced).
     One object returned twice is one leaf: a variant returns it once, so the gradients
     from both uses add up in its one Variable, as they do in eager.
@@ -498,9 +500,12 @@ def _array_of(tr, x, var_pos, raw):
             return ("arg", tr.arg_leaf[id(arr)], ARR)
     grads = _grad_inputs(tr)
     for var, v in tr.captured_vars.values():
-        # (Not a .grad from outside: capdata would be the traced call's .grad object;
-        # the runner's wrap of this call's is result_views' business.)
-        if var._tv is tv and _same_array(d, var._data) and id(v) not in grads:
+        if var._tv is tv and _same_array(d, var._data):
+            if id(v) in grads:
+                # A .grad from outside (not the traced call's .grad object): this
+                # call's, as the call reads it.
+                r = next(i for i, u in enumerate(tr.graph.inputs) if u is v)
+                return ("inputdata", r, None)
             return ("capdata", var, None)
     # The array of a .grad the call sets (`Variable(x.grad.data)`, also of a seed passed
     # through, which the graph reads as a constant): eager's .grad and the new Variable
@@ -540,6 +545,8 @@ def _wrapped_array(tr, inner, raw):
         return a.copy(order="K")      # (eager's is laid out as the function made it)
     if kind == "graddata":
         return list(tr.grad_writes.values())[a]._grad._data
+    if kind == "inputdata":
+        return input_arrays(tr)[a]
     return raw[a]._data
 
 

@@ -1763,10 +1763,12 @@ def _rebind_alias(b):
     h = b.fresh()
     where = b.draw(st.sampled_from(("capture", "state", "result")))
     if where == "result":
-        # The buffer itself, returned (or used) as an ndarray: eager's result is it.
-        b.emit(f"{h} = {src}")
-        b.add(h, shape, dtype, bound, var=False)
-        b.features.add("rebind_alias_result")
+        # The buffer itself, returned (or used) as an ndarray, or a new Variable of it
+        # (`Variable(x.grad.data)`): eager's result is it, or holds it.
+        wrap = b.draw(st.booleans())
+        b.emit(f"{h} = " + (f"tj.Variable({src})" if wrap else src))
+        b.add(h, shape, dtype, bound, var=wrap)
+        b.features.add("rebind_alias_result" + ("_wrapped" if wrap else ""))
         return
     if where == "capture":
         # A Parameter of its own (its shape follows what it is rebound to).
