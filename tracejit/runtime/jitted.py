@@ -962,6 +962,13 @@ class Jitted:
         # The real arguments too: one may also be captured (f(w) where f updates the
         # closure's w), which the eager run on the copies then changes.
         originals = LiveState(v, leaves)
+        # Such an argument kept as itself starts the reruns with the .grad it had before
+        # the traced call, as its copy would (the signature keys it; what the traced
+        # call's own backward set there, both runs would otherwise add to, or overwrite
+        # as the variant's key says it may). Put back: originals.
+        for j, var in v.captured_args:
+            if p_leaves[j] is var and isinstance(var, Variable) and id(var) in grads_before:
+                var._grad = grads_before[id(var)]
         # A captured Variable whose .grad was an argument when the call began (`S['h'] =
         # W.grad`, threaded; the call has replaced it since) has that argument's copy as
         # its .grad in the reruns, as the variant requires (put back: originals).
