@@ -962,12 +962,15 @@ class Jitted:
         # The real arguments too: one may also be captured (f(w) where f updates the
         # closure's w), which the eager run on the copies then changes.
         originals = LiveState(v, leaves)
-        # Such an argument kept as itself starts the reruns with the .grad it had before
-        # the traced call, as its copy would (the signature keys it; what the traced
-        # call's own backward set there, both runs would otherwise add to, or overwrite
-        # as the variant's key says it may). Put back: originals.
-        for j, var in v.captured_args:
-            if p_leaves[j] is var and isinstance(var, Variable) and id(var) in grads_before:
+        # Captured Variables (and such an argument, kept as itself) start the reruns
+        # with the .grad they had before the traced call, as an argument's copy does:
+        # the variant holds for that one (the signature keys an argument's, a guard a
+        # captured one's None). From the one the traced call's own backward set there,
+        # eager's rerun adds its gradient again where the variant's guard fails (the
+        # check was inconclusive) or, keyed as an argument, does not look (a false
+        # difference). Put back: originals.
+        for var in originals.vars:
+            if id(var) in grads_before:
                 var._grad = grads_before[id(var)]
         # A captured Variable whose .grad was an argument when the call began (`S['h'] =
         # W.grad`, threaded; the call has replaced it since) has that argument's copy as
@@ -1284,7 +1287,8 @@ class Jitted:
         variant.state = pystate.snapshot(call.locations)
         variant.state_changed = pystate.compile_check(variant.state)
         if not call.side_effects:
-            frozen = self._perturbation_check(variant, args, kwargs, call.grads_before)
+            frozen = self._perturbation_check(variant, args, kwargs,
+                                              _grads_before(call))
             if frozen is not None:
                 what, diff = frozen
                 if what == "frozen":
@@ -1330,6 +1334,18 @@ def _known_objects(leaves, state):
             if x._grad is not None:
                 out.append(x._grad)
     return out
+
+
+def _grads_before(call):
+    """id(Variable) -> its .grad before the traced call: the arguments' (as the
+    signature saw them) and those of the Variables from outside the traced call set
+    (the first value walk_undo holds for each)."""
+    before = {}
+    for var, field, value in call.walk_undo:
+        if field == "_grad":
+            before.setdefault(id(var), value)
+    before.update(call.grads_before)
+    return before
 
 
 _PERTURB = 1e-3   # relative: far above the checks' tolerance, small for control flow
