@@ -84,6 +84,41 @@ def test_a_scalar_far_off_demotes_the_variant(compiled_scalars_off_by):
                                       backward=False, atol=1e-12)  # eager's, after demotion
 
 
+def test_the_trace_check_sees_the_grad_a_backward_inside_sets(monkeypatch):
+    """The trace-time check reruns from the .grad a captured Parameter had before the
+    traced call (None), not from the one the traced call's backward left: from that,
+    the variant's grad-None guard fails and the check passes without comparing. A
+    compiled run leaving W.grad doubled is seen on the tracing call itself."""
+    W = Parameter(np.linspace(-1.0, 1.0, 4), name="W")
+    run = jit_module.Jitted._run
+
+    def doubling(self, v, leaves, *a):
+        out = run(self, v, leaves, *a)
+        if W.grad is not None:
+            W._grad = Variable(W.grad.data * 2.0)
+        return out
+    monkeypatch.setattr(jit_module.Jitted, "_run", doubling)
+
+    def f(x):
+        loss = F.sum(F.tanh(x * W))
+        loss.backward()
+        return loss
+
+    jf = tj.jit(f)
+    for call in range(4):
+        x = Variable(np.random.default_rng(call).normal(size=4))
+        if call == 1:                      # the tracing call: its check demotes
+            with pytest.warns(tj.JitWarning, match=r"W\.grad"):
+                jf(x)
+        else:
+            jf(x)
+        want = 1.0 - np.tanh(x.data * W.data) ** 2
+        np.testing.assert_allclose(W.grad.data, want * x.data)   # eager's, after demotion
+        W.cleargrad()
+        W.data = W.data + 0.125
+    assert jf.cache_info()["fallbacks"] == 3
+
+
 def test_scalar_comparison_keeps_kind_and_dtype_exact():
     a32 = np.float32(1.0)
     assert first_difference(a32, np.nextafter(a32, np.float32(2))) is None
