@@ -551,9 +551,10 @@ class Builder:
         self.classes.add(kind)
         self.features.add(f"user_{kind}")
 
-    def st_inner_step(self):
-        """An inner backward and an SGD update of a captured Parameter (a training step)."""
-        v = self.pick(lambda w: w.var)
+    def st_inner_step(self, v=None):
+        """An inner backward and an SGD update of a captured Parameter (a training step),
+        its loss made of `v` (default: a value drawn)."""
+        v = v or self.pick(lambda w: w.var)
         if v is None:
             return self.st_unary()
         nd = self.draw(st.integers(0, min(len(v.shape), 2)))
@@ -1608,7 +1609,7 @@ def _made_leaf(b):
     b.features.add(f"made_leaf_{how}")
 
 
-def _parameter_state(b):
+def _parameter_state(b, form=None):
     """A Parameter stored as state (threaded through compiled calls as a Variable is,
     the state after the call a Parameter, eager's object where eager keeps one): made
     in f from a value in scope, carried from the previous call's (an RNN's h as a
@@ -1626,7 +1627,7 @@ def _parameter_state(b):
     holder = b.draw(st.sampled_from(("object", "dict", "global", "layer")))
     ref = {"object": f"STATE{k}.h", "dict": f"STATED{k}['h']", "global": f"H{k}",
            "layer": f"LAYER{k}.h"}[holder]
-    form = b.draw(st.sampled_from(("made", "carried", "captured")))
+    form = form or b.draw(st.sampled_from(("made", "carried", "captured")))
     p, h = b.fresh("p"), b.fresh()
     dtype = v.dtype
     if form == "made":
@@ -1644,8 +1645,22 @@ def _parameter_state(b):
     b.emit(f"{ref} = {p}")
     b.states.append((holder, ref, k))
     b.emit(f"{h} = F.tanh({v.name} * {p})")
-    b.add(h, v.shape, dtype, 1.0)
     b.features.add(f"parameter_state_{form}")
+    return b.add(h, v.shape, dtype, 1.0)
+
+
+def _parameter_state_trained(b):
+    """A captured Parameter stored as state (threaded: from the call that finds it
+    stored, the variant reads it as an argument), then a training step whose loss reads
+    it: the inner backward adds to the stored Parameter's .grad. Found: the trace-time
+    check reran from the .grad the traced call's own backward left there, so eager's
+    rerun added its gradient a second time and a correct variant was demoted; with the
+    Parameter only captured, the variant's grad-None guard failed in the rerun and the
+    check passed without comparing."""
+    h = _parameter_state(b, form="captured")
+    if isinstance(h, Val) and h.var:     # (else no value to store it for: a unary)
+        b.st_inner_step(h)
+        b.features.add("parameter_state_trained")
 
 
 def _made_leaves_sharing(b):
@@ -1695,7 +1710,8 @@ def _made_leaves_sharing(b):
         b.features.add("made_leaves_sharing_an_argument")
 
 
-MADE_LEAF_STEPS = [(_made_leaf, 1), (_parameter_state, 1), (_made_leaves_sharing, 1)]
+MADE_LEAF_STEPS = [(_made_leaf, 1), (_parameter_state, 1), (_made_leaves_sharing, 1),
+                   (_parameter_state_trained, 1)]
 
 
 # ------------------------------------------------------------- rebinds to an existing buffer
