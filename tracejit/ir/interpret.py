@@ -87,7 +87,7 @@ def compile(g):
 
 
 def run_with_variables(g, variables, meta=None, saved=None, instances=None, adopt=None,
-                       twins=None):
+                       twins=None, leaf_arrays=None):
     """Replay g on Variables through the primitives: a differentiable (eager) graph.
 
     Used for create_graph=True through a compiled region and by unchain_backward: the
@@ -106,7 +106,10 @@ def run_with_variables(g, variables, meta=None, saved=None, instances=None, adop
     Variable) makes that Variable the one its node outputs, in the place of a new one:
     the nodes after read it (unchain_backward's expand: the compiled call's own results
     become the eager graph's, so cutting it cuts them). `twins`, a dict, is filled
-    with id(Value) -> the replay's Variable of every value.
+    with id(Value) -> the replay's Variable of every value. `leaf_arrays` (id(Value) ->
+    array) gives the data of a fresh leaf the forward made of that value where it is not
+    the replay's (`c = Variable(x.data)` holds the array x had at the call, which the
+    caller may have rebound since): not for a user backward's `.data` read, made then.
     """
     from tracejit.core import Constant, as_variable, using_config
     from tracejit.ops.trace_only import UserBackward, UserCall
@@ -119,11 +122,13 @@ def run_with_variables(g, variables, meta=None, saved=None, instances=None, adop
             return Constant(np.asarray(v.value))
         return env[id(v)]
 
-    def leaf(v):
+    def leaf(v, made_then):
         # A fresh leaf with v's data and no history. Nothing can read its gradient: a
         # Constant, which backward gives none (no reference cycle through it).
         if isinstance(v, Lit):
             return Constant(np.asarray(v.value))
+        if made_then and leaf_arrays and id(v) in leaf_arrays:
+            return Constant(leaf_arrays[id(v)])
         return Constant(env[id(v)]._data)
 
     for n in g.nodes:
@@ -134,7 +139,9 @@ def run_with_variables(g, variables, meta=None, saved=None, instances=None, adop
         else:
             # Not a Function call (NumPy on .data, a cast of a Python scalar): no history.
             grad, links = meta.get(id(n), (False, (None,) * len(n.inputs)))
-        xs = [leaf(v) if link is None else read(link) for v, link in zip(n.inputs, links)]
+        forward = not isinstance(n.fn, UserBackward)
+        xs = [leaf(v, forward) if link is None else read(link)
+              for v, link in zip(n.inputs, links)]
         with using_config("enable_backprop", grad):
             if isinstance(n.fn, UserCall):
                 ys = _replay_call(n.fn, xs, grad, instances, bound)

@@ -191,7 +191,8 @@ class CompiledFunction(RegionFunction):
             with core.using_config("enable_backprop", True):
                 twins = interpret.run_with_variables(user, env, v.bwd.joint_meta,
                                                      v.saved_map(self), self.instances,
-                                                     adopt=adopt, twins=of_value)
+                                                     adopt=adopt, twins=of_value,
+                                                     leaf_arrays=v.leaf_arrays(self))
         finally:
             if rng is not None:
                 np.random.set_state(rng)
@@ -394,7 +395,7 @@ class CompiledFunction(RegionFunction):
         with core.using_config("enable_backprop", True):
             return interpret.run_with_variables(user, env, v.bwd.joint_meta,
                                                 v.saved_map(self), self.instances,
-                                                adopt=adopt)
+                                                adopt=adopt, leaf_arrays=v.leaf_arrays(self))
 
     def reach(self, y):
         """unchain_backward's walk reached this call through its output y (which it
@@ -539,6 +540,23 @@ def _eager_ancestry(v, value):
                 out.add(id(u))
                 todo.append(u)
     return out
+
+
+def _leaf_read_inputs(v):
+    """Positions of the forward inputs some forward node reads as a fresh leaf of
+    eager's graph (no link in the trace's grad_meta: `Variable(x.data)`, `.data`
+    arithmetic), not a user backward's `.data` read (made at backward time)."""
+    g = v.forward_graph
+    pos = {id(x): i for i, x in enumerate(g.inputs)}
+    meta = v.bwd.joint_meta
+    out = set()
+    for n in g.nodes:
+        if n.kind == GUARD or isinstance(n.fn, UserBackward):
+            continue
+        _, links = meta.get(id(n), (False, (None,) * len(n.inputs)))
+        out.update(pos[id(u)] for u, link in zip(n.inputs, links)
+                   if link is None and id(u) in pos)
+    return tuple(sorted(out))
 
 
 def _region(roots, leaves):
@@ -772,10 +790,14 @@ class Variant:
         self.layouts = {}             # the layout inputs' strides -> {slot: axis order}
         self._layout_run = None
         self.check_backward = False     # the trace-time check: backward interpreted
+        # Forward inputs a node reads as a fresh leaf (`c = Variable(x.data)`), which
+        # holds the array the input had at the call (a replay's leaf_arrays).
+        self.leaf_inputs = _leaf_read_inputs(self) if backward is not None else ()
         # A backward after the caller rebinds an argument's .data replays eager's when
         # the call made leaves (CompiledFunction.rebound_beside_made_leaves).
-        self.replay_rebound = backward is not None and not backward.replay_refusal and \
-            any(kind == "made" for kind, _ in self.diff_sources)
+        self.replay_rebound = backward is not None and not backward.replay_refusal and (
+            any(kind == "made" for kind, _ in self.diff_sources) or
+            any(i in self.arg_var_pos for i in self.leaf_inputs))
         self.leaf_kinds = call.leaf_forms
         self.runner = build_runner(self, call.leaf_forms)
         self._hot_runner = None
@@ -1023,6 +1045,16 @@ class Variant:
         out.update(live)
         return out
 
+    def leaf_arrays(self, cf):
+        """id(forward input Value) -> the array call cf read, for an input a node reads
+        as a fresh leaf whose Variable was rebound since (`x.data = ...` after `c =
+        Variable(x.data)` in the call): eager's c holds the old array, x the new one, and
+        a replay reads each from its own (interpret.run_with_variables' leaf_arrays)."""
+        ins = self.forward_graph.inputs
+        out = {id(ins[i]): cf.arrays[i] for i in self.leaf_inputs
+               if current_input(self, i, cf.arrays[i], cf.inputs) is not cf.arrays[i]}
+        return out or None
+
     def with_made_leaves(self, inputs, env, diff_vars):
         """A replay of the forward graph (inputs, env) with the joint graph's inputs
         for the made leaves after them, each the call's made leaf (among its
@@ -1060,7 +1092,8 @@ class Variant:
             else:
                 env_vars.append(Constant(current_input(self, idx, arrays[idx])))
         outs = interpret.run_with_variables(j, env_vars, self.bwd.joint_meta,
-                                            self.saved_map(cf), cf.instances)
+                                            self.saved_map(cf), cf.instances,
+                                            leaf_arrays=self.leaf_arrays(cf))
         return tuple(outs[s] if s is not None else None for s in self.bwd.joint_grad_slots)
 
 
