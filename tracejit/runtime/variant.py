@@ -291,13 +291,17 @@ class CompiledFunction(RegionFunction):
         return grads
 
     def rebound_beside_made_leaves(self):
-        """The caller rebound an argument's .data since the call, which made leaves
-        (`c = Variable(x.data)` may hold the old array): eager's backward reads x's
-        uses from the new array and c's from the old, where the compiled graph has one
-        value for both. Only eager's backward replayed follows that."""
+        """The caller rebound an argument's (or a captured Variable's) .data since the
+        call, which made leaves (`c = Variable(x.data)` holds the old array, returned
+        or not): eager's backward reads x's uses from the new array and c's from the
+        old, where the compiled graph has one value for both. Only eager's backward
+        replayed (its leaves of the old array: Variant.leaf_arrays) follows that."""
         v = self.variant
-        return v.replay_rebound and any(self.inputs[k]._data is not self.arrays[i]
-                                        for i, k in v.arg_var_pos.items())
+        return v.replay_rebound and (
+            any(self.inputs[k]._data is not self.arrays[i]
+                for i, k in v.arg_var_pos.items()) or
+            any(kind == "var" and current_input(v, i, self.arrays[i]) is not self.arrays[i]
+                for i, (kind, _, _) in enumerate(v.sources)))
 
     def _replayed(self, gys, grads):
         """_eager_backward, where the region can be replayed (else `grads`)."""
@@ -797,7 +801,8 @@ class Variant:
         # the call made leaves (CompiledFunction.rebound_beside_made_leaves).
         self.replay_rebound = backward is not None and not backward.replay_refusal and (
             any(kind == "made" for kind, _ in self.diff_sources) or
-            any(i in self.arg_var_pos for i in self.leaf_inputs))
+            any(i in self.arg_var_pos or self.sources[i][0] == "var"
+                for i in self.leaf_inputs))
         self.leaf_kinds = call.leaf_forms
         self.runner = build_runner(self, call.leaf_forms)
         self._hot_runner = None
@@ -892,6 +897,11 @@ class Variant:
                 body.append(f"{n} = cf.arrays[{i}]")
                 if self.sources[i][0] == "var":
                     body.append(f"{n} = current_input(v, {i}, {n})")
+                    if replay_rebound:
+                        # Rebound since the call, which made leaves (as below, for an
+                        # argument).
+                        body.append(f"if {n} is not cf.arrays[{i}]: "
+                                    f"return cf._eager_backward(gys)")
                 elif i in self.arg_var_pos:
                     # An argument Variable's data as it is now (rebound since the call:
                     # its new array, as eager's backward reads it): one identity test.
