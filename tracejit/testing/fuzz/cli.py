@@ -380,7 +380,7 @@ def main(argv=None):
                     choices=["state", "nested_grad", "views", "rebound", "argument_views",
                              "unchain", "mixed_dtypes", "matmul", "conv", "made_leaves",
                              "scalar_dropout", "backward_into", "retain_grad", "c_state",
-                             "nesting", "rebind_alias"],
+                             "nesting", "rebind_alias", "input_leaves"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
@@ -400,6 +400,9 @@ def main(argv=None):
                     "length-1 contractions: what the matmul batching pass rewrites); "
                     "made_leaves (Variables made in f, leaves of its graph, returned or "
                     "stored as state: their gradients); "
+                    "input_leaves (Variables made in f of an argument's or a captured "
+                    "Parameter's data, beside it; with --generator argument_updates the "
+                    "caller rebinds the arguments before the backward); "
                     "scalar_dropout (0-d inputs and dropout masks); "
                     "backward_into (a backward inside f going on into the "
                     "caller's graph through arguments with a creator); "

@@ -1714,6 +1714,47 @@ MADE_LEAF_STEPS = [(_made_leaf, 1), (_parameter_state, 1), (_made_leaves_sharing
                    (_parameter_state_trained, 1)]
 
 
+def _made_leaves_of_an_input(b):
+    """Leaves made in f of an argument Variable's (or a captured Parameter's) data, in
+    a chain of one to three (`c1 = Variable(x.data)`, then `Variable(x.data)` again or
+    `Variable(c1.data)`), used beside the input itself and returned or not (none, some,
+    all). Eager's leaves hold the array the input had at the call; a caller rebinding
+    `x.data` before the backward (--generator argument_updates) makes x's uses read the
+    new one. Found: the create_graph replay made the leaves of the new array, and the
+    compiled backward read one array for both (gradients silently wrong)."""
+    args = [w for _, kind, w in b.args if kind == "var" and w is not None and w.bound <= 5]
+    w = None
+    if args and b.draw(st.integers(0, 3)):
+        x = b.draw(st.sampled_from(args))
+        name, data, shape, dtype, bound = x.name, x.data, x.shape, x.dtype, x.bound
+    else:
+        w = b.pick(lambda u: u.var and u.bound <= 5, recent=6)
+        if w is None:
+            return b.st_unary()
+        c = b.capture(tuple(1 if d == B else d for d in w.shape[-1:]), "param")
+        name, data, shape, bound = c[0], f"{c[0]}.data", w.shape, w.bound * 2.0
+        dtype = "float64" if c[3] == "float64" or w.dtype == "float64" else "float32"
+        b.features.add("made_leaves_of_a_parameter")
+    cs = []
+    for _ in range(b.draw(st.integers(1, 3))):
+        c = b.fresh("c")
+        src = data if not cs or b.draw(st.booleans()) else cs[-1] + ".data"
+        b.emit(f"{c} = tj.Variable({src})")
+        cs.append(c)
+    h = b.fresh()
+    use = f"{name} * {cs[0]} + F.sin({cs[-1]}) * {name}"
+    # (a Parameter's chain times a value of the arguments: their gradients through it)
+    b.emit(f"{h} = {use}" if w is None else f"{h} = ({use}) * {w.name}")
+    b.add(h, shape, dtype, bound * bound + bound if w is None else bound)
+    for c in b.draw(st.lists(st.sampled_from(cs), unique=True, max_size=len(cs))):
+        b.returned_views.append(b.draw(st.sampled_from([c, f"[{c}]"])))
+    b.features.add("made_leaves_of_an_input")
+
+
+# (focus "input_leaves", with --generator argument_updates to rebind the arguments.)
+INPUT_LEAF_STEPS = [(_made_leaves_of_an_input, 1)]
+
+
 # ------------------------------------------------------------- rebinds to an existing buffer
 # (focus "rebind_alias"). `W.data = x.data[::-1]`, `S['h'] = x.grad.data`: in eager the
 # rebound .data, or the stored array, is that buffer (or a view of it), and writes to
@@ -1884,6 +1925,7 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     focus="conv" mostly CONV_STEPS (conv -> bias -> ReLU -> pooling: what
     passes/conv_epilogue.py rewrites);
     focus="made_leaves" mostly MADE_LEAF_STEPS (leaves made in f that outlive it);
+    focus="input_leaves" mostly INPUT_LEAF_STEPS (leaves of an input's data beside it);
     focus="rebind_alias" mostly REBIND_ALIAS_STEPS (a captured Parameter's .data or
     stored ndarray state rebound to an existing buffer);
     focus="scalar_dropout" mostly 0-d inputs and dropout (argument_update_programs);
@@ -1963,6 +2005,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         table += [(lambda g=g: g(b), w * 40) for g, w in CONV_STEPS]     # conv epilogues
     if focus == "backward_into":  # (only then, as unchain)
         table += [(lambda g=g: g(b), w * 12) for g, w in BACKWARD_INTO_STEPS]
+    if focus == "input_leaves":  # (only then, as unchain)
+        table += [(lambda g=g: g(b), w * 12) for g, w in INPUT_LEAF_STEPS]
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
