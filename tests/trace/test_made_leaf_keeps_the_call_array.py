@@ -83,3 +83,30 @@ def test_rebind_after_the_call_made_a_leaf_of_it(case, keep, create_graph):
             np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
     info = jf.cache_info()
     assert info["fallbacks"] == 0 and info["hits"] - before >= 4, info
+
+
+def _float32_beside_a_float64_parameter(x):
+    c = Variable(x.data)
+    return F.sin(x * c), c, F.tanh(W) * 2.0
+
+
+def test_rebind_with_a_float64_cotangent_into_a_float32_result():
+    # A float64 cotangent into the float32 result takes the interpreted backward graph
+    # (NumPy's promotion), which has one value for x and c as the kernels do.
+    jf = tj.jit(_float32_beside_a_float64_parameter)
+    for call in range(6):
+        W.data = np.array([0.5, -1.0, 0.25]) * (1.0 + 0.1 * call)
+        seen = []
+        for fn in (_float32_beside_a_float64_parameter, jf):
+            W.cleargrad()
+            x = Variable((np.linspace(-1.0, 1.0, 3) + 0.2 * call).astype(np.float32))
+            y, c, z = fn(x)
+            if call % 2 == 0:
+                x.data = x.data * 0.5 + 0.125
+            F.sum(y * y + z).backward()
+            seen.append([y.data, x.grad.data, c.grad.data, W.grad.data])
+        for got, want in zip(seen[1], seen[0]):
+            assert got.dtype == want.dtype
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] >= 4, info

@@ -1249,8 +1249,12 @@ def _backward_other_gy(cf, gys):
     the interpret backend on the same saved values, inputs and captures as the
     compiled one reads, so NumPy promotes as eager's backward does; where some outputs
     got no gradient, eager's (CompiledFunction._from_live_outputs: the dead outputs'
-    zeros may promote, or make a NaN of an infinity)."""
+    zeros may promote, or make a NaN of an infinity). After a rebind beside made
+    leaves, eager's backward replayed (CompiledFunction.rebound_beside_made_leaves):
+    this graph, like the compiled one, has one value for both."""
     v = cf.variant
+    if core._state.trace is None and cf.rebound_beside_made_leaves():
+        return cf._eager_backward(gys)
     if v._interp_bwd is None:
         v._interp_bwd = interpret.compile(v.bwd.graph)
     grads = v._interp_bwd(cf.backward_inputs(gys))
