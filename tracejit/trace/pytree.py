@@ -740,10 +740,15 @@ class _ViewRoots:
                 self.producer[id(o)] = n
         self.input_pos = {id(v): i for i, v in enumerate(tr.graph.inputs)}
         self.arrays = input_arrays(tr)
+        # One Value several results hold (`h.data.reshape(-1)`, a reshape to its own
+        # shape, is h's Value): its root is the result whose array the others' are
+        # NumPy views of, in whichever order they come (h; a view of v would not be h).
         self.out_pos = {}
         for j, leaf in enumerate(leaves):
             if leaf[0] == "out" and leaf[2] in (VAR, ARR) and leaf[1] is not None:
-                self.out_pos.setdefault(id(leaf[1]), j)
+                k = self.out_pos.setdefault(id(leaf[1]), j)
+                if _views_into(raw[k], raw[j]):
+                    self.out_pos[id(leaf[1])] = j
         # A Value an in-place effect writes into a buffer from outside (`W += 1.0`; a
         # view taken after it is rebuilt on the updated value): that buffer, after the
         # effects.
@@ -845,6 +850,19 @@ class _ViewRoots:
                    + list(self.effect_arrays.values())
                    + [base for c in self.owned.values() for _, base, _ in c]
                    + list(self.made_inputs.values()))
+
+
+def _views_into(x, y):
+    """Is result leaf x's array a NumPy view taken of result leaf y's (y's array down
+    its chain of bases)?"""
+    a, b = (z._data if isinstance(z, Variable) else z for z in (x, y))
+    if a is b or not isinstance(b, np.ndarray):
+        return False
+    while isinstance(a, np.ndarray):
+        a = np.ndarray.base.__get__(a)    # (not the tracer's .base, a user's read)
+        if a is b:
+            return True
+    return False
 
 
 def _owned_buffers(tr, raw, leaves):
