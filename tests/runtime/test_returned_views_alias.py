@@ -9,6 +9,8 @@ copies of new arguments and of captured state mutated before every call, and com
 values, which results share memory with which buffers, strides, and what a write into
 each result does to every buffer.
 """
+import itertools
+
 import numpy as np
 import pytest
 
@@ -66,6 +68,8 @@ def check_aliasing(build, make_args, calls=CALLS, **jit_options):
                     continue
                 assert np.shares_memory(a, x) == np.shares_memory(b, y), \
                     f"call {call}: result {k} and buffer {m} alias in one run only"
+                assert (a is x) == (b is y), \
+                    f"call {call}: result {k} is buffer {m} in one run only"
         # A write into each result reaches the buffers it views, as in eager.
         for k, (a, b) in enumerate(zip(oe, oj)):
             if a.flags.writeable:
@@ -333,3 +337,75 @@ def test_one_view_returned_twice_is_one_object_on_the_traced_call_too():
         x = Variable(np.random.default_rng(call).standard_normal((3, 4)))
         _, a, b = jf(x)
         assert a is b and np.shares_memory(a, x.data), call
+
+
+# One buffer returned as several kinds of result: the Variable holding it, its `.data`,
+# a view of it that is a reshape to its own shape (no op recorded: the Variable's own
+# Value), a new Variable wrapping it (`Variable(h.data)`, which holds that very array).
+# Eager's are views of, or are, the one array in whatever order they are made and
+# returned; the compiled call's were rooted on the first, so a view returned before h
+# made h a view of it, and `Variable(h.data)` then held an array the view did not see.
+_KINDS = {
+    "var": lambda h: h,
+    "data": lambda h: h.data,
+    "view": lambda h: h.data.reshape(-1),
+    "wrap": lambda h: Variable(h.data),
+    "wrap2": lambda h: Variable(Variable(h.data).data),
+    "F.reshape": lambda h: F.reshape(h, h.shape),
+}
+
+
+def _returned_as(order, base):
+    """f returning, in `order`, the results _KINDS makes of base(x, P)."""
+    def build():
+        P = Parameter(np.ones(3))
+
+        def f(x):
+            h = base(x, P)
+            return tuple(_KINDS[k](h) for k in order)
+        return f, (P,)
+    return build
+
+
+_BASES = {
+    "computed": lambda x, P: F.tanh(x * P),
+    "argument": lambda x, P: x,
+    "captured": lambda x, P: P,
+}
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(["var", "view", "wrap", "data"])),
+                         ids="-".join)
+def test_a_view_and_a_wrap_of_a_computed_result_alias_it_in_any_order(order):
+    check_aliasing(_returned_as(order, _BASES["computed"]), var_arg((3,)))
+
+
+@pytest.mark.parametrize("base", sorted(_BASES))
+@pytest.mark.parametrize("order", [
+    ("view", "wrap2", "var"), ("var", "wrap2", "view"),
+    ("F.reshape", "wrap", "view", "data"), ("view", "F.reshape", "data", "wrap"),
+    ("view", "wrap"), ("wrap", "view"),
+], ids="-".join)
+def test_views_and_wraps_of_one_buffer_alias_it_whatever_holds_it(base, order):
+    check_aliasing(_returned_as(order, _BASES[base]), var_arg((3,)))
+
+
+@pytest.mark.parametrize("order", [("view", "wrap", "y", "var"), ("var", "y", "wrap", "view")],
+                         ids="-".join)
+def test_a_wrap_a_later_result_reads_aliases_the_view_before_its_buffer(order):
+    # The fuzzer's reproducer: `Variable(h.data)` is an input of a later computed result
+    # (the runner makes it before the results), returned next to a view of h.data.
+    def build():
+        def f(x):
+            h = x + 0.5
+            made = {"view": h.data.reshape(-1), "wrap": Variable(h.data), "var": h}
+            made["y"] = F.sin(h * made["wrap"])
+            return tuple(made[k] for k in order)
+        return f, ()
+
+    jf = check_aliasing(build, var_arg((1,)))
+    for call in range(4):
+        x = Variable(np.random.default_rng(call).standard_normal((1,)))
+        r = dict(zip(order, jf(x)))
+        assert r["wrap"].data is r["var"].data and np.shares_memory(r["view"], r["var"].data)
+        np.testing.assert_allclose(r["y"].data, np.sin((x.data + 0.5) ** 2))
