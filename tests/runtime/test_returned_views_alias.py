@@ -409,3 +409,29 @@ def test_a_wrap_a_later_result_reads_aliases_the_view_before_its_buffer(order):
         r = dict(zip(order, jf(x)))
         assert r["wrap"].data is r["var"].data and np.shares_memory(r["view"], r["var"].data)
         np.testing.assert_allclose(r["y"].data, np.sin((x.data + 0.5) ** 2))
+
+
+_OF_DATA = {
+    "data": lambda a, made: a,
+    "view": lambda a, made: a.reshape(-1),
+    "wrap": lambda a, made: made.setdefault("wrap", Variable(a)),
+    "wrap.data": lambda a, made: made.setdefault("wrap", Variable(a)).data,
+    "wrapT": lambda a, made: made.setdefault("wrapT", Variable(a.T)),
+    "wrapT.data": lambda a, made: made.setdefault("wrapT", Variable(a.T)).data,
+}
+
+
+@pytest.mark.parametrize("order", [
+    ("view", "wrap", "data"), ("data", "wrap", "view"), ("view", "data", "wrap"),
+    ("view", "wrap.data", "wrap"), ("data", "wrapT", "wrapT.data"),
+    ("wrapT.data", "view", "wrapT", "data"),
+], ids="-".join)
+def test_results_made_of_the_data_of_a_variable_not_returned_alias_as_in_eager(order):
+    # h is not a result: `Variable(a)` holds eager's `a = h.data` itself, and a view
+    # of a is a view of that Variable's array; the traced call rebuilt the Variable on
+    # a copy and left the `a` it returned on the old array.
+    def f(x):
+        a, made = F.exp(x).data, {}
+        return tuple(_OF_DATA[k](a, made) for k in order)
+
+    check_aliasing(no_caps(f), var_arg((3, 1)))

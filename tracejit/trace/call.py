@@ -14,7 +14,7 @@ from tracejit.trace.backward import held_grads, mutated_inputs, trace_backward
 from tracejit.trace.pytree import (ARR, FLT, MAX_DEPTH, VAR, arg_at, arg_names,
                                    container_depth, flatten_result, input_arrays,
                                    rebind_views, replay_view, result_leaves, result_views,
-                                   strip_tracers, unflatten)
+                                   share_arrays, strip_tracers, unflatten)
 from tracejit.trace.record import (TracedArray, TracedFloat, Trace, _user_functions,
                                    wrapped_function)
 from tracejit.trace.records import (BackwardEscape, BackwardPlan, Effect, Escape, SideEffect,
@@ -135,6 +135,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             view = replay_view(base, steps) if isinstance(base, np.ndarray) else None
             result_objects[i] = view if view is not None else \
                 out_leaves_raw[i].view(np.ndarray)
+        share_arrays(out_leaves_raw, out_leaves, result_objects)
         for i in unexpressed:
             if not isinstance(result_objects[i], Variable):
                 # This call runs eagerly: its result is the view eager gives.

@@ -419,12 +419,21 @@ def result_leaves(tr, raw):
         obj._data = obj._data.copy()
     for x, inner in rebinds:
         x._data = _wrapped_array(tr, inner, raw)
-    for i, leaf in enumerate(leaves):      # `return c, c.data`: c's array as it is now
-        if leaf[0] == "vardata":
+    share_arrays(raw, leaves, objects)
+    return leaves, objects
+
+
+def share_arrays(raw, leaves, objects):
+    """The traced call's results that hold another Variable result's array object
+    (`Variable(h.data)`, `return c, c.data`): that Variable's array as it is now,
+    after its rebuild as a view (call.py), down chains of them in leaf order."""
+    for i, leaf in enumerate(leaves):
+        if leaf[0] == "wrap" and leaf[1][0] == "vardata":
+            raw[i]._data = raw[leaf[1][1]]._data
+        elif leaf[0] == "vardata":
             objects[i] = raw[leaf[1]]._data
         elif leaf[0] == "same":
             objects[i] = objects[leaf[1]]
-    return leaves, objects
 
 
 def _made_in_call(tr, arr):
@@ -477,6 +486,9 @@ def _eager_object(tr, x, var_pos, grad_owner, raw):
             # this call's .grad's, result_views' ("input", r), () root.)
             if id(owner) in var_pos:
                 return owner._data, ("vardata", var_pos[id(owner)], None)
+            j = _holder_of(tr, owner, var_pos, raw)
+            if j is not None:
+                return raw[j]._data, ("vardata", j, None)
             return owner._data, None    # computed; `h.data` twice is one object
         return x, None
     if isinstance(x, TracedScalar):
@@ -484,6 +496,17 @@ def _eager_object(tr, x, var_pos, grad_owner, raw):
         if view is not None and view[0] is x:
             return view[2], ("arg", view[1], FLT)
     return x, None
+
+
+def _holder_of(tr, owner, var_pos, raw):
+    """The Variable result leaf made as `Variable(owner.data)`, owner not a result:
+    eager's holds owner's array object, the one every `owner.data` gives, or None."""
+    for j in var_pos.values():
+        var, t, o = tr.made_of_data.get(id(raw[j]), (None, None, None))
+        if var is raw[j] and o is owner and _same_array(t, owner._data) and \
+                raw[j]._tv is t._tv and _same_array(raw[j]._data, t):
+            return j
+    return None
 
 
 def _array_of(tr, x, var_pos, raw):

@@ -161,6 +161,9 @@ class Trace(core.TraceHooks):
         self.graph = Graph(name)
         self.functions = set()       # Functions this trace called (the region to walk)
         self.created = []            # Variables whose _tv must be cleared afterwards
+        # id(Variable made in the call) -> (it, the `v.data` read it was made of, that
+        # read's owner v): eager's holds v's array object, the one `v.data` gives
+        self.made_of_data = {}
         self.captures = []           # (Value, source) for inputs read from outside the args
         self.capture_lines = {}      # id(Variable) -> the user's line that first used it
         self.captured_vars = {}      # id(Variable) -> (Variable, Value)
@@ -349,6 +352,8 @@ class Trace(core.TraceHooks):
     def new_variable(self, var, data):
         if isinstance(data, TracedArray):
             var._tv = self.array_value(data)
+            if data._owner is not None:
+                self.made_of_data[id(var)] = (var, data, data._owner)
             data = data.view(np.ndarray)
             # Eager's Variable holds this very buffer (as_variable(K) in `W * K`,
             # Variable(a)): an in-place update of it later is what the Variable's
