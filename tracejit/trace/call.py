@@ -299,6 +299,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         tracing.plain_numbers(locs)
         tr.arg_views = None       # tracers hold the trace: no cycle left behind
         tr.rebind_owners = tr.rebind_arrays = None    # (nor the call's arrays)
+        tr.made_of_data = None
         tr.scalar_args = None
         tr.arg_containers = None
         for x in leaves:
