@@ -1195,9 +1195,53 @@ def _views_of_laid_out(b):
     b.features.add("returned_view_laid_out")
 
 
+def _one_buffer_many_ways(b):
+    """One buffer returned as several kinds of result, made and returned in drawn
+    orders: the Variable holding it (or not returned: its `.data` read once, `a`), its
+    `.data`, a view of it (`.reshape(-1)`, a reshape to its own shape for a 1-d value:
+    no op, the Variable's own Value), `Variable(a)`, `Variable(Variable(a).data)`,
+    `Variable(a.T)` and that one's .data; a new Variable sometimes read by a later
+    result. Eager's are that one array or views of it whatever the order; compiled
+    calls rooted the rebuild on the first, so a view returned before h made h a view
+    of it, and `Variable(h.data)` held an array the view did not see."""
+    v = b.pick(lambda w: w.var and w.bound <= 10, recent=8)
+    if v is None:
+        return b.st_unary()
+    a = b.fresh("a")
+    returned = b.draw(st.booleans())
+    b.emit(f"{a} = {v.name}.data")
+    forms = {"data": a, "view": f"{a}.reshape(-1)",
+             "wrap": f"tj.Variable({a})", "wrap2": f"tj.Variable(tj.Variable({a}).data)",
+             "wrapT": f"tj.Variable({a}.T)"}
+    if v.shape:
+        forms["rev"] = f"{a}[::-1]"
+    kinds = b.draw(st.lists(st.sampled_from(sorted(forms)), min_size=2, max_size=4,
+                            unique=True))
+    names = {}
+    for k in kinds:
+        names[k] = b.fresh("o")
+        b.emit(f"{names[k]} = {forms[k]}")
+    out = [names[k] for k in kinds]
+    if "wrapT" in names and b.draw(st.booleans()):
+        out.append(f"{names['wrapT']}.data")
+    if returned:
+        out.append(v.name)
+    wraps = [names[k] for k in kinds if k.startswith("wrap") and k != "wrapT"]
+    if wraps and b.draw(st.booleans()):
+        # A new Variable an op reads: an input of the compiled Function, made before
+        # the results (the fuzzer's reproducer).
+        h = b.fresh()
+        b.emit(f"{h} = F.sin({v.name} * {wraps[0]})")
+        b.add(h, v.shape, v.dtype, 1.0)
+        out.append(h)
+    for name in b.draw(st.permutations(out)):
+        b.returned_views.append(name)
+    b.features.add("one_buffer_" + ("with_owner" if returned else "owner_not_returned"))
+
+
 VIEWS_STEPS = [(_views_returned, 1), (_views_of_grads, 1), (_merged_views, 1)]
 # Drawn by focus="views" only (the other profiles keep their programs).
-VIEWS_FOCUS_STEPS = [(_views_of_laid_out, 12)]
+VIEWS_FOCUS_STEPS = [(_views_of_laid_out, 12), (_one_buffer_many_ways, 12)]
 # ---------------------------------------------------------------- end of returned views
 
 
