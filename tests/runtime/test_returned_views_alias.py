@@ -435,3 +435,21 @@ def test_results_made_of_the_data_of_a_variable_not_returned_alias_as_in_eager(o
         return tuple(_OF_DATA[k](a, made) for k in order)
 
     check_aliasing(no_caps(f), var_arg((3, 1)))
+
+
+@pytest.mark.parametrize("shape", [(), (3,)], ids=["0d", "1d"])
+@pytest.mark.parametrize("order", [("g", "wrap"), ("wrap", "g", "data"), ("g", "wrap2")],
+                         ids="-".join)
+def test_a_wrap_of_a_returned_grad_holds_its_array(order, shape):
+    # The runner made the wrap's array a copy of the .grad's where the graph's output
+    # is not an array of its own (a 0-d one): `Variable(g.data).data is g.data` failed
+    # and every call ran eagerly.
+    def f(x):
+        x.cleargrad()
+        F.sum(F.tanh(x) * x).backward()
+        g = x.grad
+        made = {"g": g, "data": g.data, "wrap": Variable(g.data),
+                "wrap2": Variable(Variable(g.data).data)}
+        return tuple(made[k] for k in order)
+
+    check_aliasing(no_caps(f), var_arg(shape))

@@ -1630,12 +1630,20 @@ def build_runner(v, leaf_kinds, key=None):
     shared_grads = {a[1] for kind, a, _ in v.out_leaves if kind == "wrap"
                     and a[0] == "graddata"} | \
         {r for (where, r), _ in v.rebind_views.values() if where == "grad"}
-    for gi in sorted(shared_grads):
-        body += _fresh_lines(f"ge{gi}", out(v.grad_effects[gi][1]))
     slot_of = {}
     for i, (kind, _, _) in enumerate(v.out_leaves):
         if kind == "out":
             slot_of[i] = len(slot_of)
+    made_at = [i for i, (kind, _, form) in enumerate(v.out_leaves)
+               if kind == "out" and form == VAR]
+    for gi in sorted(shared_grads):
+        i = made_at[v.grad_alias[gi]] if gi in v.grad_alias else None
+        if i is not None and i not in v.out_views:
+            # The .grad is a result (`g = x.grad; return g, Variable(g.data)`): that
+            # result's array, its own already (fresh_slots), not a copy of it.
+            body.append(f"ge{gi} = {out(slot_of[i])}")
+        else:
+            body += _fresh_lines(f"ge{gi}", out(v.grad_effects[gi][1]))
     for i, (kind, t, slot) in enumerate(effects):
         if i in walk_at:
             effect_lines.append(("walks", walk_at[i]))
