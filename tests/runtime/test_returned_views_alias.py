@@ -453,3 +453,21 @@ def test_a_wrap_of_a_returned_grad_holds_its_array(order, shape):
         return tuple(made[k] for k in order)
 
     check_aliasing(no_caps(f), var_arg(shape))
+
+
+@pytest.mark.parametrize("order", [("wrapT", "wrapT.data"), ("g", "wrapT", "wrapT.data"),
+                                   ("wrapT.data", "data", "wrapT")], ids="-".join)
+def test_the_data_of_a_wrap_of_a_seed_passed_through_is_its_array(order):
+    # x.grad is backward's seed (create_graph: a Constant the graph reads): the traced
+    # call gave the new Variable of its array (`.T` of a 1-d one: no op) the .grad's
+    # copy after the returned `.data` was taken, which then aliased nothing.
+    def f(x):
+        x.cleargrad()
+        y = x + 0.5
+        y.backward(retain_grad=True, create_graph=True)
+        g = x.grad
+        made = {"g": g, "data": g.data, "wrapT": Variable(g.data.T)}
+        made["wrapT.data"] = made["wrapT"].data
+        return tuple(made[k] for k in order)
+
+    check_aliasing(no_caps(f), var_arg((2,)))

@@ -205,10 +205,9 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         _rebind_on_grads(tr, bound_views)
         _rebuild_owned_views(tr, out_leaves_raw, out_leaves, out_views, result_objects)
         # One object in several places (`return h, h` of a view `h = x.data.T`; one
-        # array at L[0] and L[-1]): the one rebuilt above, in each.
-        for i, leaf in enumerate(out_leaves):
-            if leaf[0] == "same":
-                result_objects[i] = result_objects[leaf[1]]
+        # array at L[0] and L[-1]; `return c, c.data` of a c given a .grad's copy
+        # above): the one rebuilt above, in each.
+        share_arrays(out_leaves_raw, out_leaves, result_objects)
         if _unreturned_grad_graph(tr, out_leaves_raw, grad_of):
             tr.escapes.append((
                 "backward(create_graph=True) inside the function leaves a .grad with "
