@@ -418,13 +418,15 @@ _OF_DATA = {
     "wrap.data": lambda a, made: made.setdefault("wrap", Variable(a)).data,
     "wrapT": lambda a, made: made.setdefault("wrapT", Variable(a.T)),
     "wrapT.data": lambda a, made: made.setdefault("wrapT", Variable(a.T)).data,
+    "wrap2": lambda a, made: made.setdefault("wrap2", Variable(Variable(a).data)),
 }
 
 
 @pytest.mark.parametrize("order", [
     ("view", "wrap", "data"), ("data", "wrap", "view"), ("view", "data", "wrap"),
     ("view", "wrap.data", "wrap"), ("data", "wrapT", "wrapT.data"),
-    ("wrapT.data", "view", "wrapT", "data"),
+    ("wrapT.data", "view", "wrapT", "data"), ("view", "data", "wrap2"),
+    ("wrap2", "data", "wrap"),
 ], ids="-".join)
 def test_results_made_of_the_data_of_a_variable_not_returned_alias_as_in_eager(order):
     # h is not a result: `Variable(a)` holds eager's `a = h.data` itself, and a view

@@ -499,12 +499,18 @@ def _eager_object(tr, x, var_pos, grad_owner, raw):
 
 
 def _holder_of(tr, owner, var_pos, raw):
-    """The Variable result leaf made as `Variable(owner.data)`, owner not a result:
-    eager's holds owner's array object, the one every `owner.data` gives, or None."""
+    """The Variable result leaf made as `Variable(owner.data)` (or down a chain of new
+    Variables, `Variable(Variable(owner.data).data)`), owner not a result: eager's holds
+    owner's array object, the one every `owner.data` gives, or None."""
     for j in var_pos.values():
-        var, t, o = tr.made_of_data.get(id(raw[j]), (None, None, None))
-        if var is raw[j] and o is owner and _same_array(t, owner._data) and \
-                raw[j]._tv is t._tv and _same_array(raw[j]._data, t):
+        y, o = raw[j], raw[j]
+        while o is not owner and id(o) in tr.made_of_data:
+            var, t, up = tr.made_of_data[id(o)]
+            if var is not o or o._tv is not t._tv or not _same_array(o._data, t) or \
+                    not _same_array(t, up._data):
+                break
+            o = up
+        if o is owner and y is not owner:
             return j
     return None
 
