@@ -1415,15 +1415,20 @@ UNCHAIN_STEPS = [(_unchain_inside, 1)]
 # ((n, 1) @ (1, m)). The operands are scaled before the product, not after it, so the
 # products feed the sum directly. focus="matmul" (--focus matmul) draws these.
 
+def _draw_matrix(b):
+    """One of _matrix_values(b), drawn (None when there is none), and the candidates."""
+    vs = _matrix_values(b)
+    return (b.draw(st.sampled_from(vs)) if vs else None), vs
+
+
 def _matrix_values(b):
     return [v for v in b.vals if v.var and len(v.shape) == 2 and v.shape[1] != B]
 
 
 def _st_sum_of_products(b):
-    vs = _matrix_values(b)
-    if not vs:
+    v, vs = _draw_matrix(b)
+    if v is None:
         return b.st_matmul()
-    v = b.draw(st.sampled_from(vs))
     others = [w for w in vs if w.shape[0] == v.shape[0]]
     terms = [v] + [b.draw(st.sampled_from(others)) for _ in range(b.draw(st.integers(1, 3)))]
     m = b.draw(st.integers(1, 4))
@@ -1444,10 +1449,9 @@ def _st_sum_of_products(b):
 
 
 def _st_shared_operand(b):
-    vs = _matrix_values(b)
-    if not vs:
+    v, vs = _draw_matrix(b)
+    if v is None:
         return b.st_matmul()
-    v = b.draw(st.sampled_from(vs))
     k, m = v.shape[1], b.draw(st.integers(1, 4))
     names, dts = [], []
     for _ in range(b.draw(st.integers(2, 3))):
@@ -1464,10 +1468,9 @@ def _st_shared_operand(b):
 
 
 def _st_recurrence(b):
-    vs = _matrix_values(b)
-    if not vs:
+    v, vs = _draw_matrix(b)
+    if v is None:
         return b.st_matmul()
-    v = b.draw(st.sampled_from(vs))
     k = v.shape[1]
     c = b.capture((k, k), "param")
     name = b.fresh()
@@ -1499,10 +1502,9 @@ def _st_lone_op_parts(b):
     # weight cast to the other float dtype that only a matmul reads (W7's float32
     # weights), and 0-d arithmetic (Adam's step size) on a 0-d argument, both NumPy
     # calls between kernels; the scale after them fuses.
-    vs = _matrix_values(b)
-    if not vs:
+    v, vs = _draw_matrix(b)
+    if v is None:
         return b.st_matmul()
-    v = b.draw(st.sampled_from(vs))
     k, m = v.shape[1], b.draw(st.integers(1, 4))
     c = b.capture((k, m), "param" if b.draw(st.integers(0, 3)) else None)
     other = "float32" if c[3] == "float64" else "float64"
