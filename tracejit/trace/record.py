@@ -664,7 +664,11 @@ class Trace(core.TraceHooks):
         if real is None:
             return None     # cleared since: the function set it (escaped, _after_walk)
         if trace_grad is None:
-            tv = self.array_value(np.zeros(real.shape, real.dtype))
+            # The call's part is none yet: a zero that promotes no gradient it is added
+            # to. Not the walk's dtype: a later call whose walk does not reach var
+            # (its relation to the other arguments gone) must leave eager's dtype, the
+            # later backward's own (float32), not the walk's (float64).
+            tv = self.array_value(np.zeros(real.shape, _neutral_zero_dtype(real.dtype)))
         elif trace_grad._tv is PENDING or self.is_mine(trace_grad._tv):
             tv = self.value_of(trace_grad)
         else:
@@ -1856,6 +1860,13 @@ _INTERCEPT = {"float": "__tracejit_float__", "int": "__tracejit_int__",
               "isinstance": "__tracejit_isinstance__", "type": "__tracejit_type__",
               "memoryview": "__tracejit_memoryview__", "bytes": "__tracejit_bytes__",
               "bytearray": "__tracejit_bytearray__"}
+def _neutral_zero_dtype(dtype):
+    """The dtype of a zero that adds to a gradient without promoting it: float32 for
+    the compiled float dtypes (float32 + float64 is float64, float32 + float32 stays
+    float32), else the gradient's own."""
+    return np.dtype(np.float32) if np.result_type(np.float32, dtype) == dtype else dtype
+
+
 _BUFFER_TYPE_NAMES = ("memoryview", "bytes", "bytearray")
 for _n in _BUFFER_TYPE_NAMES:
     setattr(builtins, f"__tracejit_{_n}__", _buffer_reader(_n))
