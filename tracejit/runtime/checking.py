@@ -23,11 +23,13 @@ reads a float32 array has its float64 values (a float32 input times a np.float64
 float64 gradient of float32 intermediates) judged the same way (Soft.mixed).
 """
 import contextlib
+import copy
+import weakref
 
 import numpy as np
 
-from tracejit.core import (Constant, DictGrads, Parameter, Variable, _state, backprop,
-                           graph_reach)
+from tracejit.core import (Constant, DictGrads, Parameter, RegionFunction, Variable,
+                           _state, backprop, graph_reach)
 from tracejit.trace.pytree import _is_namedtuple
 
 RTOL, ATOL = 1e-5, 1e-7
@@ -131,6 +133,11 @@ def low_precision_involved(leaves, state):
     return any(isinstance(a, np.ndarray) and a.dtype in LOW_PRECISION for a in arrays)
 
 
+def walks_into_caller(v):
+    """Does a backward inside variant v's call go on into the caller's graph?"""
+    return any(ev[0] == "backward" for ev in getattr(v, "cuts", ()))
+
+
 class LiveState:
     """Snapshot and restore of everything a variant reads or writes outside its args."""
 
@@ -157,7 +164,7 @@ class LiveState:
         # (With such a backward, also the graph a cut reaches: a backward after a cut
         # goes on through the graph as the cut left it, each run's cut from the same.)
         cuts = getattr(v, "cuts", ())
-        walks = any(ev[0] == "backward" for ev in cuts)
+        walks = walks_into_caller(v)
         roots = [resolve(w, t) if w != "leaf" else
                  (leaves[t] if t < len(leaves) else None)
                  for ev in cuts if walks for w, t in ev[1]]
@@ -668,6 +675,42 @@ def _strided_copy(a, memo, dtype):
     # (offset: of the lowest-addressed element; np.ndarray wants the first element's)
     first = offset + sum((n - 1) * -st for n, st in zip(a.shape, strides) if st < 0)
     return np.ndarray(a.shape, dtype, buffer=flat, offset=first, strides=strides)
+
+
+def copy_caller_graph(leaves, copies, memo, copy_var):
+    """Give each copy of an argument (copies[k] of leaves[k]) a copy of the caller's
+    graph behind it, so a rerun's backward that goes on into the caller's graph walks
+    the copy as the call's walks the original, and arguments related there (u =
+    F.sin(x) passed beside x) stay related: a walk from u's copy reaches x's copy.
+    copy_var(var) copies a Variable of that graph (memo: the copies made so far, the
+    arguments' among them; the Functions' are kept under ("fn", id)). A compiled call's
+    node (RegionFunction: its backward holds the compiled call's own arrays) is not
+    copied: the copy behind it is a leaf, as every argument's copy once was."""
+    todo = [(x, y) for x, y in zip(leaves, copies)
+            if isinstance(x, Variable) and isinstance(y, Variable) and y is not x]
+    while todo:
+        x, y = todo.pop()
+        f = x.creator
+        if f is None or isinstance(f, RegionFunction) or y.creator is not None:
+            continue
+        fc = memo.get(("fn", id(f)))
+        if fc is None:
+            fc = memo[("fn", id(f))] = copy.copy(f)
+            fc.inputs = [_graph_copy(i, memo, copy_var, todo) for i in f.inputs]
+            # (A dead output stays dead: its weakref, as the original's.)
+            fc.outputs = [r if r() is None else
+                          weakref.ref(_graph_copy(r(), memo, copy_var, todo))
+                          for r in f.outputs]
+        y.creator, y.generation = fc, x.generation
+
+
+def _graph_copy(var, memo, copy_var, todo):
+    """var's copy (memo keeps it alive: an output only the copied Function names), its
+    own creator to copy next (todo)."""
+    if id(var) not in memo:
+        memo[id(var)] = copy_var(var)
+        todo.append((var, memo[id(var)]))
+    return memo[id(var)]
 
 
 def twin_copy(x, memo):

@@ -28,11 +28,12 @@ from tracejit.trace import record as tracing
 from tracejit.trace.abstract import _set_stream_state, _stream_state   # random streams
 from tracejit.trace.call import trace_call
 from tracejit.runtime.checking import (NOISE_RUNS, NOREF, LiveState, Soft,
-                                       first_difference, float32_noise,
+                                       copy_caller_graph, first_difference, float32_noise,
                                        gradient_difference, identity_difference,
                                        result_objects,
                                        leaves_with_paths, low_precision_involved,
-                                       twin_copy, with_noise, layout_copy)
+                                       twin_copy, walks_into_caller, with_noise,
+                                       layout_copy)
 from tracejit.core import Config, Parameter, Variable
 from tracejit.trace.pytree import (ARR, FLT, MAX_DEPTH, STATIC, VAR, NestedTooDeep,
                                    _Identity, flatten_args, leaf_key, unflatten)
@@ -958,6 +959,10 @@ class Jitted:
         for j, var in v.captured_args:
             if j < len(p_leaves) and leaves[j] is var:
                 p_leaves[j] = var
+        if walks_into_caller(v):
+            # The caller's graph behind the copies, as behind the arguments (unchanged
+            # copies of the Variables there that are not arguments).
+            copy_caller_graph(leaves, p_leaves, memo, lambda x: _copied(x, rng, memo=memo))
         p_args, p_kwargs = rebuild(p_leaves)
         # The real arguments too: one may also be captured (f(w) where f updates the
         # closure's w), which the eager run on the copies then changes.
@@ -1041,11 +1046,12 @@ class Jitted:
         if first is None:
             return None
         result, snap, t_leaves = first
-        noisy = []
+        noisy, noisy_snaps = [], []
         for k in range(NOISE_RUNS):
             run = self._twin_run(v, leaves, rebuild, state, np_state, k)
             if run is not None:
                 noisy.append((run[0], run[2]))
+                noisy_snaps.append(run[1])
         if noisy:
             paths = [dict(leaves_with_paths(r)) for r, _ in noisy]
             for path, leaf in leaves_with_paths(result):
@@ -1053,6 +1059,8 @@ class Jitted:
                     leaf._data = with_noise(leaf._data, [
                         p[path]._data for p in paths if isinstance(p.get(path), Variable)
                         and p[path]._data is not None])
+        if snap is not None:
+            snap = _snapshot_with_noise(snap, [s for s in noisy_snaps if s is not None])
         return result, snap, t_leaves, noisy
 
     def _twin_run(self, v, leaves, rebuild, state, np_state, noise_seed):
@@ -1068,6 +1076,8 @@ class Jitted:
         try:
             memo = {}
             t_leaves = [twin_copy(x, memo) for x in leaves]
+            if walks_into_caller(v):
+                copy_caller_graph(leaves, t_leaves, memo, lambda x: twin_copy(x, memo))
             t_args, t_kwargs = rebuild(t_leaves)
             t_state = LiveState(v, t_leaves)
             with disable_jit(), warnings.catch_warnings(), np.errstate(all="ignore"), \
@@ -1083,8 +1093,13 @@ class Jitted:
             passed.restore()
             state.restore(now)
             random.setstate(py_state)
+        # (Position by position: the caller's graph behind the twin's copies must be
+        # the one behind the call's arguments, else a reference of another Variable.)
         aligned = len(t_state.vars) == len(state.vars) and \
-            len(t_state.arrays) == len(state.arrays)
+            len(t_state.arrays) == len(state.arrays) and \
+            all(np.shape(a._data) == np.shape(b._data)
+                for a, b in zip(t_state.vars, state.vars)) and \
+            all(a.shape == b.shape for a, b in zip(t_state.arrays, state.arrays))
         return result, snap if aligned else None, t_leaves
 
     def _gradients_difference(self, v, leaves, expected, got, get_twin):
@@ -1399,6 +1414,19 @@ def _copied(x, rng, grad=_NOW, memo=None):
     if isinstance(x, np.ndarray):
         return layout_copy(x, memo)
     return x
+
+
+def _snapshot_with_noise(snap, noisy):
+    """The twin's snapshot of the state (LiveState.capture) with each float array's
+    noise, measured by the noisy twins' snapshots `noisy`: state is judged as results
+    are (a .grad a backward inside the call leaves on the caller's graph: a float32 sum
+    of parts that cancel moves with float32 rounding as a result does)."""
+    vs, arrs = snap[:2]
+    vs = [(d, with_noise(dc, [n[0][k][1] for n in noisy]), g,
+           with_noise(gc, [n[0][k][3] for n in noisy]))
+          for k, (d, dc, g, gc) in enumerate(vs)]
+    arrs = [with_noise(a, [n[1][k] for n in noisy]) for k, a in enumerate(arrs)]
+    return (vs, arrs) + tuple(snap[2:])
 
 
 def _rebuild(args, kwargs, static_argnums, static_argnames, new_leaves):

@@ -1915,7 +1915,12 @@ REBIND_ALIAS_STEPS = [(_rebind_alias, 1)]
 # compiled call must do the same (the harness compares every argument's .grad after
 # the call), with the backward's retain_grad.
 
-BACKWARD_INTO_SOURCES = ("F.tanh(x0 * 0.5)", "F.sin(x0) * 2.0")
+# The last: made from x0 on most calls, from another Variable on every third (the
+# first-call check's copies of the arguments are unrelated leaves too): the walk reaches
+# x0 on some calls, not on others, and x0.grad's dtype (a float32 x0 given a float64
+# gradient by the walk) must be eager's on both.
+BACKWARD_INTO_SOURCES = ("F.tanh(x0 * 0.5)", "F.sin(x0) * 2.0",
+                         "F.sin(x0 if call % 3 else tj.Variable(np.asarray(x0.data * 0.75))) * 2.0")
 
 
 def _backward_into_caller(b):
