@@ -84,6 +84,9 @@ class CompiledFunction(RegionFunction):
         n = len(self.variant.bwd.saved)
         self.stale = {id(val): (val, Variable(a)) for val, a in
                       zip(self.variant.stale_grads, self.saved[n:])}
+        # As the call left them: a create_graph walk reads such a .grad with the
+        # history eager's has (_held_twins).
+        self.held = {key: sg for key, (_, sg) in self.stale.items()}
 
     def _stale_reached(self, gys):
         """Whether a walk from the outputs with a gradient in gys passes a Variable of
@@ -187,10 +190,12 @@ class CompiledFunction(RegionFunction):
                 if mine is not None and mine.creator is self:
                     adopt[id(user.outputs[slot])] = mine
         of_value = {}
+        saved = v.saved_map(self)
+        held = self._held_twins(saved) if create and self.held else {}
         try:
             with core.using_config("enable_backprop", True):
                 twins = interpret.run_with_variables(user, env, v.bwd.joint_meta,
-                                                     v.saved_map(self), self.instances,
+                                                     saved, self.instances,
                                                      adopt=adopt, twins=of_value,
                                                      leaf_arrays=v.leaf_arrays(self))
         finally:
@@ -201,7 +206,7 @@ class CompiledFunction(RegionFunction):
         # The .grads the call's intermediates hold: the walk adds to them, as eager's.
         keeps = self.walk_reads_grads
         for key, (_, sg) in (self.stale or {}).items() if keeps else ():
-            grads.set(of_value[key], sg)
+            grads.set(of_value[key], of_value[held[key]] if key in held else sg)
         for gy, slot in zip(gys, var_slots):
             twin = twins[slot]
             if gy is not None and twin.creator is not None:
@@ -229,6 +234,24 @@ class CompiledFunction(RegionFunction):
                 if key not in stop:
                     var._grad = g
         return gxs, tuple(grads.get(twins[slot]) for slot in var_slots)
+
+    def _held_twins(self, saved):
+        """For a create_graph replay: id(Value of an intermediate) -> id(Value of the
+        .grad the backward inside the call left on it, not changed since by a walk),
+        where that .grad is a value of the forward graph. Eager's .grad there has the
+        history that backward gave it (create_graph=True: through the call's values
+        to its inputs), which a walk adding to it passes on to the gradients it
+        gives; so the walk adds the replay's Variable of it, holding the value the
+        call computed (put in saved), not a leaf."""
+        v = self.variant
+        made = {id(val) for n in v.forward_graph.nodes for val in n.outputs}
+        out = {}
+        for key, sg in self.held.items():
+            gv = v.held_grad_values[key]
+            if self.stale.get(key, (None, None))[1] is sg and id(gv) in made:
+                saved[id(gv)] = sg._data
+                out[key] = id(gv)
+        return out
 
     def _keep_stale(self, grads, of_value, retain):
         """The .grads the call's intermediates hold after a replayed walk: with
@@ -730,6 +753,7 @@ class Variant:
         # after the saved values, which each call's CompiledFunction keeps (stale_init).
         held = list(backward.held_grads) if backward else []
         self.stale_grads = [x for x, _ in held]
+        self.held_grad_values = {id(x): gv for x, gv in held}
         self.n_user_outs = len(user_outs)
         self.n_effect_outs = len(effect_values)
         fwd_nodes = g.nodes[:n_fwd_nodes]

@@ -369,7 +369,7 @@ def held_grads(tr, out_raw, out_leaves):
                 continue
             done.add(id(x))
             v = getattr(x, "_tv", None)
-            if id(x) not in covered or not isinstance(v, Value) or not tr.is_mine(v):
+            if not isinstance(v, Value) or not tr.is_mine(v):
                 return next((n.line for n in tr.graph.nodes if v is not None
                              and any(o is v for o in n.outputs)), None) or "an unknown line"
             held.append((v, tr.value_of(x._grad)))
