@@ -37,6 +37,8 @@ class CompiledFunction(RegionFunction):
     # some, stale_init), and a later walk through the call adds each to the gradient
     # flowing past it, as eager's does: that walk is eager's backward replayed.
     stale = None
+    # The ones a backward inside the function left, as it left them (stale_init).
+    held = None
     # Whether the walk now running this backward keeps its gradients in .grad (set by
     # reached_grads, which every walk reaching a call with stale .grads calls first):
     # only such a walk reads them (one with gradients kept aside, grad(), does not).

@@ -54,12 +54,7 @@ def trace_backward(tr, out_raw, out_leaves, made=()):
         return None, []
     retained = tr.held_grads
     if not isinstance(retained, list):
-        return BackwardEscape(
-            "a backward inside the function left a .grad (retain_grad=True) on a "
-            "Variable the function made, and a backward from its results passes through "
-            "that Variable: eager adds the retained .grad to the gradient flowing on "
-            "(and the caller may change or clear it first); compiled calls do not "
-            "follow it yet", retained), []
+        return BackwardEscape(*retained), []
     g = tr.graph
     n_nodes = len(g.nodes)
     n_inputs = len(g.inputs)
@@ -325,36 +320,21 @@ def _link_made_leaves(tr, made):
     return [values[id(var)] for _, var in made]
 
 
-def _ancestors(tr, roots):
-    """ids of the call's own Variables behind roots."""
-    out, seen, stack = set(), set(), [y.creator for y in roots]
-    while stack:
-        f = stack.pop()
-        if f is None or f in seen or f not in tr.functions:
-            continue
-        seen.add(f)
-        for x in f.inputs:
-            out.add(id(x))
-            stack.append(x.creator)
-    return out
-
-
 def held_grads(tr, out_raw, out_leaves):
     """The .grads a backward inside the call left (retain_grad=True) on the Variables
     of the call behind its results, not results themselves (their .grad is theirs,
     tr.made_grads): eager's later walk through the call adds to each and propagates
     the sum past it, so the compiled call keeps them (CompiledFunction.stale): a list
-    of (Value of the Variable, Value of its .grad). Or the line that made one the
-    compiled call does not keep yet: one that is no result's ancestor through a
-    result whose own .grad the call retained (its loss, returned), which the caller
-    could only change through the graph (`y.creator.inputs[0]`, which a compiled call
-    does not have), still runs eagerly. (A .grad with graph history, create_graph's,
-    is kept as its value: a later create_graph walk does not differentiate it.)"""
+    of (Value of the Variable, Value of its .grad). The caller cannot reach such a
+    Variable to change its .grad (a compiled call's results have the call as their
+    creator, not eager's graph), so each is held as the call left it. Or (reason,
+    line) for one the compiled call does not keep: on a view of a buffer the call
+    updates in place (_views_of_updated)."""
     results = {id(x) for x, (kind, _, b) in zip(out_raw, out_leaves)
                if kind == "out" and b == VAR}
     roots = [x for x in out_raw if isinstance(x, Variable) and id(x) in results
              and x.creator is not None and x.creator in tr.functions]
-    covered = _ancestors(tr, [y for y in roots if y._grad is not None])
+    views = _views_of_updated(tr)
     held, done, seen, stack = [], set(), set(), [y.creator for y in roots]
     while stack:
         f = stack.pop()
@@ -369,11 +349,30 @@ def held_grads(tr, out_raw, out_leaves):
                 continue
             done.add(id(x))
             v = getattr(x, "_tv", None)
-            if not isinstance(v, Value) or not tr.is_mine(v):
-                return next((n.line for n in tr.graph.nodes if v is not None
-                             and any(o is v for o in n.outputs)), None) or "an unknown line"
+            if not isinstance(v, Value) or not tr.is_mine(v) or id(x) in views:
+                line = next((n.line for n in tr.graph.nodes if v is not None
+                             and any(o is v for o in n.outputs)), None)
+                return _HELD_REFUSAL, line or "an unknown line"
             held.append((v, tr.value_of(x._grad)))
     return held
+
+
+_HELD_REFUSAL = (
+    "a backward inside the function left a .grad (retain_grad=True) on a view of a "
+    "buffer the function updates in place, and a backward from its results passes "
+    "through it: eager adds the retained .grad to the gradient flowing on there; "
+    "compiled calls do not follow it through the buffer's states yet")
+
+
+def _views_of_updated(tr):
+    """ids of the call's Variables that stand for more than one Value: a view of a
+    buffer the call updates in place (`v = F.reshape(W, ...)` before `W.data -= ...`)
+    sees every state of the buffer, each a Value of its own, so a .grad held there
+    has no one Value for the walk to add it at."""
+    count = {}
+    for var in tr.owner.values():
+        count[id(var)] = count.get(id(var), 0) + 1
+    return {k for k, c in count.items() if c > 1}
 
 
 def _grad_dtypes(tr, roots, out_index, boundary):

@@ -31,7 +31,7 @@ AVOIDABLE = {
     "nonfinite": "no inf/-inf entries in inputs",
     "retain_grad": "no retain_grad=True in a backward inside f (a later backward "
                    "through the call's results adds to the .grad it leaves on the "
-                   "call's intermediates in eager, not in compiled calls)",
+                   "call's intermediates)",
 }
 
 B = "B"              # the batch side of a symbolic shape: it changes between the phases
@@ -1960,6 +1960,58 @@ def _backward_into_caller(b):
 
 BACKWARD_INTO_STEPS = [(_backward_into_caller, 1)]
 # ------------------------------------ end of backward inside f into the caller's graph
+# ------------------------------------------ .grads retained inside f on intermediates
+# (focus "retain_grad"). A backward inside f with retain_grad=True leaves a .grad on the
+# intermediates of its loss (h = tanh(v * W), k = h * h), which f goes on using: the
+# caller's backward passes through them, and eager's walk adds each retained .grad to
+# the gradient flowing on (the caller cannot reach them through a compiled call's
+# results: compiled calls hold them as the call left them). The loss is returned or
+# not (a result whose own .grad was retained, or none); the backward runs on one side
+# of a data branch only, or always; with create_graph=True the retained .grads have
+# history, which the caller's create_graph backward differentiates (its loss starts at
+# an argument then, whose .grad, and the capture's, f returns: with history, kept).
+
+
+def _retained_inside(b):
+    if "retain_grad" in b.avoid:
+        return b.st_unary()
+    cg = b.draw(st.booleans())
+    args = [a[2] for a in b.args if a[1] == "var"]
+    v = b.draw(st.sampled_from(args)) if cg else b.pick(lambda w: w.var and w.bound <= 10)
+    if v is None:
+        return b.st_unary()
+    suffix = tuple(d for d in v.shape if d != B)[-2:]
+    W, _, _, wdt, _ = b.capture(suffix, "param", reuse=False)
+    b.updated.add(W)
+    h, k, loss, name = b.fresh("h"), b.fresh("k"), b.fresh("loss"), b.fresh()
+    b.emit(f"{h} = F.tanh({v.name} * {W})")
+    b.emit(f"{k} = {h} * {h}")
+    b.emit(f"{loss} = F.sum(F.sin({k}) + {h})")
+    b.emit(f"{W}.cleargrad()")
+    call = f"{loss}.backward(retain_grad=True, create_graph={cg})"
+    conds = [w for w in b.vals if w.signed]
+    if conds and b.draw(st.booleans()):
+        # A later call on the other side of the branch runs no backward inside.
+        c = b.draw(st.sampled_from(conds))
+        b.emit(f"if {c.data}.sum() > 0:")
+        b.emit(f"    {call}")
+        b.features.add("retained_inside_branch")
+    else:
+        b.emit(call)
+    if cg:
+        # (A .grad with history f does not return runs eagerly: return them.)
+        b.also_return += [f"{v.name}.grad", f"{W}.grad"]
+        b.features.add("retained_inside_create_graph")
+    if b.draw(st.booleans()):
+        b.also_return.append(loss)
+        b.features.add("retained_inside_loss_returned")
+    b.emit(f"{name} = {k} * 2.0 + {h}" if b.draw(st.booleans()) else f"{name} = F.exp({h})")
+    b.add(name, v.shape, "float64" if wdt == "float64" else _dt(v), 3.0)
+    b.features.add("retained_inside")
+
+
+RETAINED_INSIDE_STEPS = [(_retained_inside, 1)]
+# -------------------------------------- end of .grads retained inside f on intermediates
 
 
 @st.composite
@@ -1983,7 +2035,9 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     focus="backward_into" mostly BACKWARD_INTO_STEPS (a backward inside f going on
     into the caller's graph through arguments with a creator);
     focus="retain_grad" returns earlier values the last depends on, and the caller's
-    backward (always one) keeps the intermediates' gradients (RETAIN)."""
+    backward (always one) keeps the intermediates' gradients (RETAIN); and mostly
+    RETAINED_INSIDE_STEPS (a backward inside f leaving .grads on intermediates the
+    caller's backward passes)."""
     avoid = frozenset(avoid)
     unknown = avoid - set(AVOIDABLE)
     if unknown:
@@ -2058,6 +2112,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         table += [(lambda g=g: g(b), w * 12) for g, w in BACKWARD_INTO_STEPS]
     if focus == "input_leaves":  # (only then, as unchain)
         table += [(lambda g=g: g(b), w * 12) for g, w in INPUT_LEAF_STEPS]
+    if focus == "retain_grad":  # (only then, as unchain)
+        table += [(lambda g=g: g(b), w * 12) for g, w in RETAINED_INSIDE_STEPS]
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
