@@ -247,10 +247,11 @@ class CompiledFunction(RegionFunction):
         call computed (put in saved), not a leaf."""
         v = self.variant
         made = {id(val) for n in v.forward_graph.nodes for val in n.outputs}
+        stale = self.stale or {}
         out = {}
         for key, sg in self.held.items():
             gv = v.held_grad_values[key]
-            if self.stale.get(key, (None, None))[1] is sg and id(gv) in made:
+            if stale.get(key, (None, None))[1] is sg and id(gv) in made:
                 saved[id(gv)] = sg._data
                 out[key] = id(gv)
         return out
