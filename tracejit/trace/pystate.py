@@ -32,8 +32,13 @@ At trace time:
     threads: read at each call, written back after it (`threaded`, below).
 """
 import collections
+import collections.abc
 import contextvars
+import ctypes
 import functools
+import itertools
+import operator
+import sys
 import types
 import weakref
 
@@ -51,6 +56,13 @@ _MISSING = object()
 _MAX_DEPTH = 6
 _MAX_LOCATIONS = 400      # bounds the per-call check on very large object graphs
 _MAX_ITEMS = 64           # items of one list, tuple or dict
+# A container whose items the walk does not list one by one (more than _MAX_ITEMS, a
+# set, a C container: array.array, bytearray, a ctypes array, numba's typed List) is
+# guarded by its contents (`sum(L)` over a list of 100 floats, `next(iter(S)).k`):
+# every item, scalars by value and the rest by identity, up to this many items.
+_MAX_CONTENTS = 100_000
+# The objects in such a container walked one by one (their attributes are state too).
+_MAX_OBJECT_ITEMS = 1024
 
 
 def probe(obj, name, default=None):
@@ -72,7 +84,7 @@ class Location:
         # is not, because the code reads through it (_walk).
         self.pinned = False
         self.kind = kind            # "cell", "global", "default", "attr", "item",
-                                    # "deref", "ctxvar", "call"
+                                    # "deref", "ctxvar", "call", "contents", "member"
         self.container = container
         self.key = key
         self.label = label          # how the user names it: "k", "opt.lr", "cfg['k']"
@@ -98,6 +110,10 @@ class Location:
                 return context_value(self.container)
             if self.kind == "call":
                 return cached_call(self.container, self.key)
+            if self.kind == "contents":
+                return contents(self.container)
+            if self.kind == "member":
+                return member(self.container, self.key)
             if self.kind == "item" and isinstance(self.container, _SEQUENCES):
                 c = self.container
                 return c[self.key] if -len(c) <= self.key < len(c) else _MISSING
@@ -119,10 +135,104 @@ class Location:
         elif self.kind == "ctxvar":
             # (In the current context, the call's: a trace's swap, undone after it.)
             self.container.set(value)
-        elif self.kind in ("default", "deref", "call") or isinstance(self.container, tuple):
+        elif self.kind in ("default", "deref", "call", "contents", "member") or \
+                isinstance(self.container, tuple):
             raise TypeError("immutable location")
         else:
             self.container[self.key] = value
+
+
+def contents(c):
+    """A container's items as a tuple (a mapping's (key, value) pairs), in its order:
+    what a "contents" location guards (_same_contents compares them)."""
+    if isinstance(c, collections.abc.Mapping):
+        return tuple(c.items())
+    return tuple(c)
+
+
+def member(c, k):
+    """Item k of a container a walk lists by position: a sequence's by index, a set's
+    (and a mapping's key) in iteration order (its contents are guarded, so the order is
+    the traced one)."""
+    if isinstance(c, (collections.abc.Set, collections.abc.Mapping)):
+        return next(itertools.islice(c, k, None), _MISSING)     # (a mapping's keys)
+    return c[k] if -len(c) <= k < len(c) else _MISSING
+
+
+def _same_item(a, b):
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if type(a) in _SCALARS or isinstance(a, np.generic):
+        return _same_scalar(a, b)
+    return type(a) is tuple and _same_contents(a, b)
+
+
+def _same_contents(a, b):
+    """Two contents() tuples hold the same items: scalars equal, the rest the same
+    objects (never a user __eq__: an equal object may differ where the function reads)."""
+    if a is b:
+        return True
+    if type(a) is not tuple or len(a) != len(b):
+        return False
+    return all(map(operator.is_, a, b)) or all(map(_same_item, a, b))
+
+
+def _c_container(obj):
+    """A container the attribute walk cannot enter and whose items are state: a set or
+    frozenset (a weakref.WeakSet keeps one), array.array, bytearray, a ctypes array, a
+    library's sequence or mapping (numba's typed List and Dict)."""
+    if isinstance(obj, (str, bytes, np.ndarray, Variable)) or type(obj) in (list, tuple, dict):
+        return False
+    if isinstance(obj, (set, frozenset, bytearray, ctypes.Array)) or \
+            type(obj).__module__ == "array":
+        return True
+    return isinstance(obj, (collections.abc.Set, collections.abc.Sequence,
+                            collections.abc.Mapping)) and _library_class(type(obj))
+
+
+def _library_module(mod):
+    """A module of NumPy, numba, tracejit or an installed package: no state of the
+    user's; a user's module (a config module, `cfg.lr`; also a class or function it
+    holds, rebound) and the standard library's (`os.environ`) are walked for the
+    attributes the code names."""
+    name = probe(mod, "__name__", "") or ""
+    if not isinstance(name, str) or name.startswith(("tracejit", "numpy", "numba")):
+        return True
+    spec = probe(mod, "__spec__")
+    origin = probe(spec, "origin", None) if spec is not None else None
+    if origin is None:
+        return False          # made at run time (types.ModuleType(...)): the user's
+    if name.partition(".")[0] in sys.stdlib_module_names:
+        return False          # its named data is read as state (os.environ, sys.argv)
+    return not isinstance(origin, str) or "site-packages" in origin or \
+        "dist-packages" in origin
+
+
+def _data_value(v):
+    """A class's or module's attribute that is state (not code): a number, a string, an
+    array, a Variable, a container, an object with attributes."""
+    if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                      types.ModuleType, type, staticmethod, classmethod, property,
+                      np.ufunc)):
+        return False
+    return type(v) in _SCALARS or isinstance(v, (np.ndarray, np.generic, Variable)) or \
+        type(v) in (list, tuple, dict, set, frozenset, collections.deque) or \
+        _is_namespace_object(v) or _c_container(v)
+
+
+def _class_data_names(klass):
+    """A user class's own data attributes and its user bases' (`Config.lr`, a counter
+    kept on the class): read by getattr, guarded as an instance's."""
+    names = []
+    for k in klass.__mro__[:-1]:
+        if _library_class(k):
+            continue
+        for name, v in vars(k).items():
+            if not name.startswith("__") and name not in names and _data_value(v):
+                names.append(name)
+    return names
 
 
 def context_value(var):
@@ -480,8 +590,9 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
             # helper's function reads counts, not the jit object's own bookkeeping.
             frontier += [(l, o, n, 0) for l, o, n in _roots(obj, seen_functions)]
             continue
-        if _is_user_function(obj) and depth == 0:
-            # A module-level helper the function calls: what it reads counts too.
+        if _is_user_function(obj):
+            # A module-level helper the function calls, or a function kept in state (a
+            # callback, `self.act = lambda x: x * k`): what it reads counts too.
             frontier += [(l, o, n, 0) for l, o, n in _roots(obj, seen_functions)]
             continue
         if depth == 0 and isinstance(obj, types.MethodType) and \
@@ -512,12 +623,47 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
         label = name or (loc.label if loc is not None else "?")
         items = _MAX_ITEMS if max_locations <= _MAX_LOCATIONS else max_locations
         t = type(obj)
+        if isinstance(obj, type) and not _library_class(obj):
+            # A user class (`Config.lr`, a counter kept on the class): its data
+            # attributes, guarded as an instance's are, and a class in one the code
+            # names (`Config.Optim.lr`).
+            attrs = _class_data_names(obj)
+            if names is not None:
+                attrs += [k for k, v in vars(obj).items() if isinstance(v, type)
+                          and k in names and k not in attrs]
+            frontier += [(Location("attr", obj, k, f"{label}.{k}", loc), None, None,
+                          depth + 1) for k in attrs if not named or k in names]
+            continue
+        if isinstance(obj, types.ModuleType):
+            # A user's module (`import cfg; cfg.lr`): the attributes the code names
+            # (a module holds its imports and functions too: not state).
+            if not _library_module(obj) and names is not None:
+                d = probe(obj, "__dict__") or {}
+                frontier += [(Location("attr", obj, k, f"{label}.{k}", loc), None, None,
+                              depth + 1) for k in list(d) if k in names]
+            continue
+        if _c_container(obj) or (t in (list, tuple, dict, collections.deque) and (
+                named or _sized(obj) > items or _object_keys(obj))
+                and not _bookkeeping(obj)):
+            # Items the walk does not list one by one (past the first `items`, below
+            # the depth bound, in a set or a C container): the function may read any
+            # of them (`sum(L)`, `for o in S`), so the contents are guarded whole.
+            if _sized(obj) <= _MAX_CONTENTS:
+                out.append(Location("contents", obj, None, f"{label} (its items)", loc))
+            if _c_container(obj) or _object_keys(obj):
+                frontier += [(l, None, None, depth + 1) for l in _members(obj, label, loc,
+                                                                         items, named)]
+                if not isinstance(obj, dict):
+                    continue
         if t in (list, tuple, dict) and _bookkeeping(obj):
             # A Layer's `inputs` / `outputs`: weak references rebuilt on every call, not
             # guarded (snapshot), nor walked: what they refer to is a per-call object.
             # One the code reads through (its attribute, key and index named: `r.n[0]()`)
             # is state: guarded by identity (pinned), and walked.
             if loc is None or not _named(loc, names, indices) or _layer_own(loc):
+                # (Not seen: the code may read it at another location that names it,
+                # `d[-1]` of a deque whose item 1 it is.)
+                seen.discard(id(obj))
                 continue
             loc.pinned = True
         if isinstance(obj, weakref.ref):
@@ -545,7 +691,8 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
             frontier += [(Location("item", obj, k, f"{label}[{k!r}]", loc), None, None,
                           depth + 1) for k in first]
             continue
-        if t is dict or isinstance(obj, (dict, types.MappingProxyType)):
+        if t is dict or isinstance(obj, (dict, types.MappingProxyType,
+                                         collections.abc.Mapping)):
             # (A dict subclass (OrderedDict, defaultdict, a user's) and a read-only
             # mappingproxy hold their items in C: walked as a dict's, a subclass's
             # attributes too, below.)
@@ -566,6 +713,11 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
         if t in (list, tuple, collections.deque) or isinstance(obj, tuple):
             n = len(obj)
             idx = [] if named else list(range(min(n, items)))
+            if not named and n > items:
+                # Past the first items, the objects (the contents guard has the
+                # scalars): `L[len(L) - 30].k` reads one the code names no index of.
+                idx += [i for i in range(items, min(n, _MAX_OBJECT_ITEMS))
+                        if not (type(obj[i]) in _SCALARS or isinstance(obj[i], np.generic))]
             if indices is not None:
                 # A negative index the code names is a location of its own: `h[-1]`
                 # is the last item at every call, also of a list grown since.
@@ -577,9 +729,80 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
             attrs = _attr_names(obj)
             if named:
                 attrs = [k for k in attrs if k in names]
+            if names is not None:     # (a C-level field the code names: ctypes' .value)
+                attrs += [k for k in _c_fields(type(obj)) if k in names and k not in attrs]
             frontier += [(Location("attr", obj, k, f"{label}.{k}", loc), None, None,
                           depth + 1) for k in attrs]
+        elif names is not None and _opaque_object(obj):
+            # An object of a C type (a ctypes.py_object's `.value`, an extension's
+            # record): its attributes live in C, not in a __dict__; the ones the code
+            # names are read as state.
+            frontier += [(Location("attr", obj, k, f"{label}.{k}", loc), None, None,
+                          depth + 1) for k in sorted(n for n in names if type(n) is str)
+                         if not k.startswith("__")
+                         and probe(obj, k, _MISSING) is not _MISSING
+                         and _data_value(probe(obj, k))]
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _c_fields(cls):
+    """The fields a class keeps in C (getset and member descriptors of its own and its
+    bases', not NumPy's, numba's or tracejit's): `value` of a ctypes.py_object."""
+    out = []
+    for klass in cls.__mro__[:-1]:
+        mod = vars(klass).get("__module__", "") or ""
+        if isinstance(mod, str) and mod.startswith(("tracejit", "numpy", "numba")):
+            continue
+        for k, v in vars(klass).items():
+            if not k.startswith("__") and isinstance(v, (types.GetSetDescriptorType,
+                                                         types.MemberDescriptorType)):
+                out.append(k)
+    return tuple(out)
+
+
+def _opaque_object(obj):
+    """An object the walk has no rule for (not a container, array, Variable, function,
+    class, module or object with a __dict__): a C type's instance, not NumPy's, numba's
+    or tracejit's (their attributes are views and metadata made anew on each read)."""
+    if isinstance(obj, (np.ndarray, np.generic, Variable, types.FunctionType,
+                        types.BuiltinFunctionType, types.MethodType, types.ModuleType, type,
+                        weakref.ref, functools.partial, contextvars.ContextVar,
+                        types.CodeType, types.CellType, np.ufunc)):
+        return False
+    mod = probe(type(obj), "__module__", "") or ""
+    return isinstance(mod, str) and not mod.startswith(("tracejit", "numpy", "numba")) \
+        and not _is_namespace_object(obj)
+
+
+def _sized(obj):
+    try:
+        return len(obj)
+    except Exception:  # noqa: BLE001 - a user __len__ that raises: listed as empty
+        return 0
+
+
+def _object_keys(obj):
+    # A dict keyed by objects (`{layer: lr}`): its keys are state as its values are.
+    return type(obj) is dict and any(not _is_key(k) for k in itertools.islice(obj, _MAX_ITEMS))
+
+
+def _members(obj, label, loc, items, named):
+    """Locations of a C container's first `items` items that are objects (walked
+    below; its scalars are in its contents guard): a mapping's by key, the rest by
+    position (a set's in iteration order)."""
+    if named:
+        return []
+    try:
+        if isinstance(obj, collections.abc.Mapping) and not _object_keys(obj):
+            keys = [k for k in itertools.islice(obj.keys(), items) if _is_key(k)]
+            return [Location("item", obj, k, f"{label}[{k!r}]", loc) for k in keys]
+        first = list(itertools.islice(iter(obj), items))     # (a dict's: its keys)
+    except Exception:  # noqa: BLE001 - a container that cannot be listed now
+        return []
+    return [Location("member", obj, i, f"{label} item {i}", loc)
+            for i, v in enumerate(first)
+            if not (type(v) in _SCALARS or isinstance(v, np.generic))]
 
 
 def _bound_owner(obj):
@@ -669,10 +892,11 @@ def snapshot(locs):
     snap = []
     for loc in locs:
         v = loc.read()
-        if type(v) in _SCALARS or isinstance(v, np.generic):
+        if type(v) in _SCALARS or isinstance(v, np.generic) or loc.kind == "contents":
             snap.append((loc, v, False))
         elif isinstance(v, (np.ndarray, Variable, types.FunctionType, type, types.MethodType,
-                            types.BuiltinFunctionType, np.ufunc)) \
+                            types.BuiltinFunctionType, np.ufunc, types.ModuleType)) \
+                or _c_container(v) \
                 or _is_namespace_object(v) \
                 or (type(v) in (list, tuple, dict, collections.deque)
                     and (loc.pinned or not _bookkeeping(v))) \
@@ -680,7 +904,8 @@ def snapshot(locs):
                                   weakref.WeakValueDictionary,
                                   weakref.WeakKeyDictionary, functools.partial,
                                   contextvars.ContextVar)) \
-                or isinstance(v, tuple):      # a namedtuple config (CFG._replace(lr=...))
+                or isinstance(v, tuple) \
+                or _opaque_object(v):         # (a namedtuple config: CFG._replace(lr=...))
             snap.append((loc, v, True))
     return snap
 
@@ -705,11 +930,15 @@ def changed(snap):
     """The first location whose value differs from the snapshot, as (loc, old, new)."""
     for loc, v, by_identity in snap:
         cur = loc.read()
-        if cur is v:
-            continue
-        if by_identity or type(cur) is not type(v) or not _same_scalar(cur, v):
+        if cur is not v and _differs(loc, v, cur, by_identity):
             return loc, v, cur
     return None
+
+
+def _differs(loc, v, cur, by_identity):
+    if loc.kind == "contents":
+        return not _same_contents(cur, v)
+    return by_identity or type(cur) is not type(v) or not _same_scalar(cur, v)
 
 
 def all_changed(snap):
@@ -717,8 +946,7 @@ def all_changed(snap):
     out = []
     for loc, v, by_identity in snap:
         cur = loc.read()
-        if cur is not v and (by_identity or type(cur) is not type(v)
-                             or not _same_scalar(cur, v)):
+        if cur is not v and _differs(loc, v, cur, by_identity):
             out.append((loc, v, cur))
     return out
 
@@ -729,7 +957,8 @@ def compile_check(snap):
     no dispatch on the location's kind). `changed` then says which one, for the log."""
     if not snap:
         return lambda: False
-    env = {"M": _MISSING, "same": _same_scalar, "ctx": context_value, "call": cached_call}
+    env = {"M": _MISSING, "same": _same_scalar, "ctx": context_value, "call": cached_call,
+           "contents": contents, "member": member, "same_contents": _same_contents}
     lines = []
     for i, (loc, v, by_identity) in enumerate(snap):
         env[f"c{i}"], env[f"k{i}"], env[f"v{i}"], env[f"t{i}"] = \
@@ -746,6 +975,11 @@ def compile_check(snap):
             read = f"call(c{i}, k{i})"
         elif loc.kind == "deref":
             read = f"(c{i}() if c{i}() is not None else M)"
+        elif loc.kind == "member":
+            read = f"member(c{i}, k{i})"
+        elif loc.kind == "contents":
+            lines.append(f"if not same_contents(contents(c{i}), v{i}): return True")
+            continue
         elif loc.kind == "item" and isinstance(loc.container, _SEQUENCES):
             read = f"(c{i}[k{i}] if -len(c{i}) <= k{i} < len(c{i}) else M)"
         else:

@@ -380,7 +380,7 @@ def main(argv=None):
                     choices=["state", "nested_grad", "views", "rebound", "argument_views",
                              "unchain", "mixed_dtypes", "matmul", "conv", "made_leaves",
                              "scalar_dropout", "backward_into", "retain_grad", "c_state",
-                             "nesting", "rebind_alias", "input_leaves"],
+                             "hidden_state", "nesting", "rebind_alias", "input_leaves"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
@@ -411,6 +411,9 @@ def main(argv=None):
                     "c_state (--generator deep_captures: a ContextVar's value or an "
                     "lru_cache'd function's result on every path, rebound or cleared "
                     "between calls); "
+                    "hidden_state (--generator deep_captures: a set member's or class's "
+                    "attribute, a ctypes field, a module's attribute or a long list's "
+                    "item at a computed index on every path, changed between calls); "
                     "rebind_alias (a captured Parameter's .data or an ndarray stored as "
                     "state set to an existing buffer: x.data[::-1], x.grad.data)")
     ap.add_argument("--generator", default="programs", choices=sorted(GENERATORS),

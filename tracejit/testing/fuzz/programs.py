@@ -2544,10 +2544,15 @@ def _state_reset_lines(b):
 _DEEP_LEAVES = ("variable", "parameter", "array", "float")
 # a attribute, p property, g __getattr__ (KeyError), s __slots__, c slots dataclass,
 # d dict item, t tuple-keyed dict item, l list item, L item 70 of a 100-item list,
-# q the last item of a deque, v a ContextVar's value, m an lru_cache'd function's result.
-_DEEP_STEPS = "apgscdtlLqwrovm"
+# q the last item of a deque, v a ContextVar's value, m an lru_cache'd function's result,
+# S a set member's attribute, K a class attribute, y a ctypes.py_object's value, M a
+# module's attribute, X item 70 of a 100-item list read at a computed index.
+_DEEP_STEPS = "apgscdtlLqwrovmSKyMX"
 # Levels kept in C (trace.opaque): focus="c_state" puts one in every path.
 _DEEP_C_STEPS = "vm"
+# Levels pystate guards beyond an object's __dict__ and a container's first items (sets,
+# classes, C fields, modules, a long list's contents): focus="hidden_state".
+_DEEP_HIDDEN_STEPS = "SKyMX"
 _DEEP_OBJECT_STEPS = "apgsc"
 
 
@@ -2571,16 +2576,26 @@ def _deep_tree_src(steps, leaf, root_class="_deep_obj"):
             "q": f"collections.deque([0.0, {inner}], maxlen=4)",
             "w": f"_deep_weak_table({inner})", "r": f"_deep_weak_ref({inner})",
             "o": f"collections.OrderedDict(n={inner})",
-            "v": f"_deep_ctx({inner})", "m": f"_deep_memo({inner})"}[s]
+            "v": f"_deep_ctx({inner})", "m": f"_deep_memo({inner})",
+            "S": f"{{_deep_obj(n={inner})}}", "K": f"_deep_class({inner})",
+            "y": f"ctypes.py_object({inner})", "M": f"_deep_module({inner})",
+            "X": f"_deep_long({inner})"}[s]
 
 
 _DEEP_READ = {"a": ".n", "p": ".n", "g": ".n", "s": ".n", "c": ".n", "d": "['n']",
               "t": "[(1, 'n')]", "l": "[0]", "L": "[70]", "q": "[-1]",
-              "w": "['n'].n", "r": "().n", "o": "['n']", "v": ".get()", "m": "()"}
+              "w": "['n'].n", "r": "().n", "o": "['n']", "v": ".get()", "m": "()",
+              "S": "", "K": ".n", "y": ".value", "M": ".n", "X": ""}
+# Reads that wrap the path so far (a set's member: `next(iter(<path>)).n`; a computed
+# index, which names no constant the walk could follow: `<path>[len(<path>) - 30]`).
+_DEEP_WRAP = {"S": "next(iter({})).n", "X": "{0}[len({0}) - 30]"}
 
 
-def _deep_ref(steps):
-    return "".join(_DEEP_READ[s] for s in steps)
+def _deep_ref(steps, root="ROOT"):
+    ref = root
+    for s in steps:
+        ref = _DEEP_WRAP[s].format(ref) if s in _DEEP_WRAP else ref + _DEEP_READ[s]
+    return ref
 
 
 _DEEP_CLASSES = [
@@ -2614,6 +2629,10 @@ _DEEP_CLASSES = [
     "    o = _deep_obj(n=n)", "    _DEEP_KEEP.append(o)", "    return weakref.ref(o)", "", "",
     "def _deep_ctx(n):",
     "    cv = contextvars.ContextVar('n')", "    cv.set(n)", "    return cv", "", "",
+    "def _deep_class(n):",
+    "    return type('_deep_cls', (), {'n': n})   # a new class: n a class attribute", "", "",
+    "def _deep_module(n):",
+    "    m = types.ModuleType('_deep_mod')", "    m.n = n", "    return m", "", "",
     "def _deep_memo(n):",
     "    box = [n]", "",
     "    @functools.lru_cache(maxsize=None)", "    def get():", "        return box[0]", "",
@@ -2630,9 +2649,10 @@ def deep_capture_programs(draw, avoid=(), focus=None):
                                   max_size=depth)))
     if steps[0] not in _DEEP_OBJECT_STEPS and draw(st.booleans()):
         steps = "a" + steps[1:]
-    if focus == "c_state" and not set(steps) & set(_DEEP_C_STEPS):
-        at = draw(st.integers(1 if depth > 1 else 0, depth - 1))
-        steps = steps[:at] + draw(st.sampled_from(_DEEP_C_STEPS)) + steps[at + 1:]
+    for name, kinds in (("c_state", _DEEP_C_STEPS), ("hidden_state", _DEEP_HIDDEN_STEPS)):
+        if focus == name and not set(steps) & set(kinds):
+            at = draw(st.integers(1 if depth > 1 else 0, depth - 1))
+            steps = steps[:at] + draw(st.sampled_from(kinds)) + steps[at + 1:]
     kinds = draw(st.lists(st.sampled_from(_DEEP_LEAVES), min_size=1, max_size=2,
                           unique=True))
     root = draw(st.sampled_from(["global", "closure", "argument", "vargument",
@@ -2659,15 +2679,13 @@ def deep_capture_programs(draw, avoid=(), focus=None):
     backward = draw(st.sampled_from([None, "plain"]))
     if cut is not None:
         backward = "plain"           # the cut shows in U's gradient
-    ref = "ROOT" + _deep_ref(steps)
-    if root.endswith("argument"):
-        ref = "c" + _deep_ref(steps)
+    ref = _deep_ref(steps, "c" if root.endswith("argument") else "ROOT")
     body = {"mul": f"F.sum(x * {ref})", "tanh": f"F.sum(F.tanh(x + {ref}))",
             "both": f"F.sum(F.tanh(x * {ref}) * {ref})"}[op]
     root_class = {"vargument": "_deep_vobj", "dargument": "_deep_mdc"}.get(root, "_deep_obj")
     cut_line = {None: [], "assign": ["x.creator = None"], "unchain": ["x.unchain()"]}[cut]
-    out = ["import collections", "import contextvars", "import dataclasses",
-           "import functools", "import weakref", "",
+    out = ["import collections", "import contextvars", "import ctypes", "import dataclasses",
+           "import functools", "import types", "import weakref", "",
            "import numpy as np", "import tracejit as tj",
            "import tracejit.functions as F", "", "", "SHAPE = (3,)", "", ""]
     out += _DEEP_CLASSES
@@ -2702,8 +2720,14 @@ def deep_capture_programs(draw, avoid=(), focus=None):
             "        v = _read(v, s)",
             "    return v", "", "",
             "def _read(v, s):",
-            "    if s in 'apgsc':",
+            "    if s in 'apgscKM':",
             "        return v.n",
+            "    if s == 'S':",
+            "        return next(iter(v)).n",
+            "    if s == 'y':",
+            "        return v.value",
+            "    if s == 'X':",
+            "        return v[len(v) - 30]",
             "    if s == 'w':",
             "        return v['n'].n",
             "    if s == 'r':",
@@ -2719,8 +2743,14 @@ def deep_capture_programs(draw, avoid=(), focus=None):
             "        h._n = v",
             "    elif s == 'g':",
             "        h.d['n'] = v",
-            "    elif s in 'asc':",
+            "    elif s in 'ascKM':",
             "        h.n = v",
+            "    elif s == 'S':",
+            "        next(iter(h)).n = v",
+            "    elif s == 'y':",
+            "        h.value = v",
+            "    elif s == 'X':",
+            "        h[70] = v",
             "    elif s in 'do':",
             "        h['n'] = v",
             "    elif s == 'w':",
@@ -2773,7 +2803,9 @@ _DEEP_LEGEND = ("a attribute, p property, g __getattr__, s slots, c slots datacl
                 "d dict item, t tuple key, l list item, L item 70, q deque's last, "
                 "w WeakValueDictionary item's attribute, r weakref.ref's referent's "
                 "attribute, o OrderedDict item, v ContextVar's value, m lru_cache'd "
-                "function's result")
+                "function's result, S a set member's attribute, K class attribute, "
+                "y ctypes.py_object's value, M module attribute, X item 70 at a "
+                "computed index")
 
 
 def _deep_root_src(steps, leaf, root_class):
