@@ -651,8 +651,8 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
             if _sized(obj) <= _MAX_CONTENTS:
                 out.append(Location("contents", obj, None, f"{label} (its items)", loc))
             if _c_container(obj) or _object_keys(obj):
-                frontier += [(l, None, None, depth + 1) for l in _members(obj, label, loc,
-                                                                         items, named)]
+                frontier += [(l, None, None, depth + 1)
+                             for l in _members(obj, label, loc, items)]
                 if not isinstance(obj, dict):
                     continue
         if t in (list, tuple, dict) and _bookkeeping(obj):
@@ -787,12 +787,11 @@ def _object_keys(obj):
     return type(obj) is dict and any(not _is_key(k) for k in itertools.islice(obj, _MAX_ITEMS))
 
 
-def _members(obj, label, loc, items, named):
+def _members(obj, label, loc, items):
     """Locations of a C container's first `items` items that are objects (walked
     below; its scalars are in its contents guard): a mapping's by key, the rest by
-    position (a set's in iteration order)."""
-    if named:
-        return []
+    position (a set's in iteration order). Below the depth bound too (named): a set's
+    member is read by iterating, never by a name the code has."""
     try:
         if isinstance(obj, collections.abc.Mapping) and not _object_keys(obj):
             keys = [k for k in itertools.islice(obj.keys(), items) if _is_key(k)]
