@@ -185,7 +185,8 @@ class LiveState:
 
     def capture(self):
         vs = [(var._data, None if var._data is None else var._data.copy(), var._grad,
-               None if var._grad is None else var._grad._data.copy()) for var in self.vars]
+               None if var._grad is None else var._grad._data.copy(), _grad_grad(var))
+              for var in self.vars]
         arrs = [a.copy() for a in self.arrays]
         if self.graph:
             return vs, arrs, [(x.creator, x.generation) for x in self.graph]
@@ -195,12 +196,15 @@ class LiveState:
         vs, arrs = snap[:2]
         for x, (creator, generation) in zip(self.graph, snap[2] if len(snap) > 2 else ()):
             x.creator, x.generation = creator, generation
-        for var, (data, data_copy, grad, grad_copy) in zip(self.vars, vs):
+        for var, (data, data_copy, grad, grad_copy, gg) in zip(self.vars, vs):
             if data is not None:
                 np.copyto(data, data_copy)
             var._data = data
             if grad is not None:
                 np.copyto(grad._data, grad_copy)
+                grad._grad = None if gg is None else gg[0]
+                if gg is not None:
+                    np.copyto(gg[0]._data, gg[1])
             var._grad = grad
         for a, c in zip(self.arrays, arrs):
             np.copyto(a, c)
@@ -213,10 +217,10 @@ class LiveState:
         and ref as in array_difference, ref a snapshot of the float64 twin's run."""
         vs, arrs = snap[:2]
         ref_vs, ref_arrs = ref[:2] if ref is not NOREF else (None, None)
-        for k, (var, (_, data_copy, _, grad_copy)) in enumerate(zip(self.vars, vs)):
+        for k, (var, (_, data_copy, _, grad_copy, gg)) in enumerate(zip(self.vars, vs)):
             data_now = var._data
             grad_now = None if var._grad is None else var._grad._data
-            r = ref_vs[k] if ref_vs is not None else (None,) * 4
+            r = ref_vs[k] if ref_vs is not None else (None,) * 5
             name = var.name or "a captured Variable"
             d = array_difference(data_copy, data_now, f"{name}.data", soft=soft,
                                  ref=NOREF if ref is NOREF else r[1])
@@ -229,12 +233,30 @@ class LiveState:
                                      ref=NOREF if ref is NOREF else r[3])
                 if d:
                     return d
+                # x.grad.grad (a backward in the call gave x.grad a .grad of its own).
+                gg_now = _grad_grad(var)
+                if (gg is None) != (gg_now is None):
+                    return f"{name}.grad.grad is {'None' if gg_now is None else 'set'} compiled"
+                if gg is not None:
+                    ref_gg = r[4] if ref is not NOREF and r[4] is not None else None
+                    d = array_difference(gg[1], gg_now[1], f"{name}.grad.grad", soft=soft,
+                                         ref=NOREF if ref is NOREF else
+                                         (None if ref_gg is None else ref_gg[1]))
+                    if d:
+                        return d
         for k, (c, now) in enumerate(zip(arrs, self.arrays)):
             d = array_difference(c, now, "a captured array", soft=soft,
                                  ref=NOREF if ref is NOREF else ref_arrs[k])
             if d:
                 return d
         return None
+
+
+def _grad_grad(var):
+    """(var.grad.grad, a copy of its array), or None."""
+    g = var._grad
+    gg = None if g is None else g._grad
+    return None if gg is None else (gg, gg._data.copy())
 
 
 def array_difference(expected, got, what, scaled=False, soft=None, ref=NOREF):

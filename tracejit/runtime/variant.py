@@ -688,6 +688,12 @@ class Variant:
             else:
                 self.grad_effects.append((target, len(user_outs) + len(effect_values)))
                 effect_values.append(gv)
+        # x.grad.grad: per nested grad (trace.call._nested_grads), (grad effect index,
+        # output slot, is a Constant).
+        self.nested_grads = []
+        for gi, gv, constant in call.nested_grads:
+            self.nested_grads.append((gi, len(user_outs) + len(effect_values), constant))
+            effect_values.append(gv)
         # The .grad backward left on a result made in the call (`loss.backward(
         # retain_grad=True); return loss, y`): per made result, None, ("out", slot) or
         # ("same", m) when it is made result m itself (`return y, y.grad`).
@@ -893,6 +899,7 @@ class Variant:
         slots += [slot for gi, (_, slot) in enumerate(self.grad_effects)
                   if slot is not None and gi not in self.grad_alias
                   and gi not in self.grad_same]
+        slots += [slot for _, slot, _ in self.nested_grads]
         slots += [mg[1] for mg in self.made_grads or () if mg is not None and mg[0] == "out"]
         slots += list(self.wrap_grads.values())
         slots += list(self.view_base_slots.values())
@@ -1707,6 +1714,13 @@ def build_runner(v, leaf_kinds, key=None):
             body.append(f"{t}._grad = " + (f"Constant({val})" if gi in v.grad_constant
                                             else f"wrap({val})"))
             env["Constant"] = core.Constant
+    for gi, slot, constant in v.nested_grads:
+        # After every grad effect's line: the .grad it sets (that object on each
+        # grad effect grad_same gives it) gets its .grad.
+        body += _fresh_lines("val", out(slot))
+        body.append(f"{target(*v.grad_effects[gi][0])}._grad._grad = " +
+                    ("Constant(val)" if constant else "wrap(val)"))
+        env["Constant"] = core.Constant
     body = body_before_grads
     grads_done = False
     for line in effect_lines:

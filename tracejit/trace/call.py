@@ -160,6 +160,15 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         grad_of = _grads_before_walks(tr)
         tr.grad_effects = [(var, None if grad_of(var) is None else tr.value_of(grad_of(var)))
                            for var in tr.grad_writes.values()]
+        # A later backward in the call that gave such a .grad a .grad of its own
+        # (x.grad.grad: x.grad a leaf of it): set on the .grad the runner sets.
+        nested, nested_line = _nested_grads(tr, grad_of, out_leaves_raw, out_leaves)
+        if nested_line is not None:
+            tr.escapes.append((
+                "a backward inside the function sets the .grad of a .grad the call set "
+                "(x.grad.grad, x.grad a leaf of a later backward) that compiled calls "
+                "cannot set as eager does (it is another result, a .grad elsewhere, "
+                "has a history, or has a .grad itself)", nested_line or def_line))
         # The .grad backward left on a result made inside the call (retain_grad, or
         # the loss's own): the variant sets it on the new result (variant.py).
         if tr.reseed:
@@ -191,6 +200,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
                 tr.wrap_grads[i] = tr.value_of(g)
         copied = _unshare_grads(tr, list(tr.grad_writes.values()) +
                                 [x for x, g, _ in tr.made_grads if g is not None] +
+                                [grad_of(tr.grad_effects[gi][0]) for gi, _, _ in nested] +
                                 [out_leaves_raw[i] for i in tr.wrap_grads], grad_of)
         # A result that is such a .grad's array (`return y.grad, y.grad.data`) is its
         # copy, the array the traced call's .grad now holds.
@@ -265,12 +275,6 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             elif id(g) in first_set:
                 grad_same[gi] = first_set[id(g)]
             first_set.setdefault(id(g), gi)
-        nested = _nested_grad_line(tr, grad_of, made_pos)
-        if nested is not None:
-            tr.escapes.append((
-                "a backward inside the function sets the .grad of a .grad the call set "
-                "(x.grad.grad, x.grad a leaf of a later backward): compiled calls set "
-                "one level of .grad", nested or def_line))
         made_grad_effect = {m: first_set[id(xg)] for m, (x, xg, _) in enumerate(tr.made_grads)
                             if xg is not None and id(xg) in first_set
                             and id(xg) not in made_pos}
@@ -401,7 +405,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         leaf_forms=tr.leaf_kinds, out_tree=out_tree, out_leaves=out_leaves,
         made_grads=made_grads, has_random=bool(tr.random_nodes), has_creator=has_creator,
         grad_alias=grad_alias, grad_same=grad_same, made_grad_effect=made_grad_effect,
-        made_grad_leaf=made_grad_leaf or None,
+        made_grad_leaf=made_grad_leaf or None, nested_grads=nested if not escapes else [],
         grad_constant=grad_constant, made_constant=made_constant, grad_reach=grad_reach,
         cut_sets=cut_sets, escapes=escapes, made_leaves=made_leaves,
         made_inputs=made_inputs, leaf_class=leaf_class, wrap_grads=wrap_grads,
@@ -751,17 +755,37 @@ def _unlink_cut(tr, cut):
                                              for u in links))
 
 
-def _nested_grad_line(tr, grad_of, made_pos):
-    """The user's line where a backward set the .grad of a .grad the call set on an
-    argument or captured Variable ('' when unknown), or None. The runner sets each
-    grad effect's .grad (and a result's), not a .grad of that .grad, which eager
-    has: x.grad, made by one backward, is a leaf of the next (F.sum(x.grad * w))."""
-    for var in tr.grad_writes.values():
-        g = grad_of(var)
-        if g is not None and g._grad is not None and not tr.is_live(g) \
-                and id(g) not in made_pos:
-            return tr.made_grad_lines.get(id(g), "")
-    return None
+def _nested_grads(tr, grad_of, raw, leaves):
+    """The .grad of a .grad the call set on an argument or captured Variable (x.grad,
+    made by one backward, is a leaf of the next: F.sum(x.grad * w)): [(grad effect
+    index, Value of x.grad.grad, whether it is a Constant)], one per x.grad object, and
+    the user's line ('' when unknown) where one was set that the runner cannot set as
+    eager does, else None. A .grad the graph computes that is returned has its .grad
+    set as a result's (made_grads); one returned as that .grad (a seed passed through:
+    "arggrad", "capgrad" leaves) is the object the runner sets it on. x.grad.grad must
+    be an object of its own, with no history (a compiled call gives it none) and no
+    .grad itself."""
+    results = {id(x) for x in raw}
+    computed = {id(x) for x, leaf in zip(raw, leaves) if leaf[0] == "out"}
+    grads = [grad_of(var) for var in tr.grad_writes.values()]
+    counts = {}
+    for g in grads:
+        if g is not None:
+            counts[id(g._grad)] = counts.get(id(g._grad), 0) + 1
+    out, seen = [], set()
+    for gi, g in enumerate(grads):
+        if g is None or g._grad is None or tr.is_live(g) or id(g) in computed \
+                or id(g) in seen:
+            continue
+        seen.add(id(g))
+        gg = g._grad
+        line = tr.made_grad_lines.get(id(g), "")
+        if id(gg) in results or counts[id(gg)] > 1 or tr.is_live(gg) or \
+                any(gg is h for h in grads) or gg.creator is not None or \
+                gg._grad is not None or not isinstance(gg._data, np.ndarray):
+            return [], line
+        out.append((gi, tr.value_of(gg), type(gg) is Constant))
+    return out, None
 
 
 def _grads_before_walks(tr):

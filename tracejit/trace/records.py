@@ -188,6 +188,8 @@ class TracedCall:
     made_grad_leaf: dict = None  # made result -> result leaf that is its .grad, a
                                  # Variable the graph does not compute (`y.backward(
                                  # retain_grad=True); return y.grad, y`: the seed)
+    nested_grads: list = ()  # (grad effect index, Value, is a Constant): the .grad a
+                             # backward in the call gave that effect's .grad (x.grad.grad)
     rebound: list = ()       # Locations of Variables it rebinds (state to thread), when
                              # that is the only Python state it changes
     captured_args: list = ()  # (argument leaf, Variable or array): an argument that is

@@ -189,6 +189,14 @@ def _grads(targets):
     return {label: (None if v.grad is None else _leaf(v.grad)) for label, v in targets}
 
 
+def _grad_grads(targets):
+    """x.grad.grad of each argument and capture right after the call (a backward in the
+    call gave x.grad, a leaf of a later one, a .grad of its own), before the caller's
+    backward replaces x.grad."""
+    return {f"{label}.grad.grad after the call": None if v.grad is None or v.grad.grad is None
+            else _leaf(v.grad.grad) for label, v in targets}
+
+
 def observe(f, args, captures, backward, call, plant=None, between=None, state=None,
             retain=False, preset=False):
     """Call f once as a user would, then differentiate; a dict of snapshots.
@@ -201,6 +209,7 @@ def observe(f, args, captures, backward, call, plant=None, between=None, state=N
     try:
         rec["stage"] = "call"
         out = f(*args)
+        rec["grad_grads"] = _grad_grads(targets)
         if plant == "raise" and call >= 3:
             raise RuntimeError("planted fault")
         if plant == "identity" and call >= 3:     # argument 0 itself, not a new Variable
@@ -274,7 +283,7 @@ def observe(f, args, captures, backward, call, plant=None, between=None, state=N
             if isinstance(c, Variable):
                 c.data = c.data + 0.01
                 break
-    rec["state"] = {}
+    rec["state"] = rec.pop("grad_grads", {})
     results = rec.pop("objs", [])
 
     def data_leaf(d, owner):
