@@ -590,15 +590,18 @@ def backprop(outputs, retain_grad=False, create_graph=False, grads=None, within=
     for y in outputs:
         push(y.creator)
     outside = []
+    deferrable = grads is None and within is None
     while heap:
         f = heapq.heappop(heap)[2]
-        if tr is not None and tr.backward_of(f, grads is None and within is None):
+        if tr is not None and tr.backward_of(f, deferrable):
             # A Function of the caller's graph, reached from a traced call: the trace
             # walks on from there once its own part is done (backward_outside). The
             # Functions from before the call come after every one of the call's that
             # gives them a gradient (their outputs' generations are lower), so one walk
             # of the call's part, then one of the caller's, is eager's one walk.
-            outside.append(f)
+            # (Gradients kept aside stop there: Trace.backward_of.)
+            if deferrable:
+                outside.append(f)
             continue
         for x in _backward_step(f, store, create_graph, retain_grad, reached):
             c = x.creator

@@ -535,13 +535,12 @@ class Trace(core.TraceHooks):
             # eager's backward goes on into the graph from before the call. A walk
             # keeping gradients in .grad leaves it out and goes on from the call's
             # Variables once its own part is done (backward_outside): an event
-            # compiled calls repeat on the caller's graph at call time.
-            if deferrable:
-                return True
-            self.escape("a backward inside the function that keeps its gradients aside "
-                        "(grad(), value_and_grad) goes on into the graph from before the "
-                        "call (through an argument or captured Variable with a "
-                        "creator); compiled calls stop at the call's inputs")
+            # compiled calls repeat on the caller's graph at call time. One keeping
+            # them aside (grad(), value_and_grad: deferrable False) stops here: what
+            # it would compute there are gradients of Variables from before the call,
+            # which no one reads (it returns those of the Variables it made, which
+            # the caller's graph cannot reach) and which touch no .grad.
+            return True
         return False
 
     def backward_outside(self, fns, retain_grad, create_graph):
