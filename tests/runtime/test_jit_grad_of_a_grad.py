@@ -133,9 +133,19 @@ def three_levels(x):
     return F.tanh(g * x)
 
 
-@pytest.mark.parametrize("fn, line", [(with_history, r"F\.sum\(g \* W\)\.backward"),
-                                      (three_levels, r"F\.reshape\(g, g\.shape\)")])
-def test_a_grad_of_a_grad_compiled_calls_cannot_set_runs_eagerly(fn, line,
+def read_after(x):
+    x.cleargrad()
+    F.reshape(x, x.shape).backward()
+    g = x.grad
+    F.sum(g * W).backward()
+    return F.tanh(g.grad * x)      # the caller's backward gives x.grad.grad a .grad
+
+
+@pytest.mark.parametrize("fn, why, line", [
+    (with_history, "it has a history", r"F\.sum\(g \* W\)\.backward"),
+    (three_levels, "it has a .grad of its own", r"F\.reshape\(g, g\.shape\)"),
+    (read_after, "an op reads it", r"F\.sum\(g \* W\)\.backward")])
+def test_a_grad_of_a_grad_compiled_calls_cannot_set_runs_eagerly(fn, why, line,
                                                                  record_jit_warnings):
     rng = np.random.default_rng(3)
     jf = tj.jit(fn)
@@ -147,10 +157,17 @@ def test_a_grad_of_a_grad_compiled_calls_cannot_set_runs_eagerly(fn, line,
         np.testing.assert_array_equal(j.data, e.data)
         assert (xj.grad.grad is None) == (xe.grad.grad is None)
         np.testing.assert_array_equal(xj.grad.grad.data, xe.grad.grad.data)
+        gge, ggj = xe.grad.grad, xj.grad.grad
+        F.sum(e).backward()
+        F.sum(j).backward()
+        assert (ggj.grad is None) == (gge.grad is None)
+        if gge.grad is not None:
+            np.testing.assert_array_equal(ggj.grad.data, gge.grad.data)
     msgs = [str(w.message) for w in record_jit_warnings]
     assert len(msgs) == 1, msgs
-    assert re.search(r"sets the \.grad of a \.grad .* cannot set as eager does .* at "
-                     r"test_jit_grad_of_a_grad\.py:\d+  " + line, msgs[0]), msgs
+    assert re.search(r"sets the \.grad of a \.grad .* cannot set as eager does \(" +
+                     re.escape(why) + r".* at test_jit_grad_of_a_grad\.py:\d+  " + line,
+                     msgs[0]), msgs
     assert jf.cache_info()["variants"] == 0
 
 

@@ -162,13 +162,12 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
                            for var in tr.grad_writes.values()]
         # A later backward in the call that gave such a .grad a .grad of its own
         # (x.grad.grad: x.grad a leaf of it): set on the .grad the runner sets.
-        nested, nested_line = _nested_grads(tr, grad_of, out_leaves_raw, out_leaves)
-        if nested_line is not None:
+        nested, refused = _nested_grads(tr, grad_of, out_leaves_raw, out_leaves)
+        if refused is not None:
             tr.escapes.append((
                 "a backward inside the function sets the .grad of a .grad the call set "
                 "(x.grad.grad, x.grad a leaf of a later backward) that compiled calls "
-                "cannot set as eager does (it is another result, a .grad elsewhere, "
-                "has a history, or has a .grad itself)", nested_line or def_line))
+                f"cannot set as eager does ({refused[0]})", refused[1] or def_line))
         # The .grad backward left on a result made inside the call (retain_grad, or
         # the loss's own): the variant sets it on the new result (variant.py).
         if tr.reseed:
@@ -759,19 +758,20 @@ def _nested_grads(tr, grad_of, raw, leaves):
     """The .grad of a .grad the call set on an argument or captured Variable (x.grad,
     made by one backward, is a leaf of the next: F.sum(x.grad * w)): [(grad effect
     index, Value of x.grad.grad, whether it is a Constant)], one per x.grad object, and
-    the user's line ('' when unknown) where one was set that the runner cannot set as
-    eager does, else None. A .grad the graph computes that is returned has its .grad
-    set as a result's (made_grads); one returned as that .grad (a seed passed through:
-    "arggrad", "capgrad" leaves) is the object the runner sets it on. x.grad.grad must
-    be an object of its own, with no history (a compiled call gives it none) and no
-    .grad itself."""
+    (why, the user's line or '') for one the runner cannot set as eager does, else None.
+    An x.grad the graph computes that is returned has its .grad set as a result's
+    (made_grads); one returned as that .grad (a seed passed through: "arggrad",
+    "capgrad" leaves) is the object the runner sets it on. x.grad.grad must be an
+    object of its own, with no history (a compiled call gives it none), no .grad
+    itself, and read by no op (a leaf the compiled backward would give no gradient)."""
     results = {id(x) for x in raw}
     computed = {id(x) for x, leaf in zip(raw, leaves) if leaf[0] == "out"}
+    used = {id(x) for uses in tr.leaf_operands.values() for _, x in uses}
     grads = [grad_of(var) for var in tr.grad_writes.values()]
-    counts = {}
+    owners = {}     # id(x.grad.grad) -> the x.grad objects holding it
     for g in grads:
-        if g is not None:
-            counts[id(g._grad)] = counts.get(id(g._grad), 0) + 1
+        if g is not None and g._grad is not None:
+            owners.setdefault(id(g._grad), set()).add(id(g))
     out, seen = [], set()
     for gi, g in enumerate(grads):
         if g is None or g._grad is None or tr.is_live(g) or id(g) in computed \
@@ -779,11 +779,15 @@ def _nested_grads(tr, grad_of, raw, leaves):
             continue
         seen.add(id(g))
         gg = g._grad
-        line = tr.made_grad_lines.get(id(g), "")
-        if id(gg) in results or counts[id(gg)] > 1 or tr.is_live(gg) or \
-                any(gg is h for h in grads) or gg.creator is not None or \
-                gg._grad is not None or not isinstance(gg._data, np.ndarray):
-            return [], line
+        why = "it is a result or a .grad elsewhere" if id(gg) in results or \
+            len(owners[id(gg)]) > 1 or tr.is_live(gg) or any(gg is h for h in grads) else \
+            "it has a history" if gg.creator is not None else \
+            "it has a .grad of its own: x.grad.grad.grad" if gg._grad is not None else \
+            "an op reads it: a backward through it would give it a .grad" \
+            if id(gg) in used else \
+            None if isinstance(gg._data, np.ndarray) else "it holds no array"
+        if why is not None:
+            return [], (why, tr.made_grad_lines.get(id(g), ""))
         out.append((gi, tr.value_of(gg), type(gg) is Constant))
     return out, None
 

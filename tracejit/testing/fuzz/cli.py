@@ -380,7 +380,8 @@ def main(argv=None):
                     choices=["state", "nested_grad", "views", "rebound", "argument_views",
                              "unchain", "mixed_dtypes", "matmul", "conv", "made_leaves",
                              "scalar_dropout", "backward_into", "retain_grad", "c_state",
-                             "hidden_state", "nesting", "rebind_alias", "input_leaves"],
+                             "hidden_state", "nesting", "rebind_alias", "input_leaves",
+                             "grad_grads"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
@@ -404,6 +405,10 @@ def main(argv=None):
                     "Parameter's data, beside it; with --generator argument_updates the "
                     "caller rebinds the arguments before the backward); "
                     "scalar_dropout (0-d inputs and dropout masks); "
+                    "grad_grads (a backward inside f through an argument's or a "
+                    "captured Parameter's .grad: x.grad.grad; grad() and "
+                    "value_and_grad() of a function closing over an argument with a "
+                    "creator); "
                     "backward_into (a backward inside f going on into the "
                     "caller's graph through arguments with a creator); "
                     "retain_grad (earlier values returned beside the last, the caller's "

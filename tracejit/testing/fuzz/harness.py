@@ -189,11 +189,11 @@ def _grads(targets):
     return {label: (None if v.grad is None else _leaf(v.grad)) for label, v in targets}
 
 
-def _grad_grads(targets):
-    """x.grad.grad of each argument and capture right after the call (a backward in the
-    call gave x.grad, a leaf of a later one, a .grad of its own), before the caller's
-    backward replaces x.grad."""
-    return {f"{label}.grad.grad after the call": None if v.grad is None or v.grad.grad is None
+def _grad_grads(targets, when):
+    """x.grad.grad of each argument and capture (a backward in the call gave x.grad, a
+    leaf of a later one, a .grad of its own): right after the call, before the caller's
+    backward replaces x.grad, and at the end (that backward through x.grad adds to it)."""
+    return {f"{label}.grad.grad {when}": None if v.grad is None or v.grad.grad is None
             else _leaf(v.grad.grad) for label, v in targets}
 
 
@@ -209,7 +209,7 @@ def observe(f, args, captures, backward, call, plant=None, between=None, state=N
     try:
         rec["stage"] = "call"
         out = f(*args)
-        rec["grad_grads"] = _grad_grads(targets)
+        rec["grad_grads"] = _grad_grads(targets, "after the call")
         if plant == "raise" and call >= 3:
             raise RuntimeError("planted fault")
         if plant == "identity" and call >= 3:     # argument 0 itself, not a new Variable
@@ -284,6 +284,8 @@ def observe(f, args, captures, backward, call, plant=None, between=None, state=N
                 c.data = c.data + 0.01
                 break
     rec["state"] = rec.pop("grad_grads", {})
+    if rec["state"]:
+        rec["state"].update(_grad_grads(targets, "at the end"))
     results = rec.pop("objs", [])
 
     def data_leaf(d, owner):

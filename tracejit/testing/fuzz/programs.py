@@ -2012,6 +2012,83 @@ def _retained_inside(b):
 
 RETAINED_INSIDE_STEPS = [(_retained_inside, 1)]
 # -------------------------------------- end of .grads retained inside f on intermediates
+# ---------------------------- a .grad of a .grad; grad() going on into the caller's graph
+# (focus "grad_grads"). A backward inside f that leaves an argument's or a captured
+# Parameter's .grad a leaf (reshape's seed, a seed passed through, a computed one), then
+# a later backward through that .grad: eager sets x.grad.grad (the harness compares it
+# right after the call; the caller's backward through the .grad, a leaf of the call's
+# graph, adds to it); sometimes one level more (x.grad.grad.grad: a refusal). And
+# grad()/value_and_grad() of a function closing over an argument with a creator (made
+# by the caller in args()): eager's walk kept aside goes on into the caller's graph.
+
+GRAD_OF_GRAD_FIRST = ("F.reshape({t}, {t}.shape)", "({t} + 0.5) - 0.25", "F.sum(F.sin({t}))")
+
+
+def _grad_of_a_grad(b):
+    v = b.pick(lambda w: w.var and w.bound <= 10)
+    if v is None:
+        return b.st_unary()
+    vars_ = [a for a in b.args if a[1] == "var"]
+    if vars_ and b.draw(st.booleans()):
+        a = b.draw(st.sampled_from(vars_))
+        target, shape = a[0], tuple(a[2].shape)
+    else:
+        c = b.capture(tuple(d for d in v.shape if d != B)[-2:], "param", reuse=False)
+        b.updated.add(c[0])
+        target, shape = c[0], tuple(c[2])
+    dtype = _target_dtype(b, target)
+    y, g = b.fresh("y"), b.fresh("g")
+    b.emit(f"{target}.cleargrad()")
+    b.emit(f"{y} = " + b.draw(st.sampled_from(GRAD_OF_GRAD_FIRST)).format(t=target))
+    retain = "retain_grad" not in b.avoid and b.draw(st.booleans())
+    b.emit(f"{y}.backward(retain_grad={retain})")
+    b.emit(f"{g} = {target}.grad")
+    b.add(g, shape, dtype, 1.0)
+    src = g
+    if b.draw(st.integers(0, 7)) == 0:
+        # g.grad a leaf too (reshape's seed), then given a .grad of its own.
+        y2, src = b.fresh("y"), b.fresh("g")
+        b.emit(f"{y2} = F.reshape({g}, {g}.shape)")
+        b.emit(f"{y2}.backward()")
+        b.emit(f"{src} = {g}.grad")
+        b.features.add("grad_of_grad_three_levels")
+    loss = b.fresh("loss")
+    if bcast(v.shape, shape) is not None:
+        b.emit(f"{loss} = F.mean(F.tanh({src} * {v.name}) ** 2)")
+        dtype = "float64" if "float64" in (dtype, v.dtype) else "float32"
+    else:
+        b.emit(f"{loss} = F.mean(F.tanh({src}) ** 2)")
+    b.emit(f"{loss}.backward()")
+    b.add(loss, (), dtype, 1.0)
+    b.features.add("grad_of_grad" + ("_retain" if retain else ""))
+
+
+def _grad_into_caller(b):
+    x0 = b.args[0][2]
+    v = b.pick(lambda w: w.var and w.bound <= 10)
+    if v is None or not x0.var or bcast(v.shape, x0.shape) is None:
+        return b.st_unary()
+    u = f"u{len(b.extra_args)}"
+    b.extra_args.append((u, b.draw(st.sampled_from(BACKWARD_INTO_SOURCES))))
+    uv = b.add(u, x0.shape, x0.dtype, 3.0, signed=True)
+    name = b.fresh("g")
+    form = b.draw(st.sampled_from(["grad", "value_and_grad", "grad_grad"]))
+    if form == "grad":
+        b.emit(f"{name} = tj.grad(lambda z: F.sum(F.tanh(z * {u})))({v.name})")
+    elif form == "value_and_grad":
+        val = b.fresh("v")
+        b.emit(f"{val}, {name} = tj.value_and_grad(lambda z: F.sum(F.sin(z * {u})))"
+               f"({v.name})")
+        b.add(val, (), _dt(v, uv), 50.0)
+    else:
+        b.emit(f"{name} = tj.grad(lambda z: F.sum(tj.grad(lambda w: F.sum(F.sin(w * {u})))"
+               f"(z) * {u}))({v.name})")
+    b.add(name, v.shape, _dt(v, uv), 9.0)
+    b.features.add(f"grad_into_caller_{form}")
+
+
+GRAD_GRAD_STEPS = [(_grad_of_a_grad, 2), (_grad_into_caller, 1)]
+# ------------------------------------------------------------------- end of grad grads
 
 
 @st.composite
@@ -2034,6 +2111,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     focus="scalar_dropout" mostly 0-d inputs and dropout (argument_update_programs);
     focus="backward_into" mostly BACKWARD_INTO_STEPS (a backward inside f going on
     into the caller's graph through arguments with a creator);
+    focus="grad_grads" mostly GRAD_GRAD_STEPS (x.grad.grad set by a backward inside f;
+    grad() of a function closing over an argument with a creator);
     focus="retain_grad" returns earlier values the last depends on, and the caller's
     backward (always one) keeps the intermediates' gradients (RETAIN); and mostly
     RETAINED_INSIDE_STEPS (a backward inside f leaving .grads on intermediates the
@@ -2110,6 +2189,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         table += [(lambda g=g: g(b), w * 40) for g, w in CONV_STEPS]     # conv epilogues
     if focus == "backward_into":  # (only then, as unchain)
         table += [(lambda g=g: g(b), w * 12) for g, w in BACKWARD_INTO_STEPS]
+    if focus == "grad_grads":  # (only then, as unchain)
+        table += [(lambda g=g: g(b), w * 12) for g, w in GRAD_GRAD_STEPS]
     if focus == "input_leaves":  # (only then, as unchain)
         table += [(lambda g=g: g(b), w * 12) for g, w in INPUT_LEAF_STEPS]
     if focus == "retain_grad":  # (only then, as unchain)
