@@ -210,6 +210,7 @@ def observe(f, args, captures, backward, call, plant=None, between=None, state=N
         rec["stage"] = "call"
         out = f(*args)
         rec["grad_grads"] = _grad_grads(targets, "after the call")
+        owners = list(targets)       # (targets grows by the result Variables below)
         if plant == "raise" and call >= 3:
             raise RuntimeError("planted fault")
         if plant == "identity" and call >= 3:     # argument 0 itself, not a new Variable
@@ -285,7 +286,7 @@ def observe(f, args, captures, backward, call, plant=None, between=None, state=N
                 break
     rec["state"] = rec.pop("grad_grads", {})
     if rec["state"]:
-        rec["state"].update(_grad_grads(targets, "at the end"))
+        rec["state"].update(_grad_grads(owners, "at the end"))
     results = rec.pop("objs", [])
 
     def data_leaf(d, owner):
