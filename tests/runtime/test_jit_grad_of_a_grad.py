@@ -50,6 +50,14 @@ def returned_arg_grad(x):
     return x.grad, x * 3.0
 
 
+def shared_seed(x):
+    W.cleargrad()
+    V.cleargrad()
+    (W + V).backward()                     # W.grad is V.grad, the seed
+    F.sum(F.sin(W.grad * x)).backward()    # sets the shared .grad's .grad
+    return x * 2.0
+
+
 def _grad_levels(v):
     g = v.grad
     return (None if g is None else g.data.copy(),
@@ -82,7 +90,8 @@ def _run(fn, xs, backward):
             out = _leaves(f(xv))
             seen = [[o.data.copy() for o in out],
                     [_grad_levels(v) for v in (xv, W, V)]]
-            seen.append([o is xv.grad for o in out] + [o is V.grad for o in out])
+            seen.append([o is xv.grad for o in out] + [o is V.grad for o in out] +
+                        [W.grad is V.grad])
             if backward:
                 sum(F.sum(o * (k + 1.5)) for k, o in enumerate(out)).backward()
                 seen.append([_grad_levels(v) for v in (xv, W, V)])
@@ -99,7 +108,7 @@ def _run(fn, xs, backward):
 
 @pytest.mark.usefixtures("jit_warnings_are_errors")
 @pytest.mark.parametrize("backward", [False, True])
-@pytest.mark.parametrize("fn", [nested, seed_through, returned_arg_grad])
+@pytest.mark.parametrize("fn", [nested, seed_through, returned_arg_grad, shared_seed])
 def test_a_grad_of_a_grad_compiles_as_eager_sets_it(fn, backward):
     rng = np.random.default_rng(0)
     jf = _run(fn, [rng.standard_normal((2, 4)) for _ in range(5)], backward)
