@@ -211,15 +211,12 @@ def _library_module(mod):
 
 
 def _data_value(v):
-    """A class's or module's attribute that is state (not code): a number, a string, an
-    array, a Variable, a container, an object with attributes."""
-    if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
-                      types.ModuleType, type, staticmethod, classmethod, property,
-                      np.ufunc)):
-        return False
-    return type(v) in _SCALARS or isinstance(v, (np.ndarray, np.generic, Variable)) or \
-        type(v) in (list, tuple, dict, set, frozenset, collections.deque) or \
-        _is_namespace_object(v) or _c_container(v)
+    """A class's attribute that is state, not code: anything but a function, method,
+    property, module or class (a number, an array, a Variable, a container, an object,
+    a weak reference, a partial)."""
+    return not isinstance(v, (types.FunctionType, types.BuiltinFunctionType,
+                              types.MethodType, types.ModuleType, type, staticmethod,
+                              classmethod, property, np.ufunc))
 
 
 def _class_data_names(klass):
