@@ -61,6 +61,8 @@ _MAX_ITEMS = 64           # items of one list, tuple or dict
 # guarded by its contents (`sum(L)` over a list of 100 floats, `next(iter(S)).k`):
 # every item, scalars by value and the rest by identity, up to this many items.
 _MAX_CONTENTS = 100_000
+# A class made by a class statement (a C type's attributes are its methods).
+_HEAPTYPE = 1 << 9
 # The objects in such a container walked one by one (their attributes are state too).
 _MAX_OBJECT_ITEMS = 1024
 
@@ -216,7 +218,10 @@ def _data_value(v):
     a weak reference, a partial)."""
     return not isinstance(v, (types.FunctionType, types.BuiltinFunctionType,
                               types.MethodType, types.ModuleType, type, staticmethod,
-                              classmethod, property, np.ufunc))
+                              classmethod, property, np.ufunc, types.MethodDescriptorType,
+                              types.WrapperDescriptorType, types.GetSetDescriptorType,
+                              types.MemberDescriptorType,
+                              types.ClassMethodDescriptorType))
 
 
 def _class_data_names(klass):
@@ -279,7 +284,8 @@ def _slot_names(cls):
 
 
 def _library_class(klass):
-    mod = vars(klass).get("__module__", "") or ""
+    # (A C type's __module__ is not in its own __dict__: `numpy`, `builtins`.)
+    mod = vars(klass).get("__module__", None) or probe(klass, "__module__", "") or ""
     return not isinstance(mod, str) or mod.startswith(("tracejit", "numpy", "numba",
                                                        "builtins"))
 
@@ -620,7 +626,8 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
         label = name or (loc.label if loc is not None else "?")
         items = _MAX_ITEMS if max_locations <= _MAX_LOCATIONS else max_locations
         t = type(obj)
-        if isinstance(obj, type) and not _library_class(obj):
+        if isinstance(obj, type) and not _library_class(obj) and \
+                obj.__flags__ & _HEAPTYPE:
             # A user class (`Config.lr`, a counter kept on the class): its data
             # attributes, guarded as an instance's are, and a class in one the code
             # names (`Config.Optim.lr`).
@@ -714,7 +721,7 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
                 # Past the first items, the objects (the contents guard has the
                 # scalars): `L[len(L) - 30].k` reads one the code names no index of.
                 idx += [i for i in range(items, min(n, _MAX_OBJECT_ITEMS))
-                        if not (type(obj[i]) in _SCALARS or isinstance(obj[i], np.generic))]
+                        if not (_is_scalar_config(obj[i]) or isinstance(obj[i], np.generic))]
             if indices is not None:
                 # A negative index the code names is a location of its own: `h[-1]`
                 # is the last item at every call, also of a list grown since.
@@ -765,8 +772,9 @@ def _opaque_object(obj):
     if isinstance(obj, (np.ndarray, np.generic, Variable, types.FunctionType,
                         types.BuiltinFunctionType, types.MethodType, types.ModuleType, type,
                         weakref.ref, functools.partial, contextvars.ContextVar,
-                        types.CodeType, types.CellType, np.ufunc)):
-        return False
+                        types.CodeType, types.CellType, np.ufunc, list, tuple, dict, set,
+                        frozenset, collections.deque, str, bytes)) or _c_container(obj):
+        return False      # (containers: guarded and walked by their own rules)
     mod = probe(type(obj), "__module__", "") or ""
     return isinstance(mod, str) and not mod.startswith(("tracejit", "numpy", "numba")) \
         and not _is_namespace_object(obj)
