@@ -7,9 +7,16 @@ a list/tuple item (namedtuples too; a dict subclass's or a mappingproxy's item, 
 functools.partial's bound arguments, and what a weak reference refers to: a
 WeakValueDictionary's or WeakKeyDictionary's item, a weakref.ref's referent; a
 ContextVar's value in the current context; a memoized function's result for the
-arguments the trace called it with, trace.opaque); below that, for _DEEP more levels,
-the reads the
-code names (its attribute names, keys and indices), which are also followed past a
+arguments the trace called it with, trace.opaque; a user class's data attributes,
+the attributes the code names of a user's or the standard library's module and of a C
+object (its C fields); the members of a set and the items of a C container: array.array,
+bytearray, a ctypes array, numba's typed List, a Mapping such as os.environ; the keys of a
+dict keyed by objects; what a function kept in state reads); and, for a container whose
+items are not all listed one by one (past the first _MAX_ITEMS, below the depth bound, a
+set, a C container), its whole contents, a "contents" location (scalars by value, the
+rest by identity: `sum(L)` of a long list, `for o in S`). Below that, for _DEEP more
+levels, the reads the code names (its attribute names, keys and indices), which are
+also followed past a
 container's first _MAX_ITEMS items and past the location bound (`BIG[80]`, one
 attribute of an object with a thousand). Module-level helper functions the function
 calls are followed, and so are the getters of the objects walked (properties,
@@ -909,7 +916,9 @@ def snapshot(locs):
                                   weakref.WeakKeyDictionary, functools.partial,
                                   contextvars.ContextVar)) \
                 or isinstance(v, tuple) \
-                or _opaque_object(v):         # (a namedtuple config: CFG._replace(lr=...))
+                or _opaque_object(v):
+            # (A tuple: a namedtuple config, CFG._replace(lr=...); an opaque object: a C
+            # type's instance, its fields below.)
             snap.append((loc, v, True))
     return snap
 
