@@ -1423,8 +1423,8 @@ def _snapshot_with_noise(snap, noisy):
     of parts that cancel moves with float32 rounding as a result does)."""
     vs, arrs = snap[:2]
     vs = [(d, with_noise(dc, [n[0][k][1] for n in noisy]), g,
-           with_noise(gc, [n[0][k][3] for n in noisy]))
-          for k, (d, dc, g, gc) in enumerate(vs)]
+           with_noise(gc, [n[0][k][3] for n in noisy])) + tuple(rest)
+          for k, (d, dc, g, gc, *rest) in enumerate(vs)]
     arrs = [with_noise(a, [n[1][k] for n in noisy]) for k, a in enumerate(arrs)]
     return (vs, arrs) + tuple(snap[2:])
 

@@ -213,10 +213,15 @@ def _library_module(mod):
     origin = probe(spec, "origin", None) if spec is not None else None
     if origin is None:
         return False          # made at run time (types.ModuleType(...)): the user's
-    if name.partition(".")[0] in sys.stdlib_module_names:
+    if _stdlib_module(mod):
         return False          # its named data is read as state (os.environ, sys.argv)
     return not isinstance(origin, str) or "site-packages" in origin or \
         "dist-packages" in origin
+
+
+def _stdlib_module(mod):
+    name = probe(mod, "__name__", "") or ""
+    return isinstance(name, str) and name.partition(".")[0] in sys.stdlib_module_names
 
 
 def _data_value(v):
@@ -319,9 +324,11 @@ def _getters(cls):
 
 
 def _is_user_function(f):
+    # (Not the standard library's: copy.copy's globals are copy's tables, not state.)
     mod = probe(f, "__module__", "") or ""
-    return isinstance(f, types.FunctionType) and not mod.startswith(("tracejit", "numpy",
-                                                                      "numba"))
+    return isinstance(f, types.FunctionType) and isinstance(mod, str) and \
+        not mod.startswith(("tracejit", "numpy", "numba")) and \
+        mod.partition(".")[0] not in sys.stdlib_module_names
 
 
 def _is_library_wrapper(f):
@@ -650,8 +657,12 @@ def _walk(roots, seen_functions, max_depth=_MAX_DEPTH, max_locations=_MAX_LOCATI
             # (a module holds its imports and functions too: not state).
             if not _library_module(obj) and names is not None:
                 d = probe(obj, "__dict__") or {}
+                stdlib = _stdlib_module(obj)     # (its data only: os.environ, not copy.copy)
                 frontier += [(Location("attr", obj, k, f"{label}.{k}", loc), None, None,
-                              depth + 1) for k in list(d) if k in names]
+                              depth + 1) for k in list(d)
+                             if k in names and not (stdlib and (callable(d[k]) and not
+                                                                _c_container(d[k])
+                                                                or not _data_value(d[k])))]
             continue
         if _c_container(obj) or (t in (list, tuple, dict, collections.deque) and (
                 named or _sized(obj) > items or _object_keys(obj))
