@@ -8,6 +8,7 @@ compiled backward graph. The per-variant Python that does this is generated sour
 """
 import os
 import weakref
+from functools import partial
 
 import numpy as np
 
@@ -89,6 +90,40 @@ class CompiledFunction(RegionFunction):
         # As the call left them: a create_graph walk reads such a .grad with the
         # history eager's has (_held_twins).
         self.held = {key: sg for key, (_, sg) in self.stale.items()}
+
+    def hold_upstream(self, holds):
+        """Hold the results other results of this call are computed from (`S['h'] = h;
+        return F.sum(h * 2.0)`, `return loss, h`) while one computed from them lives,
+        as eager's graph holds an intermediate: the caller may drop its own reference
+        (`S['h'] = None`) before a backward from the other, whose walk through the call
+        reads the dropped one's .grad (a backward inside the call retained it, or the
+        caller set it) and adds it to what flows on, as eager's walk does. holds: per
+        result j, the results it is computed from (Variant.upstream_holds). Each hold
+        ends when the last result computed from it dies (a weak reference's callback),
+        and with it the cycle result -> creator -> result it makes."""
+        outs = self.outputs
+        held, refs = {}, {}
+        for j, ks in holds:
+            y = outs[j]()
+            ks = [k for k in ks if outs[k]() is not None]
+            if y is None or not ks:
+                continue
+            for k in ks:
+                entry = held.get(k)
+                if entry is None:
+                    held[k] = [1, outs[k]()]
+                else:
+                    entry[0] += 1
+            refs[j] = (weakref.ref(y, partial(_release_held, held, ks)), ks)
+        self.upstream_held = held, refs
+
+    def release_upstream(self, j):
+        """Result j is no longer computed from this call (unchained): the results it
+        held (hold_upstream) are released as eager's cut graph releases them."""
+        held, refs = getattr(self, "upstream_held", (None, {}))
+        entry = refs.pop(j, None)
+        if entry is not None:
+            _release_held(held, entry[1], None)
 
     def _stale_reached(self, gys):
         """Whether a walk from the outputs with a gradient in gys passes a Variable of
@@ -456,6 +491,7 @@ class CompiledFunction(RegionFunction):
         self.cut_vars = cut
         for k in slots:
             refs[k] = _dead_ref
+            self.release_upstream(k)
         rest = []
         for m, r in enumerate(refs):
             z = r()
@@ -463,6 +499,7 @@ class CompiledFunction(RegionFunction):
                 continue
             if position[m] in cut:
                 refs[m] = _dead_ref
+                self.release_upstream(m)
                 z.unchain()
             else:
                 rest.append(m)
@@ -519,6 +556,26 @@ class InputlessCompiledFunction(CompiledFunction):
 
     def expand(self):
         pass            # nothing outside the call to cut: eager's inputs have no creator
+
+
+def _release_held(held, ks, _ref):
+    """A result computed from results ks died (or was unchained): one hold of each
+    fewer (CompiledFunction.hold_upstream)."""
+    for k in ks:
+        entry = held[k]
+        entry[0] -= 1
+        if not entry[0]:
+            del held[k]
+
+
+def _upstream_holds(v):
+    """Per output Variable j of the creator that others are upstream of: (j, those
+    outputs), for CompiledFunction.hold_upstream. Two outputs upstream of each other
+    (one Value in two slots) are not held by each other: neither would ever die."""
+    ups = v.outputs_upstream()
+    return tuple((j, tuple(k for k in sorted(up) if j not in ups[k]))
+                 for j, up in enumerate(ups)
+                 if any(j not in ups[k] for k in up))
 
 
 def _results_feeding_results(v):
@@ -837,13 +894,15 @@ class Variant:
             any(i in self.arg_var_pos or self.sources[i][0] == "var"
                 for i in self.leaf_inputs))
         self.leaf_kinds = call.leaf_forms
+        self.feeding_results = None   # _results_feeding_results, found at first need
+        self._outputs_upstream = None  # outputs_upstream, found at first need
+        self._output_ancestry = None   # output_ancestry, found at first need
+        # The results each call's creator holds for the others (hold_upstream).
+        self.upstream_holds = _upstream_holds(self) if backward is not None else ()
         self.runner = build_runner(self, call.leaf_forms)
         self._hot_runner = None
         self._bexe = None
         self._interp_bwd = None
-        self.feeding_results = None   # _results_feeding_results, found at first need
-        self._outputs_upstream = None  # outputs_upstream, found at first need
-        self._output_ancestry = None   # output_ancestry, found at first need
         self.backward_runner = None
         self.input_ids = None
 
@@ -1930,6 +1989,8 @@ def build_runner(v, leaf_kinds, key=None):
         # creator's output slots numbered as the backward graph's gys.
         refs = [f"ref({n})" if c else "dead" for n, _, c, _ in made]
         inner.append(f"cf.outputs = [{', '.join(refs)}]")
+        if v.upstream_holds:
+            inner.append(f"cf.hold_upstream({const(v.upstream_holds)})")
         body += ["    " + line for line in inner]
         body.append("else:")
         body += ["    " + line for line in plain] or ["    pass"]
