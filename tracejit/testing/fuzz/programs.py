@@ -2012,6 +2012,77 @@ def _retained_inside(b):
 
 RETAINED_INSIDE_STEPS = [(_retained_inside, 1)]
 # -------------------------------------- end of .grads retained inside f on intermediates
+# ------------------------------ stored state dropped or rebound before the caller's backward
+# (focus "dropped_state"). f stores a value the result goes on from as state (`S['h'] =
+# h`), after a backward inside f left a .grad on it (retain_grad=True) or not; after the
+# call the caller drops or rebinds the state, maybe changing, setting or clearing its
+# .grad first (DROP_STATE, run by the harness's BETWEEN), then runs its backward. Eager's
+# graph keeps h alive, and its walk adds h's .grad to the gradient flowing on. Found:
+# compiled calls held their results weakly and lost the .grad of a dropped one.
+DROP_ACTIONS = {
+    "drop": [],
+    "rebind": [],        # (the holder gets a new Variable in place of None)
+    "scale": ["if h.grad is not None:", "    h.grad = h.grad * 3.0"],
+    "set": ["h.grad = tj.Variable(np.full(h.shape, 0.5, h.dtype))"],
+    "clear": ["h.cleargrad()"],
+    "keep": None,        # (h stays stored: the control)
+}
+
+
+def _dropped_state(b):
+    v = b.pick(lambda w: w.var and w.bound <= 10)
+    if v is None:
+        return b.st_unary()
+    if not hasattr(b, "states"):
+        b.states = []
+        b.state_resets = sorted({0, 6} | set(b.draw(st.lists(st.integers(1, 9),
+                                                             max_size=2))))
+    suffix = tuple(d for d in v.shape if d != B)[-2:]
+    W, _, _, wdt, _ = b.capture(suffix, "param", reuse=False)
+    k = len(b.states)
+    holder = b.draw(st.sampled_from(["object", "layer", "dict", "global"]))
+    ref = {"object": f"STATE{k}.h", "layer": f"LAYER{k}.h", "dict": f"STATED{k}['h']",
+           "global": f"H{k}"}[holder]
+    h, name = b.fresh("h"), b.fresh()
+    b.emit(f"{h} = F.tanh({v.name} * {W})")
+    if "retain_grad" not in b.avoid and b.draw(st.booleans()):
+        b.updated.add(W)
+        b.emit(f"F.sum({h} * {h}).backward(retain_grad=True)")
+        b.emit(f"{W}.cleargrad()")
+        b.features.add("dropped_state_retained")
+    b.emit(f"{ref} = {h}")
+    b.states.append((holder, ref, k))
+    action = b.draw(st.sampled_from(sorted(DROP_ACTIONS)))
+    if not hasattr(b, "drops"):
+        b.drops = []
+    b.drops.append((holder, ref, action))
+    b.emit(f"{name} = {h} * 2.0 + {v.name}" if b.draw(st.booleans())
+           else f"{name} = F.exp({h}) * 0.5")
+    b.add(name, v.shape, "float64" if wdt == "float64" else _dt(v), v.bound + 2.0)
+    b.features.add(f"dropped_state_{action}")
+
+
+def _drop_state_lines(b):
+    """DROP_STATE(call, args): what the caller does to the state _dropped_state stored,
+    after the call and before its backward (the harness's BETWEEN runs it)."""
+    drops = [d for d in getattr(b, "drops", ()) if DROP_ACTIONS[d[2]] is not None]
+    if not drops:
+        return []
+    out = ["", "", "def DROP_STATE(call, args):",
+           "    \"\"\"The caller drops or rebinds the state f stored, before its "
+           "backward.\"\"\""]
+    out += [f"    global {ref}" for holder, ref, _ in drops if holder == "global"]
+    for holder, ref, action in drops:
+        out.append(f"    h = {ref}")
+        out.append("    if h is not None:")
+        out += [f"        {line}" for line in DROP_ACTIONS[action]]
+        out.append(f"        {ref} = " + ("tj.Variable(np.ones(2))" if action == "rebind"
+                                          else "None"))
+    return out + ["", "", "BETWEEN = DROP_STATE"]
+
+
+DROPPED_STATE_STEPS = [(_dropped_state, 1)]
+# --------------------------- end of stored state dropped or rebound before the backward
 # ---------------------------- a .grad of a .grad; grad() going on into the caller's graph
 # (focus "grad_grads"). A backward inside f that leaves an argument's or a captured
 # Parameter's .grad a leaf (reshape's seed, a seed passed through, a computed one), then
@@ -2116,7 +2187,9 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     focus="retain_grad" returns earlier values the last depends on, and the caller's
     backward (always one) keeps the intermediates' gradients (RETAIN); and mostly
     RETAINED_INSIDE_STEPS (a backward inside f leaving .grads on intermediates the
-    caller's backward passes)."""
+    caller's backward passes);
+    focus="dropped_state" mostly DROPPED_STATE_STEPS (a value stored as state, dropped
+    or rebound by the caller before its backward, which is always one)."""
     avoid = frozenset(avoid)
     unknown = avoid - set(AVOIDABLE)
     if unknown:
@@ -2195,6 +2268,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         table += [(lambda g=g: g(b), w * 12) for g, w in INPUT_LEAF_STEPS]
     if focus == "retain_grad":  # (only then, as unchain)
         table += [(lambda g=g: g(b), w * 12) for g, w in RETAINED_INSIDE_STEPS]
+    if focus == "dropped_state":  # (only then, as unchain)
+        table += [(lambda g=g: g(b), w * 12) for g, w in DROPPED_STATE_STEPS]
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
@@ -2219,7 +2294,7 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     if backward == "create_graph" and "create_graph_inplace" in avoid and (
             b.features & {"inner_backward_update", "inplace_arg", "inplace_capture"}):
         backward = "plain"
-    if focus == "retain_grad" and backward is None:
+    if focus in ("retain_grad", "dropped_state") and backward is None:
         backward = "plain"
     if backward == "create_graph":
         b.features.add("create_graph")
@@ -2416,6 +2491,7 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=Fal
         out.append(f"    {name} = {src}")
         names.append(name)
     out.append(f"    return ({', '.join(names)}{',' if len(names) == 1 else ''})")
+    out += _drop_state_lines(b)
     return "\n".join(out) + "\n"
 
 
@@ -2499,6 +2575,8 @@ def argument_update_programs(draw, avoid=(), focus=None):
         lines += [f"            {line}" for kind in used if arg_kind in ARG_UPDATES[kind]
                   for line in (f"if kind == {kind!r}:",
                                f"    {ARG_UPDATES[kind][arg_kind]}")]
+    if "def DROP_STATE(" in src:
+        lines.append("    DROP_STATE(call, args)")     # (the state dropped too)
     src = src + "\n".join(lines) + "\n"
     features = sorted(set(p.features) | {"argument_update", backward == "create_graph"
                                          and "create_graph" or "plain_backward"})
