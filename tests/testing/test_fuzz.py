@@ -382,6 +382,21 @@ def test_the_made_leaves_focus_draws_each_kind_and_escape():
         compile(p.source, "<program>", "exec")
 
 
+def test_the_dropped_state_focus_draws_each_action_and_runs_it_before_the_backward():
+    # programs.DROPPED_STATE_STEPS: each thing the caller does to the stored state, with
+    # and without a retained .grad; the harness's BETWEEN is DROP_STATE.
+    from tracejit.testing.fuzz.programs import DROP_ACTIONS
+    progs = fuzz.generate(40, seed=1, focus="dropped_state")
+    features = set().union(*(p.features for p in progs))
+    for a in DROP_ACTIONS:
+        assert f"dropped_state_{a}" in features, features
+    assert "dropped_state_retained" in features, features
+    for p in progs:
+        compile(p.source, "<program>", "exec")
+        if "def DROP_STATE(" in p.source:
+            assert "BETWEEN = DROP_STATE" in p.source
+
+
 def test_the_gradients_of_result_variables_are_compared():
     # How compiled calls hid a made leaf given no gradient: it is neither an argument
     # nor a capture, so only the result Variables' .grad show it.
