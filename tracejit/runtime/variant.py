@@ -940,6 +940,22 @@ class Variant:
             self._outputs_upstream = ups
         return self._outputs_upstream
 
+    def output_depths(self):
+        """Per output slot of the forward graph, the longest chain of nodes from the
+        call's inputs to it: a bound on how far above the call's inputs eager's
+        Variable of it is in generation. A result is given cf.generation + its depth
+        (not cf's + 1): a replay that adopts it (retain_grad with create_graph,
+        unchain_backward's expand) gives it the replay's creator, whose generation is
+        eager's, and the Functions the caller made of the result before that (`x.grad
+        + gx` in the walk that replays) must not come before it in a later walk."""
+        g = self.forward_graph
+        depth = {}
+        for n in g.nodes:
+            d = 1 + max([depth.get(id(x), 0) for x in n.inputs], default=0)
+            for val in n.outputs:
+                depth[id(val)] = d
+        return [depth.get(id(val), 0) for val in g.outputs]
+
     def fresh_slots(self):
         """The outputs of the forward graph the runner hands out as arrays of their
         own, each a distinct buffer in eager (fresh_copies): the computed results not
@@ -1982,7 +1998,10 @@ def build_runner(v, leaf_kinds, key=None):
                  f"cf.inputs = ins = [{diff}]",
                  "cf.generation = max([x.generation for x in ins])" if v.diff_sources
                  else "cf.generation = 0"]
+        depths = v.output_depths()
         inner += [f"{name} = wrap({out(slot)}, cf)" +
+                  (f"; {name}.generation += {depths[slot] - 1}" if depths[slot] > 1
+                   else "") +
                   (f"; {name}.name = {name_of(i)}" if i in v.leaf_class else "")
                   for name, slot, creator, i in made if creator]
         # An output eager gives no creator is not ours either: a dead entry keeps the
