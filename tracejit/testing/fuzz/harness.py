@@ -3,7 +3,8 @@
 The program is a module (see tracejit/fuzz_gen.py) defining `f`, `CAPTURES` (the
 Parameters and arrays f reads), `args(call)`, `PLAN` and `BACKWARD` (and optionally `RETAIN`:
 the backward with retain_grad=True; `PRESET`: every result Variable but the first gets
-the .grad 0.25 first, and the backward starts from the first alone), and optionally
+the .grad 0.25 first, and the backward starts from the first alone; `SQUARE`: the loss
+is `sum_k sum(leaf_k * leaf_k * c_k)`), and optionally
 `BETWEEN(call, args)`, which the caller runs after each call and before its backward
 (updating the arguments there). The module runs
 twice from scratch, so eager and jit start from identical state (their own captured
@@ -198,7 +199,7 @@ def _grad_grads(targets, when):
 
 
 def observe(f, args, captures, backward, call, plant=None, between=None, state=None,
-            retain=False, preset=False):
+            retain=False, preset=False, square=False):
     """Call f once as a user would, then differentiate; a dict of snapshots.
     `between(call, args)`, if given, runs after the call and before the backward (the
     caller changing its arguments there). `state`: the program's STATE (the state f
@@ -252,7 +253,7 @@ def observe(f, args, captures, backward, call, plant=None, between=None, state=N
                             y.grad = Variable(np.full(y.shape, 0.25, y.dtype))
                         continue
                     c = rng.uniform(-1.0, 1.0, y.shape).astype(y.dtype)
-                    term = F.sum(y * c)
+                    term = F.sum((y * y if square else y) * c)
                     loss = term if loss is None else loss + term
             if loss is not None:
                 loss.backward(retain_grad=retain,
@@ -356,7 +357,8 @@ def run_side(source, path, jit, progress=None, plant=None):
                 rec = observe(jf, args, captures, ns["BACKWARD"], call,
                               plant if jit else None, ns.get("BETWEEN"),
                               ns.get("STATE"), retain=ns.get("RETAIN", False),
-                              preset=ns.get("PRESET", False))
+                              preset=ns.get("PRESET", False),
+                              square=ns.get("SQUARE", False))
             records.append(rec)
             if rec["raised"]:
                 break

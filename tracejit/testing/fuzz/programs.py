@@ -2306,6 +2306,13 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         focus is None and draw(st.integers(0, 3)) == 0))
     if retain:
         b.features.add("retain_grad")
+    # The caller's loss squares the results (SQUARE): its backward then makes Functions
+    # of them (`gy * y`) before the walk reaches the call, which a create_graph walk
+    # with retain_grad replays, and the second-order walk passes those Functions and
+    # the replay's graph both (the order of a walk: the results' generations).
+    square = retain and backward == "create_graph" and draw(st.booleans())
+    if square:
+        b.features.add("square_loss")
     # The caller sets .grad on every result Variable but the first before a backward
     # from the first alone (PRESET): eager's walk adds a preset .grad where it passes
     # (a result the first depends on) and leaves the others' alone.
@@ -2323,7 +2330,7 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         nonfinite = draw(st.sampled_from(["np.inf", "-np.inf"]))
         b.features.add("nonfinite_input")
     src = _render(b, inputs, outputs, plan, backward, base_seed, nonfinite, retain,
-                  preset)
+                  preset, square)
     has32 = any(d == "float32" for *_, d, _ in inputs) or any(
         c[3] == "float32" for c in b.captures)
     arg_kinds = ["var" if kind == "var" else "float_array" for _, kind, *_ in inputs]
@@ -2397,7 +2404,7 @@ def _nested_outputs(b, outputs):
 
 
 def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=False,
-            preset=False):
+            preset=False, square=False):
     out = ["import numpy as np", "import tracejit as tj", "import tracejit.functions as F",
            "", ""]
     if "buffer_read" in b.features:
@@ -2447,6 +2454,7 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=Fal
             f"BACKWARD = {backward!r}   # None, 'plain' or 'create_graph'",
             f"RETAIN = {retain!r}   # the caller's backward with retain_grad",
             f"PRESET = {preset!r}   # results' .grad set, the backward from the first",
+            f"SQUARE = {square!r}   # the caller's loss squares the results",
             f"NONFINITE = {nonfinite}   # on call 5, entry 0 of the unsigned inputs",
             "", ""]
     out.append("def args(call):")
