@@ -1090,6 +1090,8 @@ class Variant:
         for (kind, i), val in zip(bwd.sources, bwd.graph.inputs):
             if kind == "madedata":
                 out[id(val)] = cf.inputs[i]._data
+        for key, i in (bwd.replay_made or {}).items():
+            out[key] = cf.inputs[i]._data
         if bwd.replay_live:
             # A state of a buffer the call updated in place: the buffer as it is now, as
             # eager's graph holds it (BackwardPlan.replay_live); never fed to the NumPy

@@ -87,6 +87,7 @@ def trace_backward(tr, out_raw, out_leaves, made=()):
         # for its own reason, which comes first.)
         return BackwardEscape("the backward pass inspects values"), []
     in_place_states, live_states = _read_live(tr, bwd_nodes)
+    replay_reads = _replay_reads(tr, grads, bwd_nodes, boundary)
     grad_values = []
     diff_sources = []
     for src, var in boundary:
@@ -217,6 +218,11 @@ def trace_backward(tr, out_raw, out_leaves, made=()):
             recomputed[i] = Node(n.fn, [snap_of.get(id(u), u) for u in n.inputs],
                                  n.outputs, n.line)
     bwd_nodes = [recomputed[i] for i in sorted(recomputed)] + bwd_nodes
+    tainted = _tainted(g.nodes[:n_nodes], mutated | live | arg_ids)
+    replay_made = {}
+    if tr.replay_refusal is None:
+        replay_made = _save_for_replay(replay_reads, tainted, saved, seen, defined,
+                                       views, made_data, g.nodes[:n_nodes])
     slot, grad_slots = 0, []
     for v in grad_values:
         if v is None:
@@ -253,10 +259,6 @@ def trace_backward(tr, out_raw, out_leaves, made=()):
     # differ by rounding, and a max's mask (x == max) would then lose its gradient.
     # Arguments too, which the caller may change: what the replay computes from them it
     # computes from their snapshots where the call saved one (Variant.saved_map).
-    tainted = set(mutated | live | arg_ids)
-    for n in g.nodes[:n_nodes]:
-        if any(isinstance(u, Value) and id(u) in tainted for u in n.inputs):
-            tainted.update(id(o) for o in n.outputs)
     saved_pos = {id(v): k for k, v in enumerate(saved)}
     # The other saved values are the forward's: one the forward's code gives as a view
     # of an input (a reshape the numba plan does not copy) is copied at call time.
@@ -280,6 +282,7 @@ def trace_backward(tr, out_raw, out_leaves, made=()):
         joint_gy_inputs=joint_gy, joint_grad_slots=grad_slots,
         joint_captures=joint_captures, joint_meta=tr.grad_meta,
         replay_saved=[k for k, v in enumerate(saved) if id(v) in tainted],
+        replay_made=replay_made,
         saved_views=saved_views, saved_unaliased=unaliased,
         snapshots={pos[id(v)]: saved_pos[id(v)] for v in args if id(v) in snap_of},
         fixed_inputs=frozenset(pos[id(v)] for leaf, v in tr.arg_inputs
@@ -318,6 +321,60 @@ def _link_made_leaves(tr, made):
                 links[k] = values[id(x)]
         tr.grad_meta[key] = (meta[0], tuple(links))
     return [values[id(var)] for _, var in made]
+
+
+def _replay_reads(tr, grads, bwd_nodes, boundary):
+    """The Values eager's backward reads (the traced one, before dead code goes) for
+    the gradients it keeps on Variables someone can reach: the boundary's, the call's
+    results and intermediates (retain_grad keeps theirs), its made leaves. Not the
+    gradient of a temporary Variable wrapping an input array (`F.sin(x)` of an ndarray
+    x, a captured array), which nobody reaches. A replay of eager's backward (retain_grad,
+    create_graph) reads these where the compiled backward, which gives the boundary's
+    gradients only, may read none of them (`h * Variable(h.data)` with h computed
+    from an ndarray argument: h's retained .grad reads h)."""
+    inputs = {id(v) for v in tr.graph.inputs}
+    reached = {id(var) for _, var in boundary}
+    kept = [gv._tv for _, (var, gv) in grads.items()
+            if gv is not None and isinstance(getattr(gv, "_tv", None), Value)
+            and (id(var) in reached or not (isinstance(var._tv, Value)
+                                            and id(var._tv) in inputs))]
+    live = passes.eliminate_dead_code(Graph("", (), bwd_nodes, kept)).nodes
+    return [u for n in live for u in n.inputs if isinstance(u, Value)]
+
+
+def _tainted(fwd_nodes, changing):
+    """ids of the inputs `changing` and of every forward value computed from them."""
+    tainted = set(changing)
+    for n in fwd_nodes:
+        if any(isinstance(u, Value) and id(u) in tainted for u in n.inputs):
+            tainted.update(id(o) for o in n.outputs)
+    return tainted
+
+
+def _save_for_replay(reads, tainted, saved, seen, defined, views, made_data, fwd_nodes):
+    """Make the forward save (appended to `saved`, read by no backward input) each
+    forward value a replay of eager's backward reads (`reads`, _replay_reads) that the
+    compiled backward neither reads nor recomputes and that is computed from an input
+    that may have changed by the time the backward runs (`tainted`: updated in place
+    by the call, captured, an argument): a replay recomputing it from the input as it
+    is then (`x1 += 0.5` in the call after `h = F.sin(x1)`) would read another value
+    than eager's graph holds. A view eager reads through a buffer is rebuilt on it
+    (saved_views), not saved. A made leaf's value (`c = Variable(h.data)`) is the
+    made leaf's data then, as the compiled backward reads it: {id(Value): its
+    differentiable input position} (BackwardPlan.replay_made)."""
+    produced = {id(v) for n in fwd_nodes for v in n.outputs}
+    made = {}
+    for u in reads:
+        k = id(u)
+        if k in seen or k in defined or k not in produced or k not in tainted \
+                or k in views:
+            continue
+        seen.add(k)
+        if k in made_data:
+            made[k] = made_data[k]
+        else:
+            saved.append(u)
+    return made
 
 
 def held_grads(tr, out_raw, out_leaves):

@@ -131,6 +131,10 @@ class BackwardPlan:
     # (W1.data *= 0.9), which eager's graph holds as that buffer (a Constant of a .data
     # view, the Parameter): a replay reads the buffer as it is then (trace.backward).
     replay_live: dict = None
+    # id(forward Value) -> differentiable input position: a made leaf's value a replay
+    # reads (`c = Variable(h.data)`) where the compiled backward does not, taken as the
+    # made leaf's data then (trace.backward._save_for_replay).
+    replay_made: dict = None
     # (Value of a Variable of the call, Value of its .grad): the .grads a backward
     # inside the call left on its intermediates (trace.backward.held_grads), outputs
     # of the forward graph after the saved values.
