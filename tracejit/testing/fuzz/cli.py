@@ -381,7 +381,7 @@ def main(argv=None):
                              "unchain", "mixed_dtypes", "matmul", "conv", "made_leaves",
                              "scalar_dropout", "backward_into", "retain_grad", "c_state",
                              "hidden_state", "nesting", "rebind_alias", "input_leaves",
-                             "grad_grads", "dropped_state"],
+                             "grad_grads", "dropped_state", "replay_reads"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
@@ -416,6 +416,9 @@ def main(argv=None):
                     "dropped_state (a value stored as state, maybe with a .grad a "
                     "backward inside f retained, dropped or rebound by the caller, its "
                     ".grad changed first, before the caller's backward); "
+                    "replay_reads (a value computed before an in-place update of the "
+                    "buffer it reads, returned and read by a later op; the caller's "
+                    "backward with retain_grad=True); "
                     "c_state (--generator deep_captures: a ContextVar's value or an "
                     "lru_cache'd function's result on every path, rebound or cleared "
                     "between calls); "

@@ -2083,6 +2083,64 @@ def _drop_state_lines(b):
 
 DROPPED_STATE_STEPS = [(_dropped_state, 1)]
 # --------------------------- end of stored state dropped or rebound before the backward
+# ------------------------------------- values computed before an in-place update, replayed
+# (focus "replay_reads"). A value h computed from a buffer the call then updates in
+# place (an ndarray argument, a captured array, an argument Variable's .data), from
+# which no differentiable path leads on, so the compiled backward reads nothing of
+# it; a later op reads h beside a Variable (`h * Variable(h.data) + w`, `h * h + w`)
+# and f returns h. The caller's backward with retain_grad (always, in this focus) or
+# create_graph replays eager's backward over the call, and h's .grad reads h as the
+# call computed it, which a recompute from the updated buffer is not (fuzz seed 0,
+# program 4372: h = F.sin(x1) * 0.5, then x1 += 0.5).
+
+
+def _value_before_update(b):
+    arrs = [a for a in b.args if a[1] == "array"]
+    vars_ = [a for a in b.args if a[1] == "var"]
+    form = b.draw(st.sampled_from((["array"] if arrs else []) + ["capture", "data"]))
+    if form == "array":
+        src, _, val = b.draw(st.sampled_from(arrs))
+        shape, dtype = val.shape, val.dtype
+    elif form == "data":
+        name, _, val = b.draw(st.sampled_from(vars_))
+        src, shape, dtype = f"{name}.data", val.shape, val.dtype
+    else:
+        w = b.pick(lambda w: w.var)
+        val = None
+        src, _, shape, dtype, _ = b.capture(tuple(d for d in w.shape if d != B)[-2:],
+                                            "array", reuse=False)
+        b.updated.add(src)
+        b.rebinds.add(src)        # (`K0 += 0.5` rebinds the name)
+    h, k = b.fresh(), b.fresh()
+    b.emit(f"{h} = " + b.draw(st.sampled_from(["F.sin({s}) * 0.5", "F.tanh({s})"]))
+           .format(s=src))
+    if b.draw(st.booleans()):
+        # A made leaf sharing h's array (eager: the same buffer).
+        c = b.fresh("c")
+        b.emit(f"{c} = tj.Variable({h}.data)")
+        b.features.add("replay_made_leaf")
+    else:
+        c = h
+    b.emit(b.draw(st.sampled_from(["{s} += 0.5", "np.multiply({s}, 0.75, out={s})"]))
+           .format(s=src))
+    if val is not None:
+        val.bound += 0.5
+        val.signed = False
+    hv = b.add(h, shape, dtype, 1.0)
+    partners = [w for w in b.vals if w.var and w is not hv and bcast(shape, w.shape)]
+    w = b.draw(st.sampled_from(partners)) if partners else None
+    expr = f"{h} * {c}" + (f" + {w.name}" if w is not None else "")
+    if b.draw(st.booleans()):
+        expr = f"F.relu({expr})"
+    b.emit(f"{k} = {expr}")
+    b.add(k, bcast(shape, w.shape) if w is not None else shape,
+          _dt(hv, w) if w is not None else dtype, 1.0 + (w.bound if w is not None else 0))
+    b.also_return.append(h)
+    b.features.add(f"replay_reads_{form}")
+
+
+REPLAY_READ_STEPS = [(_value_before_update, 1)]
+# --------------------------------- end of values computed before an in-place update
 # ---------------------------- a .grad of a .grad; grad() going on into the caller's graph
 # (focus "grad_grads"). A backward inside f that leaves an argument's or a captured
 # Parameter's .grad a leaf (reshape's seed, a seed passed through, a computed one), then
@@ -2190,6 +2248,9 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     caller's backward passes);
     focus="dropped_state" mostly DROPPED_STATE_STEPS (a value stored as state, dropped
     or rebound by the caller before its backward, which is always one)."""
+    focus="replay_reads" mostly REPLAY_READ_STEPS (a value computed before an in-place
+    update of the buffer it reads, returned, read by a later op), the caller's backward
+    (always one) with retain_grad."""
     avoid = frozenset(avoid)
     unknown = avoid - set(AVOIDABLE)
     if unknown:
@@ -2270,6 +2331,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         table += [(lambda g=g: g(b), w * 12) for g, w in RETAINED_INSIDE_STEPS]
     if focus == "dropped_state":  # (only then, as unchain)
         table += [(lambda g=g: g(b), w * 12) for g, w in DROPPED_STATE_STEPS]
+    if focus == "replay_reads":  # (only then, as unchain)
+        table += [(lambda g=g: g(b), w * 12) for g, w in REPLAY_READ_STEPS]
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
@@ -2295,6 +2358,7 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
             b.features & {"inner_backward_update", "inplace_arg", "inplace_capture"}):
         backward = "plain"
     if focus in ("retain_grad", "dropped_state") and backward is None:
+    if focus in ("retain_grad", "replay_reads") and backward is None:
         backward = "plain"
     if backward == "create_graph":
         b.features.add("create_graph")
@@ -2302,7 +2366,7 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     # returned value another result depends on (`return loss, h`) is one of eager's
     # intermediates, whose .grad the harness compares (the cotangent through it).
     # (Drawn in the default profile only: the other focuses draw as they did.)
-    retain = backward is not None and (focus == "retain_grad" or (
+    retain = backward is not None and (focus in ("retain_grad", "replay_reads") or (
         focus is None and draw(st.integers(0, 3)) == 0))
     if retain:
         b.features.add("retain_grad")
