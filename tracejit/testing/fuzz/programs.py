@@ -2247,7 +2247,7 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     RETAINED_INSIDE_STEPS (a backward inside f leaving .grads on intermediates the
     caller's backward passes);
     focus="dropped_state" mostly DROPPED_STATE_STEPS (a value stored as state, dropped
-    or rebound by the caller before its backward, which is always one)."""
+    or rebound by the caller before its backward, which is always one);
     focus="replay_reads" mostly REPLAY_READ_STEPS (a value computed before an in-place
     update of the buffer it reads, returned, read by a later op), the caller's backward
     (always one) with retain_grad."""
@@ -2357,8 +2357,7 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     if backward == "create_graph" and "create_graph_inplace" in avoid and (
             b.features & {"inner_backward_update", "inplace_arg", "inplace_capture"}):
         backward = "plain"
-    if focus in ("retain_grad", "dropped_state") and backward is None:
-    if focus in ("retain_grad", "replay_reads") and backward is None:
+    if focus in ("retain_grad", "dropped_state", "replay_reads") and backward is None:
         backward = "plain"
     if backward == "create_graph":
         b.features.add("create_graph")
