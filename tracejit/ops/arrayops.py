@@ -416,6 +416,11 @@ class Transpose(Primitive):
     def index_foldable(self, node):
         return True
 
+    def permutes_axes(self, node):
+        q = len(node.inputs[0].shape)
+        return (tuple(reversed(range(q))) if self.axes is None
+                else tuple(a % q for a in self.axes))
+
     def index_read(self, node, out_idx, const, src):
         q = len(node.inputs[0].shape)
         axes = self.axes if self.axes is not None else tuple(reversed(range(q)))
@@ -787,6 +792,9 @@ class Concat(Primitive):
 
     def forward(self, *xs):
         return np.concatenate(xs, axis=self.axis)
+
+    def joins_operands(self, node):
+        return self.axis
 
     def to_onnx(self, b, node):
         b.bind(node, b.op("Concat", [b.x(node, i) for i in range(len(node.inputs))],

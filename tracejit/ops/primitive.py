@@ -143,6 +143,18 @@ class Primitive(Function):
         None when the result is no view."""
         return None
 
+    def permutes_axes(self, node):
+        """Movement: the permutation (a tuple, one source axis per result axis) when
+        `node`'s result is its one input with the axes permuted (a transpose); else
+        None."""
+        return None
+
+    def joins_operands(self, node):
+        """Movement: the axis along which `node`'s result is its operands laid side by
+        side (a concatenation), so a backend may have the operands' producers write
+        into the result's blocks directly instead of copying them there; else None."""
+        return None
+
 
 class Elementwise(Primitive):
     """Base of elementwise primitives: broadcasting shape rule, NumPy's dtype."""

@@ -16,7 +16,13 @@ smallest are all dispatch. Three rewrites, each asking the ops' facets
    the gates (sum_i g_i @ W_i^T) become one call each. The blocks are concatenated
    (a copy of each operand, once per call for the same Values: the concatenation of the
    same operands is made once and shared, as the four transposed weights every step
-   reads).
+   reads; the blocks are ordered as the products stand in the graph, and transposes
+   of computed values are joined as the transpose of their join: see _Concats).
+3b. Products sharing the left operand whose right operands are concatenations of the
+   same row blocks, `A @ [B11; ...; B1T], A @ [B21; ...; B2T]` (the gates' weight
+   gradients after rewrite 2), are one product `A @ [B11 B21; ...; B1T B2T]` over long
+   contractions (its rows the per-step concatenations rewrite 2 made: shared), and
+   its column blocks.
 3. Independent small products sharing an operand, `A @ B1, A @ B2` (or `A1 @ B, A2 @ B`),
    with the other operands graph inputs (weights, their casts: joined once per call), are one product
    `A @ [B1 B2]` (`[A1; A2] @ B`) and its column (row) blocks.
@@ -51,6 +57,8 @@ from tracejit.ops.primitive import Primitive
 # Rewrite 3 (shared operand) only for products this small (multiply-adds, M*K*N):
 # above it the BLAS call's dispatch is no longer the cost (see the module docstring).
 SMALL_PRODUCT = 1 << 15
+# Rewrite 3b only over contractions at least this long (see _join_blocked_products).
+JOIN_MIN_CONTRACTION = 256
 # No concatenation larger than this (bytes): a batch must not cost a large copy.
 MAX_CONCAT_BYTES = 1 << 26
 
@@ -60,6 +68,7 @@ def batch_matmuls(g):
     g = _broadcast_products(g)
     g = _cast_operands_once(g)
     g = _batch_sums_of_products(g)
+    g = _join_blocked_products(g)
     g = _batch_shared_operands(g, "left")
     g = _batch_shared_operands(g, "right")
     return g
@@ -78,6 +87,18 @@ def _matrix_operands(n):
     return ops
 
 
+def _invariants(g):
+    """Ids of the graph's inputs and of their casts and transposes (one input,
+    elementwise or index arithmetic, of such a value): one value per call, as the
+    input is (the weights)."""
+    invariant = {id(v) for v in g.inputs}
+    for n in g.nodes:
+        if (len(n.inputs) == 1 and len(n.outputs) == 1 and n.kind in (ELEMENTWISE, MOVEMENT)
+                and _primitive(n) and id(n.inputs[0]) in invariant):
+            invariant.add(id(n.out))
+    return invariant
+
+
 def _use_counts(g):
     uses = {}
     for n in g.nodes:
@@ -92,10 +113,20 @@ def _use_counts(g):
 
 class _Concats:
     """Concatenations made by one pass run, one per (axis, operands): the same
-    operands (the weights every time step reads) are joined once and shared."""
+    operands (the weights every time step reads) are joined once and shared.
 
-    def __init__(self):
+    Operands that are all one transpose of arrays (the weight gradient's h_t^T of each
+    time step) are joined as the transpose of the arrays' concatenation: the same
+    values, and the arrays, which kernels make, can be written into the joined buffer
+    where they are made (backends/numba/plan.py, _plan_joins), where a transpose is a
+    view NumPy copies; the product reads the transposed operand without a copy. Not
+    for transposed weights (invariants): their join is one copy a call, and BLAS read
+    (30, 400) @ (100, 400)^T slower than the (400, 100) copy (65 against 89 us)."""
+
+    def __init__(self, g):
         self.made = {}
+        self.producer = g.producers()
+        self.invariant = _invariants(g)
 
     def get(self, parts, axis, nodes, line):
         if len(parts) == 1:
@@ -103,13 +134,50 @@ class _Concats:
         key = (axis, tuple(id(v) for v in parts))
         v = self.made.get(key)
         if v is None:
-            shape = list(parts[0].shape)
-            shape[axis] = sum(p.shape[axis] for p in parts)
-            v = Value(shape, parts[0].dtype)
-            nodes.append(Node(Concat(axis), parts, (v,), line))
+            perm, t = self._one_transpose(parts)
+            if perm is not None:
+                inner = self.get([self.producer[id(p)].inputs[0] for p in parts],
+                                 perm[axis], nodes, line)
+                v = Value(_joined_shape(parts, axis), parts[0].dtype)
+                nodes.append(Node(type(t.fn)(*t.params), (inner,), (v,), line))
+            else:
+                v = Value(_joined_shape(parts, axis), parts[0].dtype)
+                nodes.append(Node(Concat(axis), parts, (v,), line))
             self.made[key] = (v, parts)        # parts kept alive: ids stay unique
             return v
         return v[0]
+
+    def seed(self, g):
+        """The graph's own concatenations, to share (the four gate gradients of a time
+        step joined for its input gradient's product)."""
+        for n in g.nodes:
+            if _primitive(n) and isinstance(n.fn, Concat) and len(n.inputs) > 1:
+                key = (n.fn.axis, tuple(id(v) for v in n.inputs))
+                self.made.setdefault(key, (n.out, n.inputs))
+
+    def _one_transpose(self, parts):
+        """(perm, a transposing node) when every part is a transpose by perm of a
+        Value, not all of them invariants; else (None, None)."""
+        perms, node = set(), None
+        for v in parts:
+            node = self.producer.get(id(v))
+            if (node is None or node.kind != MOVEMENT or not _primitive(node)
+                    or not isinstance(node.inputs[0], Value)):
+                return None, None
+            perm = node.fn.permutes_axes(node)
+            if perm is None:
+                return None, None
+            perms.add(perm)
+        if len(perms) != 1 or all(id(self.producer[id(v)].inputs[0]) in self.invariant
+                                  for v in parts):
+            return None, None
+        return perms.pop(), node
+
+
+def _joined_shape(parts, axis):
+    shape = list(parts[0].shape)
+    shape[axis] = sum(p.shape[axis] for p in parts)
+    return shape
 
 
 # ---------------------------------------------------------------- 1: broadcast products
@@ -181,6 +249,7 @@ def _is_sum(n):
 def _batch_sums_of_products(g):
     uses = _use_counts(g)
     producer = g.producers()
+    position = {id(n): i for i, n in enumerate(g.nodes)}
     reader = {}                      # id(value) -> the node reading it (single-use values)
     for n in g.nodes:
         for v in n.inputs:
@@ -224,6 +293,11 @@ def _batch_sums_of_products(g):
                 rest.append(t)
         if len(prods) < 2:
             continue
+        # The blocks in the graph's order of the products, whatever order the sum adds
+        # them in: two sums over the same time steps (the output layer's and the gates'
+        # weight gradients, both over h_t) then join the same operands in the same
+        # order, one concatenation they share.
+        prods.sort(key=lambda p: position[id(p)])
         ops = [_matrix_operands(p) for p in prods]
         if len({a.dtype for a, _ in ops}) > 1 or len({b.dtype for _, b in ops}) > 1:
             continue                 # blocks of one operand join in one dtype
@@ -237,7 +311,7 @@ def _batch_sums_of_products(g):
     for links, prods, _ in plans.values():
         dropped.update(id(n) for n in links[1:])
         dropped.update(id(p) for p in prods)
-    concats = _Concats()
+    concats = _Concats(g)
     nodes = []
     for n in g.nodes:
         if id(n) in dropped:
@@ -259,6 +333,88 @@ def _batch_sums_of_products(g):
     return g.replace(nodes=nodes)
 
 
+# ---------------------------------------------------------------- 3b: joined blocks
+
+def _join_blocked_products(g):
+    """A @ B1, ..., A @ Bk, each Bi a concatenation of row blocks Bi = [Bi1; ...; BiT]
+    with the same rows: one product A @ C, C = [J1; ...; JT] with Jt = [B1t ... Bkt]
+    (a time step's gate gradients side by side: the concatenation its input gradient's
+    product made already, shared), and the Bi's products its column blocks.
+
+    Why: the weight gradients of an LSTM's four gates over a window, sum_t h_t^T g_t
+    after rewrite 2, are four (100, 900) @ (900, 100) products; one (100, 900) @
+    (900, 400) product is faster (BLAS runs N = 100 below its best; measured 2.20 ->
+    1.44 ms), and C's blocks are the per-step concatenations, which the backend writes
+    in place (plan.py: _plan_joins): no copy more than the Bi's. Only over contractions
+    of at least JOIN_MIN_CONTRACTION: shorter ones (M = 30, K = 100) ran slower joined.
+    The product stands at its group's last product (every operand is defined there);
+    a group whose first results are read before that place is left as it is."""
+    producer = g.producers()
+    position = {id(n): i for i, n in enumerate(g.nodes)}
+    first_read = {}
+    for i, n in enumerate(reversed(g.nodes)):
+        for v in n.inputs:
+            if isinstance(v, Value):
+                first_read[id(v)] = len(g.nodes) - 1 - i
+    groups = {}
+    for n in g.nodes:
+        ops = _matrix_operands(n)
+        if ops is None or ops[0].shape[1] < JOIN_MIN_CONTRACTION:
+            continue
+        a, b = ops
+        c = producer.get(id(b))
+        if (c is None or not _primitive(c) or not isinstance(c.fn, Concat) or c.fn.axis != 0
+                or not all(isinstance(v, Value) for v in c.inputs)):
+            continue
+        splits = tuple(v.shape[0] for v in c.inputs)
+        key = (id(a), b.dtype, type(n.fn), n.params, splits)
+        groups.setdefault(key, []).append(n)
+    plans = {}
+    for members in groups.values():
+        last = max(position[id(p)] for p in members)
+        if len(members) < 2 or any(first_read.get(id(p.out), last + 1) <= last
+                                   for p in members):
+            continue
+        size = sum(_matrix_operands(p)[1].nbytes for p in members)
+        if size <= MAX_CONCAT_BYTES:
+            plans[id(g.nodes[last])] = members
+    if not plans:
+        return g
+    dropped = {id(p) for m in plans.values() for p in m}
+    concats = _Concats(g)
+    concats.seed(g)
+    nodes = []
+    for n in g.nodes:
+        members = plans.get(id(n))
+        if id(n) in dropped and members is None:
+            continue
+        if members is None:
+            nodes.append(n)
+            continue
+        a = _matrix_operands(members[0])[0]
+        blocks = [producer[id(_matrix_operands(p)[1])].inputs for p in members]
+        rows = [concats.get(list(parts), 1, nodes, n.line) for parts in zip(*blocks)]
+        c = concats.get(rows, 0, nodes, n.line)
+        y = Value((a.shape[0], c.shape[1]), members[0].out.dtype)
+        nodes.append(Node(type(members[0].fn)(*members[0].params), (a, c), (y,),
+                          members[0].line))
+        start = 0
+        for p in members:
+            stop = start + p.out.shape[1]
+            nodes.append(Node(GetItem.block(1, start, stop), (y,), (p.out,), p.line))
+            start = stop
+    return _drop_unread(g.replace(nodes=nodes), producer, Concat)
+
+
+def _drop_unread(g, producer, cls):
+    """g without the nodes of class cls no node or output reads any more (the Bi
+    concatenations rewrite 3b replaced)."""
+    uses = _use_counts(g)
+    keep = [n for n in g.nodes
+            if not (_primitive(n) and isinstance(n.fn, cls) and not uses.get(id(n.out)))]
+    return g.replace(nodes=keep) if len(keep) != len(g.nodes) else g
+
+
 # ---------------------------------------------------------------- 3: shared operands
 
 def _batch_shared_operands(g, side):
@@ -267,13 +423,7 @@ def _batch_shared_operands(g, side):
     for i, n in enumerate(g.nodes):
         for v in n.outputs:
             where[id(v)] = i
-    invariant = {id(v) for v in g.inputs}
-    for n in g.nodes:
-        # A weight's cast or transpose (one input, elementwise or index arithmetic, of a
-        # graph input): one value per call, as the input is.
-        if (len(n.inputs) == 1 and len(n.outputs) == 1 and n.kind in (ELEMENTWISE, MOVEMENT)
-                and _primitive(n) and id(n.inputs[0]) in invariant):
-            invariant.add(id(n.out))
+    invariant = _invariants(g)
     shared_k, other_k, axis = (0, 1, 1) if side == "left" else (1, 0, 0)
     groups, open_groups = [], {}
     for i, n in enumerate(g.nodes):
@@ -308,7 +458,7 @@ def _batch_shared_operands(g, side):
         return g
     first = {id(m[0]): m for m in groups}
     dropped = {id(p) for m in groups for p in m[1:]}
-    concats = _Concats()
+    concats = _Concats(g)
     nodes = []
     for n in g.nodes:
         if id(n) in dropped:
