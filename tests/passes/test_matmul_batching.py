@@ -377,3 +377,82 @@ def test_lstm_over_time_steps_matches_eager_numba_second_order(monkeypatch):
     # product a step after the first; the first step's three used x-only products stay
     # apart (their operands are casts of the weights, each made at its product).
     assert batched["matmul"] == 3 + 4 * (T - 1) < plain["matmul"] * 0.6, (plain, batched)
+
+
+# ---------------------------------------------------------------- joins of computed blocks
+
+def _gate_sums(rows, steps=3, gates=3):
+    """sum_t tanh(h_t)^T @ sin(g_it) for each gate i (an LSTM's gate weight gradients
+    over a window), and the arguments: h_t (rows, 4), g_it (rows, 2). The blocks are
+    computed first, as the backward computes a step's gate gradients before the sums
+    (rewrite 3b does not move a reader of a gate's product after the others)."""
+    def f(*xs):
+        hs = [F.transpose(F.tanh(h)) for h in xs[:steps]]
+        gs = [F.sin(g) for g in xs[steps:]]
+        ys = []
+        for i in range(gates):
+            terms = [F.matmul(h, gs[t * gates + i]) for t, h in enumerate(hs)]
+            y = terms[0]
+            for term in terms[1:]:
+                y = y + term
+            ys.append(y * (1.0 / (steps * rows)))
+        out = ys[0]
+        for y in ys[1:]:
+            out = out * y
+        return out
+    args = [rnd((rows, 4), k) for k in range(steps)] + \
+        [rnd((rows, 2), 10 + k) for k in range(steps * gates)]
+    return f, args
+
+
+def test_transposes_of_computed_values_are_joined_as_the_transpose_of_their_join():
+    # tanh(h_1 s)^T @ g_1 + tanh(h_2 s)^T @ g_2: [tanh(h_1 s); tanh(h_2 s)]^T @ [g_1; g_2],
+    # the tanh results (kernels') joined, not their transposes (NumPy views, copied).
+    # (Transposed weights, which _invariants holds, stay joined as they are.)
+    def f(h1, h2, g1, g2, s):
+        return (F.matmul(F.transpose(F.tanh(h1 * s)), g1)
+                + F.matmul(F.transpose(F.tanh(h2 * s)), g2))
+    args = [Variable(rnd((5, 4), 0)), Variable(rnd((6, 4), 1)),
+            Variable(rnd((5, 3), 2)), Variable(rnd((6, 3), 3)), Variable(np.array(0.5))]
+    g = tj.jit(f).trace(*args)
+    producer = g.producers()
+    joins = [n for n in g.nodes if n.fn.__class__.__name__ == "Concat"]
+    assert ops(g)["matmul"] == 1 and len(joins) == 2, ops(g)
+    assert not any(producer[id(v)].fn.__class__.__name__ == "Transpose"
+                   for n in joins for v in n.inputs if id(v) in producer)
+    assert_jit_matches_eager(f, *args, calls=4)
+
+
+def test_two_sums_over_the_same_steps_share_their_join():
+    # y1 adds its products first to last, y2 last to first: both join a_1, a_2, a_3 in
+    # the graph's order, one concatenation.
+    def f(a1, a2, a3, b, c):
+        a = [F.tanh(a1), F.tanh(a2), F.tanh(a3)]
+        y1 = F.matmul(a[0], b[0:4]) + F.matmul(a[1], b[4:8]) + F.matmul(a[2], b[8:12])
+        y2 = F.matmul(a[2], c[8:12]) + F.matmul(a[1], c[4:8]) + F.matmul(a[0], c[0:4])
+        return y1 * y2
+    args = [Variable(rnd((3, 4), k)) for k in range(3)] + \
+        [Variable(rnd((12, 5), 3)), Variable(rnd((12, 5), 4))]
+    g = tj.jit(f).trace(*args)
+    assert ops(g)["matmul"] == 2 and ops(g)["concat"] == 3, ops(g)
+    assert_jit_matches_eager(f, *args, calls=4)
+
+
+@pytest.mark.parametrize("rows, products", [(86, 1), (3, 3)])
+def test_the_gates_weight_gradient_products_join_over_long_contractions(rows, products):
+    # 3 steps x 86 rows = 258 >= JOIN_MIN_CONTRACTION: the three gates' products are
+    # one, over the per-step joins of the gates' blocks; 3 x 3 rows stay three.
+    assert (3 * rows >= matmul_batching.JOIN_MIN_CONTRACTION) == (products == 1)
+    f, arrays = _gate_sums(rows)
+    K = np.ones((rows, 2))
+
+    def g(*xs):
+        return f(*xs[:3], *[x * K for x in xs[3:]])   # K: a captured array
+
+    def make_args(i):
+        K[...] = 1.0 + 0.125 * i                       # mutated between calls
+        return [Variable(a + 0.1 * i) for a in arrays]
+    traced = tj.jit(g).trace(*make_args(0))
+    assert ops(traced)["matmul"] == products, ops(traced)
+    info = assert_jit_matches_eager(g, make_args=make_args, calls=4)
+    assert info["fallbacks"] == 0

@@ -249,7 +249,17 @@ def _is_sum(n):
 def _batch_sums_of_products(g):
     uses = _use_counts(g)
     producer = g.producers()
-    position = {id(n): i for i, n in enumerate(g.nodes)}
+    position = {id(v): i for i, n in enumerate(g.nodes) for v in n.outputs}
+    position.update({id(v): i - len(g.inputs) for i, v in enumerate(g.inputs)})
+
+    def where(v):
+        """Where v, or the array v is a transpose of, is made."""
+        p = producer.get(id(v))
+        while p is not None and _primitive(p) and p.fn.permutes_axes(p) is not None:
+            v = p.inputs[0]
+            p = producer.get(id(v))
+        return position.get(id(v), -1 - len(g.inputs)) if isinstance(v, Value) else 0
+
     reader = {}                      # id(value) -> the node reading it (single-use values)
     for n in g.nodes:
         for v in n.inputs:
@@ -293,11 +303,10 @@ def _batch_sums_of_products(g):
                 rest.append(t)
         if len(prods) < 2:
             continue
-        # The blocks in the graph's order of the products, whatever order the sum adds
-        # them in: two sums over the same time steps (the output layer's and the gates'
-        # weight gradients, both over h_t) then join the same operands in the same
-        # order, one concatenation they share.
-        prods.sort(key=lambda p: position[id(p)])
+        # The blocks in the order their operands stand in the graph (seen through a
+        # transpose), whatever order the sum adds them in: two sums over the same
+        # operands then join them in the same order, one concatenation they share.
+        prods.sort(key=lambda p: tuple(where(v) for v in _matrix_operands(p)))
         ops = [_matrix_operands(p) for p in prods]
         if len({a.dtype for a, _ in ops}) > 1 or len({b.dtype for _, b in ops}) > 1:
             continue                 # blocks of one operand join in one dtype
@@ -347,15 +356,19 @@ def _join_blocked_products(g):
     1.44 ms), and C's blocks are the per-step concatenations, which the backend writes
     in place (plan.py: _plan_joins): no copy more than the Bi's. Only over contractions
     of at least JOIN_MIN_CONTRACTION: shorter ones (M = 30, K = 100) ran slower joined.
-    The product stands at its group's last product (every operand is defined there);
-    a group whose first results are read before that place is left as it is."""
+    The product stands where its operands (A, the blocks, the Jt the graph has) are all
+    defined; a group whose results are read before that place is left as it is."""
     producer = g.producers()
-    position = {id(n): i for i, n in enumerate(g.nodes)}
+    defined = {id(v): -1 for v in g.inputs}
     first_read = {}
-    for i, n in enumerate(reversed(g.nodes)):
+    for i, n in enumerate(g.nodes):
+        for v in n.outputs:
+            defined[id(v)] = i
         for v in n.inputs:
             if isinstance(v, Value):
-                first_read[id(v)] = len(g.nodes) - 1 - i
+                first_read.setdefault(id(v), i)
+    concats = _Concats(g)
+    concats.seed(g)
     groups = {}
     for n in g.nodes:
         ops = _matrix_operands(n)
@@ -369,44 +382,48 @@ def _join_blocked_products(g):
         splits = tuple(v.shape[0] for v in c.inputs)
         key = (id(a), b.dtype, type(n.fn), n.params, splits)
         groups.setdefault(key, []).append(n)
-    plans = {}
+    at = {}                              # node index -> the groups placed before it
     for members in groups.values():
-        last = max(position[id(p)] for p in members)
-        if len(members) < 2 or any(first_read.get(id(p.out), last + 1) <= last
-                                   for p in members):
+        if len(members) < 2:
             continue
-        size = sum(_matrix_operands(p)[1].nbytes for p in members)
-        if size <= MAX_CONCAT_BYTES:
-            plans[id(g.nodes[last])] = members
-    if not plans:
-        return g
-    dropped = {id(p) for m in plans.values() for p in m}
-    concats = _Concats(g)
-    concats.seed(g)
-    nodes = []
-    for n in g.nodes:
-        members = plans.get(id(n))
-        if id(n) in dropped and members is None:
-            continue
-        if members is None:
-            nodes.append(n)
-            continue
-        a = _matrix_operands(members[0])[0]
         blocks = [producer[id(_matrix_operands(p)[1])].inputs for p in members]
-        rows = [concats.get(list(parts), 1, nodes, n.line) for parts in zip(*blocks)]
-        c = concats.get(rows, 0, nodes, n.line)
-        y = Value((a.shape[0], c.shape[1]), members[0].out.dtype)
-        nodes.append(Node(type(members[0].fn)(*members[0].params), (a, c), (y,),
-                          members[0].line))
-        start = 0
-        for p in members:
-            stop = start + p.out.shape[1]
-            nodes.append(Node(GetItem.block(1, start, stop), (y,), (p.out,), p.line))
-            start = stop
-    return _drop_unread(g.replace(nodes=nodes), producer, Concat)
+        ready = defined[id(_matrix_operands(members[0])[0])]
+        for parts in zip(*blocks):
+            made = concats.made.get((1, tuple(id(v) for v in parts)))
+            ready = max([ready] + [defined[id(v)] for v in parts]
+                        + ([defined[id(made[0])]] if made else []))
+        if any(first_read.get(id(p.out), len(g.nodes)) <= ready for p in members):
+            continue
+        if sum(_matrix_operands(p)[1].nbytes for p in members) <= MAX_CONCAT_BYTES:
+            at.setdefault(ready + 1, []).append((members, blocks))
+    if not at:
+        return g
+    dropped = {id(p) for groups_at in at.values() for m, _ in groups_at for p in m}
+    nodes = []
+    for i in range(len(g.nodes) + 1):
+        for members, blocks in at.get(i, ()):
+            _emit_joined_product(members, blocks, concats, nodes)
+        if i < len(g.nodes) and id(g.nodes[i]) not in dropped:
+            nodes.append(g.nodes[i])
+    return _drop_unread(g.replace(nodes=nodes), Concat)
 
 
-def _drop_unread(g, producer, cls):
+def _emit_joined_product(members, blocks, concats, nodes):
+    """Rewrite 3b's nodes for one group: the joined blocks, A @ C, C's column blocks."""
+    first = members[0]
+    a = _matrix_operands(first)[0]
+    rows = [concats.get(list(parts), 1, nodes, first.line) for parts in zip(*blocks)]
+    c = concats.get(rows, 0, nodes, first.line)
+    y = Value((a.shape[0], c.shape[1]), first.out.dtype)
+    nodes.append(Node(type(first.fn)(*first.params), (a, c), (y,), first.line))
+    start = 0
+    for p in members:
+        stop = start + p.out.shape[1]
+        nodes.append(Node(GetItem.block(1, start, stop), (y,), (p.out,), p.line))
+        start = stop
+
+
+def _drop_unread(g, cls):
     """g without the nodes of class cls no node or output reads any more (the Bi
     concatenations rewrite 3b replaced)."""
     uses = _use_counts(g)

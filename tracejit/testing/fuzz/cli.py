@@ -381,7 +381,7 @@ def main(argv=None):
                              "unchain", "mixed_dtypes", "matmul", "conv", "made_leaves",
                              "scalar_dropout", "backward_into", "retain_grad", "c_state",
                              "hidden_state", "nesting", "rebind_alias", "input_leaves",
-                             "grad_grads", "dropped_state", "replay_reads"],
+                             "grad_grads", "dropped_state", "replay_reads", "gate_sums"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
@@ -399,6 +399,8 @@ def main(argv=None):
                     "float64 state threaded between calls); "
                     "matmul (sums of products, products sharing an operand, recurrences, "
                     "length-1 contractions: what the matmul batching pass rewrites); "
+                    "gate_sums (an LSTM's gate weight gradients, sum_t a_t^T @ g_it of "
+                    "kernels' results: joined products, concatenations written in place); "
                     "made_leaves (Variables made in f, leaves of its graph, returned or "
                     "stored as state: their gradients); "
                     "input_leaves (Variables made in f of an argument's or a captured "

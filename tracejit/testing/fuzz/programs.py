@@ -1522,8 +1522,48 @@ def _st_lone_op_parts(b):
     b.features.add("lone_op_parts")
 
 
+def _st_gate_weight_sums(b):
+    # The gates' weight gradients of an unrolled LSTM: sum_t a_t^T @ g_it for each gate
+    # i, every operand a kernel's result. Rewrite 2 joins each sum's blocks (the a_t^T
+    # as the transpose of their join), rewrite 3b joins the gates' products where the
+    # contraction (steps x rows) reaches JOIN_MIN_CONTRACTION, and the backend has the
+    # kernels write their results into the joined buffers (plan._plan_joins): blocks
+    # side by side (strided), stacked (contiguous), nested, one operand in two joins.
+    v = b.pick(lambda w: w.var)
+    if v is None:
+        return b.st_matmul()
+    steps, rows = b.draw(st.integers(2, 3)), b.draw(st.sampled_from([3, 5, 130]))
+    k, m, gates = b.draw(st.integers(1, 4)), b.draw(st.integers(1, 3)), b.draw(st.integers(2, 3))
+    s = b.fresh()
+    b.emit(f"{s} = F.tanh(F.sum({v.name}) * 0.01)")
+    sums, dts = [[] for _ in range(gates)], {v.dtype}
+    for t in range(steps):
+        c = b.capture((rows, k), None)
+        a = b.fresh()
+        b.emit(f"{a} = F.tanh({c[0]} * {s} + {0.1 * t!r})")
+        dts.add(c[3])
+        for i in range(gates):
+            d = b.capture((rows, m), None)
+            g = b.fresh()
+            b.emit(f"{g} = F.sin({d[0]} * {s} - {0.2 * i!r})")
+            dts.add(d[3])
+            sums[i].append(f"F.matmul(F.transpose({a}), {g})")
+    names = []
+    for terms in sums:
+        y = b.fresh()
+        b.emit(f"{y} = ({' + '.join(terms)}) * {1.0 / (steps * rows)!r}")
+        names.append(y)
+    out = b.fresh()
+    b.emit(f"{out} = " + " * ".join(names))
+    b.add(out, (k, m), "float64" if "float64" in dts else "float32", 1.0)
+    b.features.add("matmul_gate_sums")
+
+
 MATMUL_STEPS = [(_st_sum_of_products, 3), (_st_shared_operand, 2), (_st_recurrence, 2),
                 (_st_outer_product, 1), (_st_lone_op_parts, 1)]
+# focus="gate_sums" (--focus gate_sums): these and MATMUL_STEPS (focus="matmul" draws
+# as it did).
+GATE_SUM_STEPS = [(_st_gate_weight_sums, 1)]
 # ---------------------------------------------------------------- end of matmul batching
 # ------------------------------------------------------------------ conv epilogues
 # What passes/conv_epilogue.py rewrites: conv2d (+ bias) -> ReLU -> max pooling, with
@@ -2231,6 +2271,7 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     cotangents beside a dead float64 state);
     focus="nesting" returns the results nested up to and past pytree.MAX_DEPTH;
     focus="matmul" mostly MATMUL_STEPS (what passes/matmul_batching.py rewrites);
+    focus="gate_sums" mostly GATE_SUM_STEPS (joined products of kernels' results);
     focus="conv" mostly CONV_STEPS (conv -> bias -> ReLU -> pooling: what
     passes/conv_epilogue.py rewrites);
     focus="made_leaves" mostly MADE_LEAF_STEPS (leaves made in f that outlive it);
@@ -2319,6 +2360,9 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         table += [(lambda g=g: g(b), w * 12) for g, w in UNCHAIN_STEPS]  # unchain inside
     if focus == "matmul":       # (only then, as unchain's)
         table += [(lambda g=g: g(b), w * 6) for g, w in MATMUL_STEPS]     # matmul batching
+    if focus == "gate_sums":    # (only then, as unchain's)
+        table += [(lambda g=g: g(b), w * 6) for g, w in MATMUL_STEPS + [
+            (g, 24 * w) for g, w in GATE_SUM_STEPS]]
     if focus == "conv":         # (only then, as unchain)
         table += [(lambda g=g: g(b), w * 40) for g, w in CONV_STEPS]     # conv epilogues
     if focus == "backward_into":  # (only then, as unchain)
