@@ -8,9 +8,10 @@ The JIT runs passes.PIPELINE first (passes.optimize), so this backend only lower
 graph that has not been through the passes, a direct caller's, goes through them
 here). The graph becomes a *plan*: generated Python source that runs, in order, one
 numba kernel per fused group (kernels.py), NumPy calls for matmul / opaque / random /
-movement nodes, and guard checks. A graph of 0-d ops and guards (dispatch-bound scalar
-code) instead becomes one njit function that checks the guards inside and returns the
-first failing index.
+movement nodes, and guard checks; a concatenation's result is allocated at the plan's
+start and the kernels making its operands write them into its blocks (_plan_joins). A
+graph of 0-d ops and guards (dispatch-bound scalar code) instead becomes one njit
+function that checks the guards inside and returns the first failing index.
 `graph.source` holds the plan and every kernel; graph.notes counts kernels, NumPy
 calls and materialized intermediates, so `graph.summary()` reports them.
 
@@ -359,8 +360,11 @@ def _plan_joins(g, out_ids):
         axis = n.fn.joins_operands(n)
         if axis is None:
             continue
-        once = [v for v in n.inputs if isinstance(v, Value)]
-        once = {id(v) for v in once if sum(u is v for u in once) == 1}
+        seen = {}
+        for v in n.inputs:
+            if isinstance(v, Value):
+                seen[id(v)] = seen.get(id(v), 0) + 1
+        once = {k for k, c in seen.items() if c == 1}
         contig = all(d == 1 for d in n.out.shape[:axis])
         start, owns = 0, False
         for v in n.inputs:
