@@ -540,10 +540,11 @@ class PartialCompiledFunction(CompiledFunction):
 
 class InputlessCompiledFunction(CompiledFunction):
     """The creator of a compiled call's outputs when nothing outside the call is
-    differentiable (every argument an ndarray or float, nothing captured): eager's
-    outputs still have creators (`F.tanh(x)` wraps x in a Variable of its own), which
-    graph walkers read (get_dot_graph, unchain_backward), and a backward from them
-    reaches nothing outside the call; so does this one's."""
+    differentiable (every argument an ndarray or float, nothing captured) and no
+    result is computed from another: eager's outputs still have creators (`F.tanh(x)`
+    wraps x in a Variable of its own), which graph walkers read (get_dot_graph,
+    unchain_backward), and a backward from them reaches nothing outside the call; so
+    does this one's."""
 
     inputs = ()
     generation = 0
@@ -553,6 +554,13 @@ class InputlessCompiledFunction(CompiledFunction):
 
     def backward(self, *gys):
         return ()
+
+    def reached_grads(self, store, reached):
+        # No result is computed from another (that call has a backward plan: trace.
+        # backward._results_feed_results), so eager's walk reads the .grads of the
+        # results it reached only; another's (set by the caller) stays as it is.
+        return [g if id(ref()) in reached else None
+                for ref, g in zip(self.outputs, self.output_grads(store))]
 
     def expand(self):
         pass            # nothing outside the call to cut: eager's inputs have no creator

@@ -50,7 +50,10 @@ def trace_backward(tr, out_raw, out_leaves, made=()):
     outs = [x for x in out_raw if isinstance(x, Variable)]
     roots = [y for y in outs if y.creator is not None and y.creator in tr.functions
              and y.dtype.kind in "fc"]
-    if not boundary or not roots:
+    # With nothing differentiable from outside, a backward still matters where one
+    # result is computed from another (`return h * 2.0, h`): eager's walk from the first
+    # passes the second, whose .grad it reads (set by the caller) and keeps (retain_grad).
+    if not roots or not (boundary or _results_feed_results(tr, roots, outs)):
         return None, []
     retained = tr.held_grads
     if not isinstance(retained, list):
@@ -299,6 +302,23 @@ def trace_backward(tr, out_raw, out_leaves, made=()):
         replay_live={k: pos[id(inp)] for k, inp in live_states.items()})
     # The trace's own Variables at the boundary (a .grad source names its owner).
     return plan, [var for _, var in boundary]
+
+
+def _results_feed_results(tr, roots, outs):
+    """Whether eager's walk from a result (a root) over the call's Functions passes
+    another result Variable: an intermediate of its graph."""
+    results = {id(y) for y in outs}
+    todo, seen = [y.creator for y in roots], set()
+    while todo:
+        f = todo.pop()
+        if f is None or f in seen or f not in tr.functions:
+            continue
+        seen.add(f)
+        for x in f.inputs:
+            if id(x) in results:
+                return True
+            todo.append(x.creator)
+    return False
 
 
 def _link_made_leaves(tr, made):
