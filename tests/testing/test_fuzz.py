@@ -397,6 +397,20 @@ def test_the_dropped_state_focus_draws_each_action_and_runs_it_before_the_backwa
             assert "BETWEEN = DROP_STATE" in p.source
 
 
+def test_the_retain_grad_focus_draws_programs_with_no_variable_input():
+    # NO_VAR: every argument an ndarray (or the float), captures drawn as arrays, the
+    # focus's results computed from one another; some with no captured Parameter at
+    # all (nothing differentiable from outside the call).
+    progs = [p for p in fuzz.generate(40, seed=3, focus="retain_grad")
+             if "no_variable_input" in p.features]
+    assert len(progs) >= 5, len(progs)
+    assert all("var" not in p.arg_kinds for p in progs)
+    assert any("return_intermediate" in p.features and not any(
+        f.startswith("capture_param") for f in p.features) for p in progs)
+    for p in progs:
+        compile(p.source, "<program>", "exec")
+
+
 def test_the_gradients_of_result_variables_are_compared():
     # How compiled calls hid a made leaf given no gradient: it is neither an argument
     # nor a capture, so only the result Variables' .grad show it.

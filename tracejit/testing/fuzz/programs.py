@@ -190,6 +190,8 @@ class Builder:
         # Arguments and captured Parameters whose .grad the caller sets before each call
         # (args()): rebind alias block.
         self.caller_grads = set()
+        # What a capture drawn without a kind is (["array"]: a NO_VAR program).
+        self.capture_kinds = ["param", "param", "array"]
 
     # ---- helpers
 
@@ -225,7 +227,7 @@ class Builder:
                     and dtype in (None, c[3]) \
                     and c[0] not in self.updated and self.draw(st.booleans()):
                 return c
-        kind = kind or self.draw(st.sampled_from(["param", "param", "array"]))
+        kind = kind or self.draw(st.sampled_from(self.capture_kinds))
         dtype = dtype or self.draw(st.sampled_from(["float64", "float32"]))
         where = self.draw(st.sampled_from(["global", "closure"]))
         name = ("W" if kind == "param" else "K") + str(len(self.captures))
@@ -2286,7 +2288,9 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     focus="retain_grad" returns earlier values the last depends on, and the caller's
     backward (always one) keeps the intermediates' gradients (RETAIN); and mostly
     RETAINED_INSIDE_STEPS (a backward inside f leaving .grads on intermediates the
-    caller's backward passes);
+    caller's backward passes); a third of its programs have no Variable argument and
+    capture arrays (NO_VAR: nothing differentiable from outside but what state steps
+    capture);
     focus="dropped_state" mostly DROPPED_STATE_STEPS (a value stored as state, dropped
     or rebound by the caller before its backward, which is always one);
     focus="replay_reads" mostly REPLAY_READ_STEPS (a value computed before an in-place
@@ -2301,6 +2305,14 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     side = 2 if "size1" in avoid else 1
     feat = tuple(draw(st.lists(st.integers(side, 5), min_size=0, max_size=2)))
     n_in = draw(st.integers(1, max_inputs))
+    # (focus "retain_grad") Sometimes no argument is a Variable and captures are arrays
+    # (NO_VAR): nothing differentiable from outside, yet the results the focus returns
+    # are computed from one another, so the caller's walk from one passes the others
+    # and gives them .grads (retain_grad, a preset .grad, create_graph).
+    no_var = focus == "retain_grad" and draw(st.integers(0, 2)) == 0
+    if no_var:
+        b.features.add("no_variable_input")
+        b.capture_kinds = ["array"]
     inputs = []
     for i in range(n_in):
         forms = ["batched", "batched", "fixed", "scalar"]
@@ -2318,8 +2330,10 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
             shape = (B,) + tuple(draw(st.sampled_from([1, d])) for d in feat)
         else:
             shape = ()
-        # x0 is a Variable, so every statement finds one to work on.
-        kind = draw(st.sampled_from(["var", "var", "var", "array"])) if i else "var"
+        # x0 is a Variable, so every statement finds one to work on (but in a
+        # no_var program, which makes one of x0 first).
+        kind = "array" if no_var else \
+            draw(st.sampled_from(["var", "var", "var", "array"])) if i else "var"
         dtype = draw(st.sampled_from(["float64", "float32"]))
         signed = draw(st.booleans())
         name = f"x{i}"
@@ -2332,6 +2346,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         b.features.add("float_arg")
     if not any(s for *_, s in inputs) and draw(st.booleans()):
         pass
+    if no_var:
+        b.st_unary()            # F.* of an ndarray argument: a Variable to work on
     steps = draw(st.integers(2, max_steps))
     table = [(b.st_unary, 6), (b.st_binary, 6), (b.st_scalar, 2), (b.st_reduce, 3),
              (b.st_movement, 2), (b.st_matmul, 1), (b.st_capture_op, 3), (b.st_if, 2),
@@ -2371,7 +2387,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         table += [(lambda g=g: g(b), w * 12) for g, w in GRAD_GRAD_STEPS]
     if focus == "input_leaves":  # (only then, as unchain)
         table += [(lambda g=g: g(b), w * 12) for g, w in INPUT_LEAF_STEPS]
-    if focus == "retain_grad":  # (only then, as unchain)
+    if focus == "retain_grad" and not no_var:  # (only then, as unchain; NO_VAR's
+        # backward inside f would be onto a captured Parameter)
         table += [(lambda g=g: g(b), w * 12) for g, w in RETAINED_INSIDE_STEPS]
     if focus == "dropped_state":  # (only then, as unchain)
         table += [(lambda g=g: g(b), w * 12) for g, w in DROPPED_STATE_STEPS]
