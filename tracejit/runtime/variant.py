@@ -2024,7 +2024,8 @@ def build_runner(v, leaf_kinds, key=None):
         body.append("else:")
         body += ["    " + line for line in plain] or ["    pass"]
     elif v.grad_mode and any(c for _, _, c, _ in made):
-        # Nothing differentiable from outside, but eager's outputs have creators.
+        # Nothing differentiable from outside, no result computed from another (else
+        # the call has a backward plan), but eager's outputs have creators.
         # The grad mode is the key's (v.grad_mode): no test of it. Written out as
         # `plain` is: this is the hot path of value_and_grad on ndarrays.
         # The variant as a class attribute: one attribute store less per call.
