@@ -1247,6 +1247,15 @@ VIEWS_FOCUS_STEPS = [(_views_of_laid_out, 12), (_one_buffer_many_ways, 12)]
 # ---------------------------------------------------------------- end of returned views
 
 
+def _start_states(b):
+    """The program's first state: its list, and the calls that reset it (0, 6 and up
+    to two more), drawn once."""
+    if not hasattr(b, "states"):
+        b.states = []
+        b.state_resets = sorted({0, 6} | set(b.draw(st.lists(st.integers(1, 9),
+                                                             max_size=2))))
+
+
 # --------------------------------------------------- mixed-dtype cotangents (helper
 # "gydtype"). A float32 value reaches a float64 state through a float64 captured
 # Parameter (so the state's gradient would be float64) and a float32 result (so its
@@ -1262,10 +1271,7 @@ def _st_mixed_dtype_cotangents(b):
     v = b.pick(lambda w: w.var and w.dtype == "float32", recent=8)
     if v is None:
         return b.st_unary()
-    if not hasattr(b, "states"):
-        b.states = []
-        b.state_resets = sorted({0, 6} | set(b.draw(st.lists(st.integers(1, 9),
-                                                             max_size=2))))
+    _start_states(b)
     shape = tuple(1 if d == B else d for d in v.shape[-1:])
     # A float64 Parameter of its own (capture() draws the dtype).
     W = ("W" + str(len(b.captures)), "param", shape, "float64",
@@ -1680,10 +1686,7 @@ def _made_leaf(b):
         hb = v.bound + bound * bound
     b.add(h, v.shape, v.dtype, hb)
     if how == "state":
-        if not hasattr(b, "states"):
-            b.states = []
-            b.state_resets = sorted({0, 6} | set(b.draw(st.lists(st.integers(1, 9),
-                                                                 max_size=2))))
+        _start_states(b)
         k = len(b.states)
         holder = b.draw(st.sampled_from(("object", "layer", "dict", "global")))
         ref = {"object": f"STATE{k}.h", "layer": f"LAYER{k}.h", "dict": f"STATED{k}['h']",
@@ -1707,10 +1710,7 @@ def _parameter_state(b, form=None):
     v = b.pick(lambda w: w.bound <= 4, recent=6)
     if v is None:
         return b.st_unary()
-    if not hasattr(b, "states"):
-        b.states = []
-        b.state_resets = sorted({0, 6} | set(b.draw(st.lists(st.integers(1, 9),
-                                                             max_size=2))))
+    _start_states(b)
     k = len(b.states)
     holder = b.draw(st.sampled_from(("object", "dict", "global", "layer")))
     ref = {"object": f"STATE{k}.h", "dict": f"STATED{k}['h']", "global": f"H{k}",
@@ -1926,10 +1926,7 @@ def _rebind_alias(b):
         b.emit(f"{h} = F.tanh({W} * 0.5)")
         b.features.add("rebind_alias_capture")
     else:
-        if not hasattr(b, "states"):
-            b.states = []
-            b.state_resets = sorted({0, 6} | set(b.draw(st.lists(st.integers(1, 9),
-                                                                 max_size=2))))
+        _start_states(b)
         k = len(b.states)
         holder = b.draw(st.sampled_from(("object", "layer", "dict", "global")))
         ref = {"object": f"STATE{k}.h", "layer": f"LAYER{k}.h", "dict": f"STATED{k}['h']",
@@ -2075,10 +2072,7 @@ def _dropped_state(b):
     v = b.pick(lambda w: w.var and w.bound <= 10)
     if v is None:
         return b.st_unary()
-    if not hasattr(b, "states"):
-        b.states = []
-        b.state_resets = sorted({0, 6} | set(b.draw(st.lists(st.integers(1, 9),
-                                                             max_size=2))))
+    _start_states(b)
     suffix = tuple(d for d in v.shape if d != B)[-2:]
     W, _, _, wdt, _ = b.capture(suffix, "param", reuse=False)
     k = len(b.states)
@@ -2737,10 +2731,7 @@ _STATE_HOLDERS = ("object", "layer", "dict", "global", "arg")
 
 def st_rebound_state(b):
     """Read the state, compute the new one from a value in scope, rebind it."""
-    if not hasattr(b, "states"):
-        b.states = []
-        b.state_resets = sorted({0, 6} | set(b.draw(st.lists(st.integers(1, 9),
-                                                             max_size=2))))
+    _start_states(b)
     v = b.pick(lambda w: w.var)
     if v is None:
         return b.st_unary()
