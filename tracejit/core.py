@@ -512,6 +512,60 @@ def graph_reach(xs, inputs_only=False):
     return found
 
 
+def region_between(roots, leaves):
+    """The Functions between `roots` and `leaves` (not past them)."""
+    stop = {id(x) for x in leaves}
+    region, todo = set(), [y.creator for y in roots]
+    while todo:
+        f = todo.pop()
+        if f is None or f in region:
+            continue
+        region.add(f)
+        todo.extend(x.creator for x in f.inputs if id(x) not in stop)
+    return region
+
+def fit_generations(adopted, boundary):
+    """Renumber the replay's Functions behind the adopted results so each result's new
+    creator comes before the Functions the caller made of it before the replay (their
+    generations are at least the result's old one). The old generation is a bound
+    on eager's (a compiled call's: from its graph's depth, Variant.output_depths),
+    which a node that replays as several eager Functions (a user backward with
+    per-call state, run under create_graph) exceeds; a UserGrad's is its own + 1. Each Function gets the replay's inputs' generation
+    plus its longest chain from them times a step small enough that every adopted
+    result's creator stays below the result's old generation; each result keeps its
+    old one. boundary: ids of the replay's input Variables (the caller's graph)."""
+    funcs, base, todo = {}, 0, [mine.creator for mine, _ in adopted]
+    while todo:
+        f = todo.pop()
+        if id(f) in funcs:
+            continue
+        funcs[id(f)] = f
+        for x in f.inputs:
+            if x.creator is None or id(x) in boundary:
+                base = max(base, x.generation)
+            else:
+                todo.append(x.creator)
+    # The replay's generations already order it (each Function above its inputs'
+    # creators): in that order, each Function's longest chain.
+    rank = {}
+    for f in sorted(funcs.values(), key=lambda f: f.generation):
+        rank[id(f)] = 1 + max([rank.get(id(x.creator), 0) for x in f.inputs
+                               if x.creator is not None and id(x) not in boundary],
+                              default=0)
+    room = [(old - base) / (rank[id(mine.creator)] + 1) for mine, old in adopted]
+    if min(room) <= 0:
+        return      # (not reached: a result's old generation is above the call's inputs')
+    step = min(room)
+    for f in funcs.values():
+        f.generation = base + rank[id(f)] * step
+        for r in f.outputs:
+            y = r()
+            if y is not None:
+                y.generation = f.generation + step
+    for mine, old in adopted:
+        mine.generation = old
+
+
 def wrap_array(data, creator=None):
     """A Variable for a trusted fresh ndarray, skipping __init__'s checks (the
     compiled call's outputs: the hot path of a jitted call)."""

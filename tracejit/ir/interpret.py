@@ -111,11 +111,12 @@ def run_with_variables(g, variables, meta=None, saved=None, instances=None, adop
     the replay's (`c = Variable(x.data)` holds the array x had at the call, which the
     caller may have rebound since): not for a user backward's `.data` read, made then.
     """
-    from tracejit.core import Constant, as_variable, using_config
+    from tracejit.core import Constant, as_variable, fit_generations, using_config
     from tracejit.ops.trace_only import UserBackward, UserCall
     env = {id(v): var for v, var in zip(g.inputs, variables)}
     saved = saved or {}
     bound = {}          # UserCall -> the instance this replay's graph holds
+    adopted = []        # (adopted Variable, its generation before)
 
     def read(v):
         if isinstance(v, Lit):
@@ -161,9 +162,12 @@ def run_with_variables(g, variables, meta=None, saved=None, instances=None, adop
             if mine is not None and y.creator is not None:
                 f = y.creator
                 f.outputs = [weakref.ref(mine) if r() is y else r for r in f.outputs]
+                adopted.append((mine, mine.generation))
                 mine.creator, mine.generation = f, y.generation
                 y = mine
             env[id(v)] = y
+    if any(mine.generation > old for mine, old in adopted):
+        fit_generations(adopted, {id(x) for x in variables})
     if twins is not None:
         twins.update(env)
     return [read(v) for v in g.outputs]

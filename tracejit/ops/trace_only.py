@@ -9,6 +9,7 @@ runs NumPy between kernels.
 import contextlib
 import copy
 import threading
+import weakref
 
 import numpy as np
 
@@ -346,6 +347,56 @@ class UserGrad(UserBackward):
                 # Tracing or replaying, the instance is also the graph's creator.
                 inst.__dict__.update(saved)
         return _vjp(self.below, inst, xs[:self.n_args], xs[self.n_args:])
+
+    @property
+    def sets_output_grads(self):
+        """A walk with retain_grad and create_graph through the user's backward (a
+        traced call's result, x.grad of a backward inside it) keeps in eager a .grad
+        on every Variable that backward made, which a later walk adds to: level 0,
+        outside a trace, is then walked as that graph (backward_retaining)."""
+        from tracejit.core import _state
+        return self.level == 0 and bool(_state.enable_backprop) and _state.trace is None
+
+    def backward_retaining(self, gys):
+        """(input gradients, output gradients) for a retaining create_graph walk: the
+        user's backward run again on this call's Variables, with a history, its
+        results made this call's own outputs (as a compiled call's replay adopts its
+        results), and walked with retain_grad, so its intermediates keep eager's
+        .grads. Where a gradient is no Function's output (the user's backward returned
+        a cotangent itself) there is nothing to adopt: the opaque backward."""
+        from tracejit.core import (DictGrads, backprop, fit_generations, region_between,
+                                   using_config)
+        leaves = list(self.inputs)
+        with using_config("enable_backprop", True):
+            gxs = self.grads(self._instance(), leaves)
+        made = [g for g in gxs if g is not None]
+        if len(made) != len(self.outputs) or any(
+                g.creator is None or any(g is x for x in leaves) for g in made):
+            return self.backward(*gys), None
+        adopted, twins = [], []
+        for ref, g in zip(self.outputs, made):
+            mine = ref()
+            if mine is not None:
+                f = g.creator
+                f.outputs = [weakref.ref(mine) if r() is g else r for r in f.outputs]
+                adopted.append((mine, mine.generation))
+                mine.creator, mine.generation = f, g.generation
+                g = mine
+            twins.append(g)
+        if any(mine.generation > old for mine, old in adopted):
+            fit_generations(adopted, {id(x) for x in leaves})
+        grads, roots = DictGrads(), []
+        for twin, gy in zip(twins, gys):
+            if gy is not None:
+                grads.set(twin, gy)
+                roots.append(twin)
+        backprop(roots, grads=grads, create_graph=True, retain_grad=True,
+                 within=region_between(roots, leaves))
+        stop = {id(x) for x in leaves} | {id(t) for t in twins}
+        for key, (var, g) in grads.items():
+            if key not in stop:
+                var._grad = g       # an intermediate's, kept (the walk's own are set)
+        return tuple(grads.get(x) for x in leaves), tuple(grads.get(t) for t in twins)
 
     def backward(self, *cts):
         up = UserGrad(self.call, self.n_in, self.n_out, self.level + 1,

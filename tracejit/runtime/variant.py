@@ -253,7 +253,7 @@ class CompiledFunction(RegionFunction):
             # Walk only the replayed region: the call's inputs have creators of their
             # own (the graph before the call), which the outer backward visits.
             core.backprop(roots, grads=grads, create_graph=True, retain_grad=retain,
-                          within=_region(roots, leaves))
+                          within=core.region_between(roots, leaves))
         else:
             with core.no_grad():
                 core.backprop(roots, grads=grads, retain_grad=retain)
@@ -652,19 +652,6 @@ def _leaf_read_inputs(v):
         out.update(pos[id(u)] for u, link in zip(n.inputs, links)
                    if link is None and id(u) in pos)
     return tuple(sorted(out))
-
-
-def _region(roots, leaves):
-    """The Functions between `roots` and `leaves` (not past them)."""
-    stop = {id(x) for x in leaves}
-    region, todo = set(), [y.creator for y in roots]
-    while todo:
-        f = todo.pop()
-        if f is None or f in region:
-            continue
-        region.add(f)
-        todo.extend(x.creator for x in f.inputs if id(x) not in stop)
-    return region
 
 
 class Variant:
