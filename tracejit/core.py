@@ -222,9 +222,10 @@ class TraceHooks:
         nothing."""
         raise NotImplementedError
 
-    def input_grads(self, fn, gys):
-        """fn's backward on its outputs' gradients `gys` while tracing: returns one
-        gradient (or None) per input of fn, as core._input_grads does eagerly."""
+    def input_grads(self, fn, gys, retain_grad=False):
+        """fn's backward on its outputs' gradients `gys` while tracing, in a walk with
+        `retain_grad`: returns one gradient (or None) per input of fn, as
+        core._input_grads does eagerly."""
         raise NotImplementedError
 
     def unchaining(self, var, backward):
@@ -729,7 +730,7 @@ def _backward_step(f, store, create_graph, retain_grad, reached=None):
         # Function with per-call state becomes one opaque backward node).
         ogs = None
         if tr is not None:
-            gxs = tr.input_grads(f, gys)
+            gxs = tr.input_grads(f, gys, retain_grad)
         elif retain_grad and f.sets_output_grads:
             gxs, ogs = f.backward_retaining(gys)
         else:

@@ -50,7 +50,7 @@ class _AbstractTrace(core.TraceHooks):
     def unchaining(self, var, backward):
         pass            # shapes only: no call repeats a cut
 
-    def input_grads(self, fn, gys):
+    def input_grads(self, fn, gys, retain_grad=False):
         return core._input_grads(fn, gys)
 
     def call(self, fn, inputs):

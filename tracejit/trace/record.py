@@ -469,12 +469,21 @@ class Trace(core.TraceHooks):
             return val._capture is None and self.is_mine(val._tv)
         return isinstance(val, TracedScalar)    # a type: a user object may define _tv
 
-    def input_grads(self, fn, gys):
+    def input_grads(self, fn, gys, retain_grad=False):
         """fn.backward(*gys) while tracing. A user Function with per-call state gets
         one opaque UserBackward node: the compiled backward calls the instance that ran
         this call's forward, as eager does, instead of freezing the traced call's state."""
         entry = self.user_calls.get(fn)
         if entry is None:
+            if retain_grad and isinstance(fn, UserGrad) and not fn.level:
+                # Eager's walk passes through the Functions that user backward made
+                # (a gradient with history), keeping a .grad on each, which a later
+                # walk adds to; here they are one opaque node, none of them held.
+                self.escape("a backward with retain_grad=True inside the function "
+                            "passes through a gradient a user Function with per-call "
+                            f"state ({type(fn._instance()).__name__}) gave "
+                            "under create_graph: eager keeps a .grad on each Variable "
+                            "its backward made, which compiled calls do not hold")
             return core._input_grads(fn, gys)
         call, fwd_outs = entry
         if not self.region_backward:

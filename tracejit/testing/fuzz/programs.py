@@ -111,6 +111,20 @@ USER_FUNCTIONS = {
     def backward(self, gy):
         return gy * self.k
 ''',
+    "SignCube": '''class SignCube(tj.Function):
+    # Per-call state: this call's sign sets its backward's factor and depth (one
+    # opaque node of the compiled graph, several eager Functions under create_graph).
+    def forward(self, x):
+        self.k, self.n = (3.0, 1) if x.sum() > 0 else (-2.0, 3)
+        return x ** 3
+
+    def backward(self, gy):
+        x, = self.inputs
+        g = gy * self.k * x * x
+        for _ in range(self.n):
+            g = g * 0.5
+        return g
+''',
     "TanhData": '''class TanhData(tj.Function):
     # backward reads .data: detached, so eager has no second derivative through it.
     def forward(self, x):
@@ -2049,7 +2063,36 @@ def _retained_inside(b):
     b.features.add("retained_inside")
 
 
-RETAINED_INSIDE_STEPS = [(_retained_inside, 1)]
+# A backward with create_graph=True inside f through a user Function with per-call
+# state (SignCube): f returns the argument's .grad, whose eager graph is the Functions
+# the user's backward made. The caller's retain_grad + create_graph backward keeps a
+# .grad on each, which its second-order walk adds to: the tracing call's result (one
+# opaque UserGrad) must be walked as that graph, and a compiled call's replay, deeper
+# than the node's depth in the graph, must keep the caller's Functions made of the
+# result before its new creator in the walk order.
+
+
+def _user_backward_inside(b):
+    if "retain_grad" in b.avoid or "user_state" in b.avoid:
+        return b.st_unary()
+    args = [a[2] for a in b.args if a[1] == "var" and a[2] is not None and a[2].bound <= 3]
+    if not args:
+        return b.st_unary()
+    v = b.draw(st.sampled_from(args))
+    y, name = b.fresh("y"), b.fresh()
+    b.emit(f"{y} = SignCube()({v.name})")
+    retain = b.draw(st.booleans())
+    b.emit(f"F.sum({y}).backward(retain_grad={retain}, create_graph=True)")
+    # (A .grad with history f does not return runs eagerly: return them.)
+    b.also_return += [f"{v.name}.grad"] + ([f"{y}.grad"] if retain else [])
+    b.emit(f"{name} = {v.name}.grad * 0.5")
+    b.classes.add("SignCube")
+    b.add(y, v.shape, v.dtype, v.bound ** 3)
+    b.add(name, v.shape, v.dtype, 1.5 * v.bound ** 2)
+    b.features.add("user_backward_inside")
+
+
+RETAINED_INSIDE_STEPS = [(_retained_inside, 1), (_user_backward_inside, 1)]
 # -------------------------------------- end of .grads retained inside f on intermediates
 # ------------------------------ stored state dropped or rebound before the caller's backward
 # (focus "dropped_state"). f stores a value the result goes on from as state (`S['h'] =
