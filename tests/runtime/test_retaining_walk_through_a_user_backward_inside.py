@@ -96,3 +96,38 @@ def test_second_order_after_a_retaining_walk_through_a_user_backward(fn, square,
                                            err_msg=f"call {call}, gradient {k}")
         W.data = W.data + 0.1            # a mutated captured Parameter
     assert jf.cache_info()["hits"] >= 3
+
+
+def walks_its_grad_inside(x):
+    # A retain_grad walk inside f through x.grad, made by the user's backward: eager
+    # keeps a .grad on each Variable that backward made, which the caller's walk adds
+    # to. Compiled calls do not hold them: the function runs eagerly, and says why.
+    F.sum(SignedCube()(x)).backward(create_graph=True)
+    g = x.grad
+    F.sum(g * W).backward(retain_grad=True)
+    return g, W.grad, x
+
+
+def test_a_retaining_walk_inside_through_a_user_backward_runs_eagerly():
+    import warnings
+    jf = tj.jit(walks_its_grad_inside)
+    rng = np.random.default_rng(5)
+    W.data = np.array([0.5, -0.3, 0.8])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", tj.JitWarning)
+        for call in range(4):
+            v = rng.uniform(0.2, 1.0, (3,)) * (1.0 if call % 2 else -1.0)
+            want = run(walks_its_grad_inside, v, square=True)
+            got = run(jf, v, square=True)
+            for k, (g, e) in enumerate(zip(got, want)):
+                assert (g is None) == (e is None), (call, k)
+                if e is not None:
+                    np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-12,
+                                               err_msg=f"call {call}, gradient {k}")
+            W.data = W.data + 0.1
+    msgs = [str(w.message) for w in seen if issubclass(w.category, tj.JitWarning)]
+    assert len(msgs) == 1, msgs
+    assert "retain_grad=True inside the function passes through a gradient a user " \
+        "Function with per-call state (SignedCube)" in msgs[0]
+    assert "F.sum(g * W).backward(retain_grad=True)" in msgs[0]      # the user's line
+    assert jf.cache_info()["fallbacks"] >= 2

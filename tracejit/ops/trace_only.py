@@ -350,22 +350,24 @@ class UserGrad(UserBackward):
 
     @property
     def sets_output_grads(self):
-        """A walk with retain_grad and create_graph through the user's backward (a
-        traced call's result, x.grad of a backward inside it) keeps in eager a .grad
+        """A walk with retain_grad through the user's backward (a traced call's
+        result, x.grad of a create_graph backward inside it) keeps in eager a .grad
         on every Variable that backward made, which a later walk adds to: level 0,
         outside a trace, is then walked as that graph (backward_retaining)."""
         from tracejit.core import _state
-        return self.level == 0 and bool(_state.enable_backprop) and _state.trace is None
+        return self.level == 0 and _state.trace is None
 
     def backward_retaining(self, gys):
-        """(input gradients, output gradients) for a retaining create_graph walk: the
-        user's backward run again on this call's Variables, with a history, its
-        results made this call's own outputs (as a compiled call's replay adopts its
-        results), and walked with retain_grad, so its intermediates keep eager's
-        .grads. Where a gradient is no Function's output (the user's backward returned
-        a cotangent itself) there is nothing to adopt: the opaque backward."""
-        from tracejit.core import (DictGrads, backprop, fit_generations, region_between,
-                                   using_config)
+        """(input gradients, output gradients) for a retaining walk (with create_graph
+        if backprop is enabled): the user's backward run again on this call's
+        Variables, with a history, its results made this call's own outputs (as a
+        compiled call's replay adopts its results), and walked with retain_grad, so
+        its intermediates keep eager's .grads. Where a gradient is no Function's
+        output (the user's backward returned a cotangent itself) there is nothing to
+        adopt: the opaque backward."""
+        from tracejit.core import (DictGrads, _state, backprop, fit_generations,
+                                   region_between, using_config)
+        create = bool(_state.enable_backprop)
         leaves = list(self.inputs)
         with using_config("enable_backprop", True):
             gxs = self.grads(self._instance(), leaves)
@@ -390,7 +392,7 @@ class UserGrad(UserBackward):
             if gy is not None:
                 grads.set(twin, gy)
                 roots.append(twin)
-        backprop(roots, grads=grads, create_graph=True, retain_grad=True,
+        backprop(roots, grads=grads, create_graph=create, retain_grad=True,
                  within=region_between(roots, leaves))
         stop = {id(x) for x in leaves} | {id(t) for t in twins}
         for key, (var, g) in grads.items():

@@ -484,6 +484,12 @@ class Trace(core.TraceHooks):
                             f"state ({type(fn._instance()).__name__}) gave "
                             "under create_graph: eager keeps a .grad on each Variable "
                             "its backward made, which compiled calls do not hold")
+                # This call is eager's still: that walk, unrecorded.
+                prev = core.set_trace(None)
+                try:
+                    return fn.backward_retaining(gys)[0]
+                finally:
+                    core.set_trace(prev)
             return core._input_grads(fn, gys)
         call, fwd_outs = entry
         if not self.region_backward:
