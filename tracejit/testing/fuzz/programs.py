@@ -32,6 +32,9 @@ AVOIDABLE = {
     "retain_grad": "no retain_grad=True in a backward inside f (a later backward "
                    "through the call's results adds to the .grad it leaves on the "
                    "call's intermediates)",
+    "preset": "no results' .grad set before the caller's backward (a walk through a "
+              "user Function's opaque backward reads a preset .grad of its forward's "
+              "output, which eager's walk does not reach)",
 }
 
 B = "B"              # the batch side of a symbolic shape: it changes between the phases
@@ -2477,8 +2480,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     # The caller sets .grad on every result Variable but the first before a backward
     # from the first alone (PRESET): eager's walk adds a preset .grad where it passes
     # (a result the first depends on) and leaves the others' alone.
-    preset = backward is not None and draw(st.integers(0, 1 if focus == "retain_grad"
-                                                       else 7)) == 0
+    preset = backward is not None and "preset" not in avoid and draw(
+        st.integers(0, 1 if focus == "retain_grad" else 7)) == 0
     if preset:
         b.features.add("preset_result_grads")
     base_seed = draw(st.integers(0, 10_000))
