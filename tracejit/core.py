@@ -531,10 +531,11 @@ def fit_generations(adopted, boundary):
     generations are at least the result's old one). The old generation is a bound
     on eager's (a compiled call's: from its graph's depth, Variant.output_depths),
     which a node that replays as several eager Functions (a user backward with
-    per-call state, run under create_graph) exceeds; a UserGrad's is its own + 1. Each Function gets the replay's inputs' generation
-    plus its longest chain from them times a step small enough that every adopted
-    result's creator stays below the result's old generation; each result keeps its
-    old one. boundary: ids of the replay's input Variables (the caller's graph)."""
+    per-call state, run under create_graph) exceeds; a UserGrad's is its own + 1.
+    Each Function gets the replay's inputs' generation plus its longest chain from
+    them times a step (a fraction) small enough that every adopted result's creator
+    stays below the result's old generation; each result keeps its old one.
+    boundary: ids of the replay's input Variables (the caller's graph)."""
     funcs, base, todo = {}, 0, [mine.creator for mine, _ in adopted]
     while todo:
         f = todo.pop()
