@@ -13,7 +13,7 @@ import weakref
 
 import numpy as np
 
-from tracejit.core import OPAQUE, Function, ShapeDtype, _state
+from tracejit.core import OPAQUE, Function, ShapeDtype, Variable, _state
 
 GUARD = "guard"
 
@@ -300,6 +300,11 @@ class UserGrad(UserBackward):
         self.n_args = n_in + 2 * n_out if n_args is None else n_args   # level k's inputs
         self.inst = inst
         self.mask = None              # set by the first (traced) forward
+        # Per output (gradient), the positions of the arguments its graph reaches in
+        # eager (a `.data` read or an argument it never reads is no path): set by the
+        # first (traced) forward, the links of eager's graph the trace records
+        # (trace.record.record), checked on every later run.
+        self.links = None
         if level:
             self.op_name = f"{call.op_name}.backward^{level + 1}"
 
@@ -314,19 +319,31 @@ class UserGrad(UserBackward):
         return self.inst if self.inst is not None else _instance_of(self.call)[0]
 
     def forward(self, *arrays):
-        from tracejit.core import Variable, no_grad, set_trace
+        from tracejit.core import Variable, set_trace, using_config
         # While tracing: run for real, unrecorded (the gradients' .data too: read
         # under the trace, each would be captured as a constant of the variant).
         prev = set_trace(None)
         try:
-            with no_grad():
-                gxs = self.grads(self._instance(),
-                                 [Variable(np.asarray(a)) for a in arrays])
+            # With a history (the results are arrays: none leaves), to see which
+            # arguments each gradient's graph reaches, as eager's graph links them.
+            xs = [Variable(np.asarray(a)) for a in arrays]
+            with using_config("enable_backprop", True):
+                gxs = self.grads(self._instance(), xs)
+            links = _reached_args([g for g in gxs if g is not None], xs)
             if self.mask is None:
                 self.mask = tuple(g is not None for g in gxs)
                 self.specs = tuple(_spec(g) for g in gxs if g is not None) or \
                     (ShapeDtype((), np.dtype(np.float64)),)
+                self.links = links
             out = self.results(gxs)
+            if links != self.links:
+                # Compiled calls link what the traced call's graph linked: a later
+                # walk would pass (or not) through Variables eager's does not.
+                raise UserBackwardMismatch(
+                    f"{self.call.op_name}.backward under create_graph gave gradients "
+                    f"whose graph reaches other arguments (its inputs, outputs or output "
+                    f"gradients, a `.data` read being none) than on the traced call "
+                    f"(per-call state on self): run it eagerly (tj.disable_jit())")
             # No gradient at all: one dead 0-d output (a Function call has at least one).
             return np.zeros(()) if isinstance(out, tuple) and not out else out
         finally:
@@ -410,6 +427,29 @@ class UserGrad(UserBackward):
         """The outputs of a call of this op, one entry (or None) per argument."""
         it = iter(ys if isinstance(ys, (list, tuple)) else [ys])
         return tuple(next(it) if want else None for want in self.mask)
+
+
+def _reached_args(gs, xs):
+    """Per gradient in gs, the positions in xs of the Variables its graph reaches
+    (through creators, stopping at xs): the arguments eager's graph of it links."""
+    pos = {id(x): i for i, x in enumerate(xs)}
+    out = []
+    for g in gs:
+        hit, seen, todo = set(), set(), [g]
+        while todo:
+            v = todo.pop()
+            if not isinstance(v, Variable) or id(v) in seen:
+                continue
+            seen.add(id(v))
+            if id(v) in pos:
+                hit.add(pos[id(v)])
+                continue
+            f = v.creator
+            if f is not None and id(f) not in seen:
+                seen.add(id(f))
+                todo.extend(f.inputs)
+        out.append(frozenset(hit))
+    return tuple(out)
 
 
 def _spec(g):

@@ -619,17 +619,23 @@ def _eager_ancestry(v, value):
     the nodes recorded with history (the trace's grad_meta), along the operands they
     link to (a no_grad node or a `.data` read is no path)."""
     g = v.forward_graph
-    producer = {id(o): n for n in g.nodes for o in n.outputs}
+    producer = {id(o): (n, j) for n in g.nodes for j, o in enumerate(n.outputs)}
     meta = v.bwd.joint_meta
-    out, todo = set(), [value]
+    out, todo, walked = set(), [value], set()
     while todo:
-        n = producer.get(id(todo.pop()))
-        if n is None or id(n) in out:
+        n, j = producer.get(id(todo.pop()), (None, 0))
+        if n is None or (id(n), j) in walked:
             continue
+        walked.add((id(n), j))
         out.add(id(n))
         grad, links = meta.get(id(n), (False, ())) if meta is not None else (True, n.inputs)
         if not grad:
             continue
+        per_output = getattr(n.fn, "links", None) if isinstance(n.fn, UserBackward) else None
+        if per_output is not None:
+            # A user backward's gradient j links only what its own graph reaches.
+            mine = per_output[j] if j < len(per_output) else ()
+            links = [u if i in mine else None for i, u in enumerate(links)]
         for u in links:
             if isinstance(u, Value) and id(u) not in out:
                 out.add(id(u))

@@ -408,8 +408,15 @@ class Trace(core.TraceHooks):
         # is each input the Variable that made its value (or a live input), or a fresh
         # leaf made from data (Variable(x.data), .data arithmetic)? A replay on
         # Variables differentiates exactly what eager does from this.
-        self.grad_meta[id(node)] = (core._state.enable_backprop,
-                                    tuple(self._link(x, v) for x, v in zip(inputs, ins)))
+        links = tuple(self._link(x, v) for x, v in zip(inputs, ins))
+        if isinstance(fn, UserGrad) and fn.links is not None:
+            # The user's backward links only what its gradients' graphs reach (not
+            # the forward's outputs it never reads, nor a `.data` read): a walk from a
+            # gradient reads no other's .grad (runtime.variant._eager_ancestry follows
+            # each output's own links, op.links).
+            reach = frozenset().union(*fn.links)
+            links = tuple(u if i in reach else None for i, u in enumerate(links))
+        self.grad_meta[id(node)] = (core._state.enable_backprop, links)
         if core._state.enable_backprop:
             # The operands made inside the call: one that is a leaf of eager's graph
             # when the call returns (`Variable(np.ones(3))`, `Variable(x.data)`, a
