@@ -61,7 +61,7 @@ def trace_backward(tr, out_raw, out_leaves, made=()):
     g = tr.graph
     n_nodes = len(g.nodes)
     n_inputs = len(g.inputs)
-    grads = DictGrads()
+    grads = _FinalGrads()
     gy_values = {}
     out_index = {}
     # gys are numbered like the compiled call's output Variables (its creator's outputs).
@@ -343,6 +343,22 @@ def _link_made_leaves(tr, made):
     return [values[id(var)] for _, var in made]
 
 
+class _FinalGrads(DictGrads):
+    """DictGrads that also keeps each Variable's last gradient (`final`): the walk
+    (no retain_grad) clears an intermediate's once its creator passed it on, but a
+    replay with retain_grad keeps it, and reads what it is computed from
+    (_replay_reads)."""
+
+    def __init__(self):
+        super().__init__()
+        self.final = {}
+
+    def set(self, v, g):
+        if g is not None:
+            self.final[id(v)] = (v, g)
+        super().set(v, g)
+
+
 def _replay_reads(tr, grads, bwd_nodes, boundary):
     """The Values eager's backward reads (the traced one, before dead code goes) for
     the gradients it keeps on Variables someone can reach: the boundary's, the call's
@@ -354,7 +370,7 @@ def _replay_reads(tr, grads, bwd_nodes, boundary):
     from an ndarray argument: h's retained .grad reads h)."""
     inputs = {id(v) for v in tr.graph.inputs}
     reached = {id(var) for _, var in boundary}
-    kept = [gv._tv for _, (var, gv) in grads.items()
+    kept = [gv._tv for _, (var, gv) in grads.final.items()
             if gv is not None and isinstance(getattr(gv, "_tv", None), Value)
             and (id(var) in reached or not (isinstance(var._tv, Value)
                                             and id(var._tv) in inputs))]
