@@ -32,9 +32,11 @@ AVOIDABLE = {
     "retain_grad": "no retain_grad=True in a backward inside f (a later backward "
                    "through the call's results adds to the .grad it leaves on the "
                    "call's intermediates)",
-    "preset": "no results' .grad set before the caller's backward (a walk through a "
-              "user Function's opaque backward reads a preset .grad of its forward's "
-              "output, which eager's walk does not reach)",
+    "preset": "no results' .grad set before the caller's backward (the class once "
+              "found there: a walk through a user Function's backward under "
+              "create_graph read a preset .grad of its forward's output, which "
+              "eager's walk does not reach; each gradient now links what its graph "
+              "reaches)",
 }
 
 B = "B"              # the batch side of a symbolic shape: it changes between the phases
