@@ -324,8 +324,8 @@ class UserGrad(UserBackward):
         # under the trace, each would be captured as a constant of the variant).
         prev = set_trace(None)
         try:
-            # With a history (the results are arrays: none leaves), to see which
-            # arguments each gradient's graph reaches, as eager's graph links them.
+            # With a history (dropped here: the results leave as arrays), whose
+            # graphs say which arguments each gradient reaches, as eager's links them.
             xs = [Variable(np.asarray(a)) for a in arrays]
             with using_config("enable_backprop", True):
                 gxs = self.grads(self._instance(), xs)
