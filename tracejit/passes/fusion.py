@@ -251,6 +251,8 @@ def fuse(g, horizontal=True):
         if not joined:
             new_group(shape, n, role, d, pos)
 
+    if SINK_INTO_READER:
+        _sink_into_reader(g, groups, group_of, deps, closure, gdeps)
     _absorb_loads(g, groups, group_of, deps, closure, gdeps)
     readers = _readers(g)
     fused_nodes = {grp.gid: _make_fused_node(g, grp, readers) for grp in groups if grp.nodes}
@@ -265,6 +267,208 @@ def fuse(g, horizontal=True):
         else:                     # a lone movement op: a NumPy call, as before
             items.extend((pos, n) for n in obj.nodes)
     return g.replace(nodes=_schedule(items))
+
+
+# Module flag (benchmarks toggle it for an interleaved A/B in one process).
+SINK_INTO_READER = True
+
+
+def _sink_into_reader(g, groups, group_of, deps, closure, gdeps):
+    """Move an elementwise cone into the one group that reads it.
+
+    The greedy walk puts a node into the group of one of its inputs, or horizontally
+    into any open group of its shape; neither need be the group that reads it. Then
+    the node's value is an output of its group, written to an array, and read back by
+    its reader's kernel. W7's window (an unrolled LSTM's forward and backward): the
+    backward's dy @ W_fc.T (a (30, 1) x (1, 100) product of contraction 1, an
+    elementwise mul) joined the previous step's backward group horizontally, so
+    split_group ran it as a kernel of its own each step; the forward cell computed
+    1 - tanh(c) ** 2 and 1 - sigmoid(.) for the backward, five arrays a step that only
+    the step's backward kernel reads. Moved into that reader they are computed in its
+    loop from values it reads anyway.
+
+    A cone, per source group G and target T: the nodes of G (elementwise, or index
+    loads) every reader of which is in T or in the cone, none a graph output (a
+    value the caller or a separate backward graph reads, the values saved for it
+    included, stays materialized). It moves when it is legal as can_join would
+    judge it node by node (roles: a main node reads main or load values of T, a
+    load reads no value of T; T's readers of the cone are main or reduction nodes, not
+    loads or 0-d epilogues; a main node's shape is T's iteration shape, so nothing is
+    computed at a larger shape than before (a (30, 1) value read broadcast by a
+    (30, 100) group stays where it is); no cycle; T's size bounds), and when it saves
+    memory traffic: the bytes T read of the cone and G wrote, against those G would
+    newly write (values of G the cone reads, internal before) and T newly read. Nothing
+    is computed twice: the cone leaves G. The exception is split_group's
+    loop-invariant chains (nodes reading only 0-d values), copied into each part of a
+    group that reads them: a cone with such a node that is not cheap_to_recompute
+    (vector math) stays.
+    """
+    users = {}
+    for n in g.nodes:
+        for v in n.inputs:
+            if isinstance(v, Value):
+                users.setdefault(id(v), []).append(n)
+    out_ids = {id(v) for v in g.outputs if isinstance(v, Value)}
+    pos = {id(n): i for i, n in enumerate(g.nodes)}
+    reads = {}
+
+    def grp_of_node(n):
+        return group_of.get(id(n.outputs[0])) if n.outputs else None
+
+    def movable(n, role):
+        # Reductions and 0-d epilogues stay: their loops are their group's.
+        return role in ("main", "load") and len(n.outputs) == 1
+
+    # Consumers first; then again over the groups holding what the moved cones read
+    # (a moved cone may free its producers' cones), a few rounds at most.
+    todo = list(reversed(groups))
+    for _ in range(4):
+        again = {}
+        for grp in todo:
+            if not grp.nodes:
+                continue
+            # target[id(node)]: the one group the node's readers are in (through cone
+            # members), consumers first.
+            target = {}
+            members = {id(m) for m in grp.nodes}
+            for n in reversed(grp.nodes):
+                role = grp.values.get(id(n.out)) if len(n.outputs) == 1 else None
+                if not movable(n, role) or id(n.out) in out_ids:
+                    continue
+                t = None
+                ok = bool(users.get(id(n.out)))
+                for r in users.get(id(n.out), ()):
+                    if id(r) in members:
+                        rt = target.get(id(r))
+                    else:
+                        rt = grp_of_node(r)
+                        if rt is grp:
+                            rt = None
+                    if rt is None or (t is not None and rt is not t):
+                        ok = False
+                        break
+                    t = rt
+                if ok:
+                    target[id(n)] = t
+            cones = {}
+            for n in grp.nodes:
+                t = target.get(id(n))
+                if t is not None:
+                    cones.setdefault(t.gid, (t, []))[1].append(n)
+            for t, cone in cones.values():
+                for part in _components(cone):
+                    if _try_sink(grp, t, part, users, deps, closure, gdeps, group_of, pos,
+                                 reads):
+                        for n in part:
+                            for v in n.inputs:
+                                src = group_of.get(id(v)) if isinstance(v, Value) else None
+                                if src is not None and src is not t:
+                                    again[src.gid] = src
+        if not again:
+            break
+        todo = sorted(again.values(), key=lambda x: -x.gid)
+
+
+def _components(cone):
+    """The cone's weakly connected parts (through the values one reads of another),
+    each in the cone's order: each is judged on its own, so a part that saves traffic
+    does not carry one that does not (W7: the backward's dy * W_fc, worth moving, and
+    dc * f of the same group, which would only trade one array written for another,
+    and make the first and last steps' kernels differ from the others)."""
+    parent = {id(n): id(n) for n in cone}
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+    producer = {id(n.out): id(n) for n in cone}
+    for n in cone:
+        for v in n.inputs:
+            if isinstance(v, Value) and id(v) in producer:
+                parent[find(id(n))] = find(producer[id(v)])
+    parts = {}
+    for n in cone:
+        parts.setdefault(find(id(n)), []).append(n)
+    return list(parts.values())
+
+
+def _try_sink(grp, t, cone, users, deps, closure, gdeps, group_of, pos, reads):
+    """Move `cone` (nodes of grp, in grp's order) into group t if legal and cheaper.
+    reads: gid -> ids of the values a group's nodes read (a cache, kept up to date)."""
+    in_cone = {id(n.out) for n in cone}
+    bit = 1 << t.gid
+    vm = sum(_cost(n)[0] for n in cone)
+    ops = sum(_cost(n)[1] for n in cone)
+    if t.vecmath + vm > MAX_VECMATH_OPS or t.ops + ops > MAX_GROUP_OPS:
+        return False
+    invariant = set()
+    saved = 0
+    t_inputs = reads.get(t.gid)
+    if t_inputs is None:
+        t_inputs = reads[t.gid] = {id(v) for m in t.nodes for v in m.inputs
+                                   if isinstance(v, Value)}
+    new_reads = {}
+    d = 0                                 # what the cone reads from outside t
+    cone_ids = {id(n) for n in cone}
+    grp_ids = {id(m) for m in grp.nodes}
+    for n in cone:
+        role = grp.values[id(n.out)]
+        if role == "main" and n.out.shape != t.shape:
+            return False
+        if role == "load" and not _broadcasts_into(n.out.shape, t.shape):
+            return False
+        vals = [v for v in n.inputs if isinstance(v, Value)]
+        if all(v.shape == () or id(v) in invariant for v in vals):
+            invariant.add(id(n.out))
+            if n.kind != MOVEMENT and not n.fn.cheap_to_recompute():
+                return False
+        for v in vals:
+            if id(v) in in_cone:
+                if role == "load":
+                    return False          # a load reads group inputs only
+                continue
+            r = t.values.get(id(v))
+            if r is not None:
+                if role == "load" or r not in ("main", "load"):
+                    return False
+                continue
+            d |= deps.get(id(v), 0)
+            if grp.values.get(id(v)) is not None and all(
+                    id(u) in grp_ids for u in users.get(id(v), ())):
+                new_reads[id(v)] = 2 * v.nbytes       # now written by grp, read by t
+            elif id(v) not in t_inputs:
+                new_reads.setdefault(id(v), v.nbytes)  # now read by t
+        readers_in_t = [u for u in users.get(id(n.out), ()) if id(u) not in cone_ids]
+        for u in readers_in_t:
+            if t.values.get(id(u.outputs[0])) not in ("main", "red"):
+                return False
+        if readers_in_t:
+            saved += 2 * n.out.nbytes             # grp wrote it, t read it
+    if not sum(new_reads.values()) < saved:
+        return False
+    # t reads the cone's values, so it depends on all the cone reads already: no
+    # cycle can arise. Checked all the same, once for the cone (the closure of the
+    # union is the union of the closures), as can_join checks each node.
+    if closure(d) & bit:
+        return False
+    # Legal and cheaper: move it. t's members stay in the graph's (topological) order.
+    gdeps[t.gid] |= d & ~bit
+    t_inputs.update(id(v) for n in cone for v in n.inputs if isinstance(v, Value))
+    reads.pop(grp.gid, None)              # grp reads less now
+    grp.nodes = [m for m in grp.nodes if id(m) not in cone_ids]
+    for n in cone:
+        role = grp.values.pop(id(n.out))
+        vm_n, ops_n = _cost(n)
+        grp.vecmath -= vm_n
+        grp.ops -= ops_n
+        t.vecmath += vm_n
+        t.ops += ops_n
+        t.values[id(n.out)] = role
+        group_of[id(n.out)] = t
+        deps[id(n.out)] = deps.get(id(n.out), 0) | bit
+    t.nodes = sorted(t.nodes + cone, key=lambda m: pos[id(m)])
+    return True
 
 
 def _broadcasts_into(shape, target):
