@@ -396,6 +396,12 @@ def _components(cone):
 def _try_sink(grp, t, cone, users, deps, closure, gdeps, group_of, pos, reads):
     """Move `cone` (nodes of grp, in grp's order) into group t if legal and cheaper.
     reads: gid -> ids of the values a group's nodes read (a cache, kept up to date)."""
+    if len(t.nodes) == 1 and t.nodes[0].kind == ELEMENTWISE and not t.nodes[0].fn.vector_math:
+        # One cheap op may run as the NumPy call eager makes (backends/numba/plan.py,
+        # _no_kernel): with the cone it would be a kernel, one more to compile (tanh's
+        # gradient gy * (1 - y * y): the forward's tanh kernel writes 1 - y * y and a
+        # NumPy multiply reads it, one kernel, against two).
+        return False
     in_cone = {id(n.out) for n in cone}
     bit = 1 << t.gid
     vm = sum(_cost(n)[0] for n in cone)
