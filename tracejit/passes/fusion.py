@@ -357,8 +357,8 @@ def _sink_into_reader(g, groups, group_of, deps, closure, gdeps):
                     cones.setdefault(t.gid, (t, []))[1].append(n)
             for t, cone in cones.values():
                 for part in _components(cone):
-                    if _try_sink(grp, t, part, users, deps, closure, gdeps, group_of, pos,
-                                 reads):
+                    if _try_sink(grp, t, part, users, out_ids, deps, closure, gdeps,
+                                 group_of, pos, reads):
                         for n in part:
                             for v in n.inputs:
                                 src = group_of.get(id(v)) if isinstance(v, Value) else None
@@ -393,7 +393,7 @@ def _components(cone):
     return list(parts.values())
 
 
-def _try_sink(grp, t, cone, users, deps, closure, gdeps, group_of, pos, reads):
+def _try_sink(grp, t, cone, users, out_ids, deps, closure, gdeps, group_of, pos, reads):
     """Move `cone` (nodes of grp, in grp's order) into group t if legal and cheaper.
     reads: gid -> ids of the values a group's nodes read (a cache, kept up to date)."""
     if len(t.nodes) == 1 and t.nodes[0].kind == ELEMENTWISE and not t.nodes[0].fn.vector_math:
@@ -440,7 +440,7 @@ def _try_sink(grp, t, cone, users, deps, closure, gdeps, group_of, pos, reads):
                     return False
                 continue
             d |= deps.get(id(v), 0)
-            if grp.values.get(id(v)) is not None and all(
+            if grp.values.get(id(v)) is not None and id(v) not in out_ids and all(
                     id(u) in grp_ids for u in users.get(id(v), ())):
                 new_reads[id(v)] = 2 * v.nbytes       # now written by grp, read by t
             elif id(v) not in t_inputs:
