@@ -62,8 +62,17 @@ def read_twice_in_the_reader(x, W, a, b):
     return F.sum(F.exp(m + y) * m)
 
 
+def with_an_index_load(x, W, a, b):
+    # A basic-index read (a load: index arithmetic) moves with the add that reads it.
+    h = F.tanh(x)
+    y = F.matmul(h, W)
+    m = a[1:, ::-1] + b
+    return F.sum(F.exp(m + y))
+
+
 @pytest.mark.parametrize("f, shapes, before, after", [
     (horizontal, [(6, 5), (5, 5), (6, 1), (1, 5)], (3, 2), (2, 1)),
+    (with_an_index_load, [(6, 5), (5, 5), (7, 5), (1, 5)], (3, 2), (2, 1)),
     (horizontal_chain, [(6, 5), (5, 5), (6, 1), (1, 5), (5,)], (3, 1), (2, 0)),
     (read_twice_in_the_reader, [(6, 5), (5, 5), (6, 1), (1, 5)], (3, 2), (2, 1)),
 ])
