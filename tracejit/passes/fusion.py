@@ -4,7 +4,9 @@ broadcast), the reductions that consume them (sum((a - b) ** 2) in one pass), 0-
 epilogues after a full reduction (mean = sum / n), and movement ops that read a group
 input (broadcast_to, transpose, reshape that only adds or drops size-1 axes, basic
 indexing x[1:, 0, None, ..., ::-2] and its gradient, a masked read) folded into index
-arithmetic. What each op allows is its facets (ops/primitive.py).
+arithmetic. What each op allows is its facets (ops/primitive.py). After the greedy
+walk, an elementwise cone read only by one other group moves into it
+(_sink_into_reader), so it is not written to an array and read back.
 """
 import numpy as np
 
