@@ -12,6 +12,7 @@ import pytest
 import tracejit as tj
 import tracejit.functions as F
 import tracejit.layers as L
+from tracejit.ir import check
 from tracejit.passes import fusion
 from tracejit.testing import assert_jit_matches_eager
 
@@ -23,7 +24,9 @@ def _counts(monkeypatch, f, *args):
     out = []
     for on in (False, True):
         monkeypatch.setattr(fusion, "SINK_INTO_READER", on, raising=False)
-        s = tj.jit(f).trace(*args).summary()
+        g = tj.jit(f).trace(*args)
+        assert check(g)
+        s = g.summary()
         out.append((s["kernels"], s["materialized"]))
     monkeypatch.setattr(fusion, "SINK_INTO_READER", True, raising=False)
     return out
