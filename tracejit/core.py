@@ -10,6 +10,7 @@ constant. When no trace is active each hook costs one thread-local attribute rea
 import contextlib
 import heapq
 import itertools
+import math
 import threading
 import weakref
 
@@ -341,6 +342,15 @@ class Variable:
 
     def __index__(self):
         return self.data.__index__()
+
+    # math.floor/ceil of a Variable are those of its data (float() of it, as they
+    # were through __float__): while tracing, a recorded int, not a value guard.
+    # (round() and math.trunc stay TypeErrors, as in DeZero.)
+    def __floor__(self):
+        return math.floor(self.data)
+
+    def __ceil__(self):
+        return math.ceil(self.data)
 
     def set_creator(self, func):
         self.creator = func

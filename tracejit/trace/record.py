@@ -35,7 +35,7 @@ from tracejit.ir import Graph, Lit, Node, Value
 from tracejit.trace import pystate
 from tracejit.trace.values import (_PY_OPS, _PY_UNARY, REDUCE_PRIMS, SCALAR_TYPES, UFUNC_PRIMS,
                               TracedArray, TracedFloat, TracedScalar, is_internal,
-                              python_value)
+                              python_rounding, python_value)
 from tracejit.ops.trace_only import Guard, NumpyCall, UserBackward, UserCall, UserGrad
 
 log = logging.getLogger("tracejit")
@@ -853,8 +853,15 @@ class Trace(core.TraceHooks):
             self.graph.nodes.append(Node(Guard("bool", bool(ok)), [c], [], user_line(2)))
             if not ok:
                 return self.guard(x, "int")
-        elif pytype is int and plain.dtype == np.uint64 and value >= 2 ** 63:
-            return self.guard(x, "int")
+        elif pytype is int and plain.dtype == np.uint64:
+            # Cast to int64 below, a value from 2**63 wraps around (int() of it is
+            # positive): below 2**63 at every call (a guard, so a call whose value is
+            # not retraces), or by value.
+            lim = np.asarray(2 ** 63, np.uint64)
+            ok, c = self._scalar_node(F.Less(), [src, Lit(lim, plain.dtype)], [plain, lim])
+            self.graph.nodes.append(Node(Guard("bool", bool(ok)), [c], [], user_line(2)))
+            if not ok:
+                return self.guard(x, "int")
         dtype = _DTYPE_OF[pytype]
         if plain.dtype != dtype:
             _, src = self._scalar_node(F.Cast(dtype), [src], [plain])
@@ -872,6 +879,41 @@ class Trace(core.TraceHooks):
                 return value
         return SCALAR_TYPES[pytype](value, self.scalar_cast_value(x, _DTYPE_OF[pytype]),
                                     self)
+
+    def scalar_rounding(self, name, x, ndigits=None):
+        """round(x[, ndigits]) / math.floor / ceil / trunc (name) of a traced Python
+        number: the int Python gives, recorded as int(x) is (one variant for every
+        value, not a guard on each)."""
+        if isinstance(ndigits, TracedScalar):
+            ndigits = self.freeze(ndigits, "round()'s ndigits")
+        result = python_rounding(name, x._value, ndigits)   # raises what Python raises
+        if x.pytype is not float:
+            if name == "round" and ndigits is not None and ndigits < 0:
+                # round(1234, -2): Python's exact decimal rounding of an int. By value.
+                self.freeze(x, "round() of an int to negative ndigits")
+                return result
+            return self.scalar_convert(x, int)     # an int (a bool's 0 or 1) itself
+        if ndigits is not None:
+            # round(v, n) rounds the exact decimal value (round(2.675, 2) is 2.67),
+            # which np.round's scaling does not reproduce (2.68). By value.
+            self.freeze(x, "round() of a float to ndigits")
+            return result
+        # round() is half to even, as np.rint; each gives an integral float64, which
+        # converts to int64 exactly when below 2**63 in magnitude. That is guarded (nan
+        # and inf fail it too: a call with one retraces, and raises what Python raises).
+        f8 = np.dtype(np.float64)
+        fn = NumpyCall({"round": np.rint, "floor": np.floor, "ceil": np.ceil,
+                        "trunc": np.trunc}[name])
+        y, v = self._scalar_node(fn, [x._tv], [np.asarray(x._value, f8)])
+        a, av = self._scalar_node(F.Abs(), [v], [y])
+        lim = np.asarray(2.0 ** 63)
+        ok, c = self._scalar_node(F.Less(), [av, Lit(lim, f8)], [a, lim])
+        self.graph.nodes.append(Node(Guard("bool", bool(ok)), [c], [], user_line(2)))
+        if not ok:
+            self.freeze(x, f"{name}() of a float beyond int64")
+            return result
+        _, iv = self._scalar_node(F.Cast(np.dtype(np.int64)), [v], [y])
+        return SCALAR_TYPES[int](result, iv, self)
 
     def scalar_binary(self, name, a, b):
         """a <op> b for Python numbers, at least one traced: what Python gives, recorded."""

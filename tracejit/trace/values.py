@@ -80,6 +80,36 @@ class TracedArray(np.ndarray):
         return self._trace.to_scalar(self, float if kind == "f" else bool if kind == "b"
                                      else int if kind in "iu" else None)
 
+    # math.floor/ceil/trunc of a 0-d array convert it with float() (NumPy defines no
+    # __floor__): here float() to a traced number, whose rounding is recorded.
+    def __floor__(self): return math.floor(self._as_float())
+    def __ceil__(self): return math.ceil(self._as_float())
+
+    def __trunc__(self):
+        # Only a float64 NumPy scalar (a float) has math.trunc in eager: the others, and
+        # arrays, raise its TypeError.
+        if not self._numpy_scalar or self.dtype != np.float64:
+            t = np.ndarray if not self._numpy_scalar else type(self.view(np.ndarray)[()])
+            raise TypeError(f"type {t.__module__}.{t.__name__} doesn't define __trunc__ "
+                            f"method")
+        return math.trunc(self._as_float())
+
+    def _as_float(self):
+        if self.ndim == 0 and self.dtype.kind in "biuf":
+            return self._trace.to_scalar(self, float)
+        return self.__float__()          # NumPy's own error, or a guard by value
+
+    def __round__(self, ndigits=None):
+        # Eager's value here is a NumPy scalar (x.data.sum()), whose round() gives an
+        # int; an ndarray has no round() (TypeError, as eager's).
+        if not self._numpy_scalar:
+            raise TypeError("type numpy.ndarray doesn't define __round__ method")
+        kind = self.dtype.kind
+        if ndigits is None and kind in "fiu":
+            return round(self._trace.to_scalar(self, float if kind == "f" else int))
+        self._trace.escape("round() of traced data to ndigits (a NumPy scalar)")
+        return round(self.view(np.ndarray)[()], ndigits)
+
     def tolist(self):
         self._trace.escape(".tolist() of traced data")
         return self.view(np.ndarray).tolist()
@@ -353,10 +383,19 @@ class TracedScalar(ScalarTracer):
 
     def __float__(self): return float(self._seen("float() by a C function (math.*)"))
     def __int__(self): return int(self._seen("int() by a C function"))
-    def __trunc__(self): return math.trunc(self._seen("math.trunc"))
-    def __round__(self, n=None): return round(self._seen("round()"), n)
-    def __floor__(self): return math.floor(self._seen("math.floor"))
-    def __ceil__(self): return math.ceil(self._seen("math.ceil"))
+    # round(), math.floor/ceil/trunc give ints recorded like int()'s (not the value
+    # behind a guard: `range(math.floor(v))` would retrace for every v).
+    def __trunc__(self): return self._rounded("trunc")
+    def __round__(self, n=None): return self._rounded("round", n)
+    def __floor__(self): return self._rounded("floor")
+    def __ceil__(self): return self._rounded("ceil")
+
+    def _rounded(self, name, ndigits=None):
+        tr = self._trace
+        if tr is None or tr is not core._state.trace:
+            return python_rounding(name, self._value, ndigits)
+        return tr.scalar_rounding(name, self, ndigits)
+
     def __hash__(self): return hash(self._seen("hash() (a dict key or set member)"))
     def __repr__(self): return repr(self._seen("repr()"))
     def __str__(self): return str(self._seen("str()"))
@@ -458,6 +497,13 @@ _PY_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
 _PY_UNARY = {"neg": operator.neg, "pos": operator.pos, "abs": builtins.abs,
              "invert": operator.invert}
 SCALAR_TYPES = {float: TracedFloat, int: TracedInt, bool: TracedBool}
+
+
+def python_rounding(name, value, ndigits=None):
+    """What round(value[, ndigits]), math.floor/ceil/trunc(value) give in Python."""
+    if name == "round":
+        return round(value) if ndigits is None else round(value, ndigits)
+    return getattr(math, name)(value)
 
 
 def is_python_number(x):
