@@ -305,23 +305,46 @@ class Variable:
             value = tr.write_data(self, value)
         self._data = value
 
+    # A Variable whose data is None (DeZero allows it) has no shape or value: asked for
+    # one, a NoDataError naming it (an AttributeError too, as DeZero's x.shape gives).
     @property
     def shape(self):
-        return self._data.shape
+        try:
+            return self._data.shape
+        except AttributeError:
+            raise self._no_data(".shape") from None
 
     @property
     def ndim(self):
-        return self._data.ndim
+        try:
+            return self._data.ndim
+        except AttributeError:
+            raise self._no_data(".ndim") from None
 
     @property
     def size(self):
-        return self._data.size
+        try:
+            return self._data.size
+        except AttributeError:
+            raise self._no_data(".size") from None
 
     @property
     def dtype(self):
-        return self._data.dtype
+        try:
+            return self._data.dtype
+        except AttributeError:
+            raise self._no_data(".dtype") from None
+
+    def _no_data(self, what):
+        if self._data is not None:      # not ours to explain
+            return AttributeError(f"{type(self._data).__name__} data has no {what}")
+        what = f"has no {what}" if what.startswith(".") else f"cannot be used in {what}"
+        return NoDataError(f"{_described(self)} whose data is None {what} (assign an array "
+                           f"to .data before using it)")
 
     def __len__(self):
+        if self._data is None:
+            raise self._no_data("len()")
         return len(self._data)
 
     def __repr__(self):
@@ -332,24 +355,36 @@ class Variable:
 
     # Python looks at a value: while tracing, `self.data` records a guard.
     def __bool__(self):
+        if self._data is None:
+            raise self._no_data("bool()")
         return bool(self.data)
 
     def __float__(self):
+        if self._data is None:
+            raise self._no_data("float()")
         return float(self.data)
 
     def __int__(self):
+        if self._data is None:
+            raise self._no_data("int()")
         return int(self.data)
 
     def __index__(self):
+        if self._data is None:
+            raise self._no_data("use as an index")
         return self.data.__index__()
 
     # math.floor/ceil of a Variable are those of its data (float() of it, as they
     # were through __float__): while tracing, a recorded int, not a value guard.
     # (round() and math.trunc stay TypeErrors, as in DeZero.)
     def __floor__(self):
+        if self._data is None:
+            raise self._no_data("math.floor")
         return math.floor(self.data)
 
     def __ceil__(self):
+        if self._data is None:
+            raise self._no_data("math.ceil")
         return math.ceil(self.data)
 
     def set_creator(self, func):
@@ -381,6 +416,8 @@ class Variable:
     def backward(self, retain_grad=False, create_graph=False):
         if self.grad is None:
             d = self._data
+            if d is None:
+                raise self._no_data("backward")
             # np.ones_like costs 1.5 us; a 0-d seed (a loss) is the common case.
             # With create_graph a Constant: a later backward through the graph that
             # reads the seed must not give the seed a gradient (a cycle; see Constant).
@@ -891,7 +928,7 @@ class Function:
         xs = [x._data for x in inputs]
         for d in xs:
             if d is None:            # not an AttributeError from inside forward
-                raise TypeError(_no_data_message(self, inputs))
+                raise NoDataError(_no_data_message(self, inputs))
         try:
             ys = self.forward(*xs)
         except (ValueError, TypeError, IndexError) as e:
@@ -998,6 +1035,16 @@ class RegionFunction(Function):
         None for an output whose .grad eager's walk would not read (set before it, on
         a result no reached one depends on)."""
         return self.output_grads(store)
+
+
+class NoDataError(TypeError, AttributeError):
+    """A Variable whose data is None used where its value, shape or dtype is needed (an
+    op, float(), a jitted call's argument): named in the message. A TypeError, and an
+    AttributeError as DeZero's `x.shape` of one is (hasattr(x, "shape") stays False)."""
+
+
+def _described(var):
+    return f"a Variable {var.name!r}" if var.name else "a Variable"
 
 
 def _no_data_message(fn, inputs):

@@ -34,7 +34,7 @@ from tracejit.runtime.checking import (NOISE_RUNS, NOREF, LiveState, Soft,
                                        leaves_with_paths, low_precision_involved,
                                        twin_copy, walks_into_caller, with_noise,
                                        layout_copy)
-from tracejit.core import Config, Parameter, Variable
+from tracejit.core import Config, NoDataError, Parameter, Variable
 from tracejit.trace.pytree import (ARR, FLT, MAX_DEPTH, STATIC, VAR, NestedTooDeep,
                                    _Identity, flatten_args, leaf_key, unflatten)
 from tracejit.runtime.signature import PAR, alias_pattern, key_change, key_distance
@@ -333,7 +333,11 @@ class Jitted:
                                 f"key)") from None
         # Which leaves are the same array: a variant traced for f(x, x) must not run
         # f(x, y), nor the other way round (an in-place update of one is seen by both).
-        key = (tuple(parts), tuple([leaf_key(x) for x in leaves]) + (alias_pattern(leaves),),
+        try:
+            leaf_keys = tuple([leaf_key(x) for x in leaves])
+        except NoDataError:
+            raise NoDataError(self._no_data_argument(args, kwargs)) from None
+        key = (tuple(parts), leaf_keys + (alias_pattern(leaves),),
                Config.enable_backprop, Config.train)
         try:
             hash(key)
@@ -422,6 +426,9 @@ class Jitted:
         except NestedTooDeep as e:
             next(self._n_calls)
             return self._too_deep_call(e, args, kwargs)
+        except NoDataError as e:
+            next(self._n_calls)
+            return self._no_data_call(e, args, kwargs)
         next(self._n_calls)
         return self._call(key, leaves, args, kwargs)
 
@@ -482,7 +489,40 @@ class Jitted:
             key, leaves = self._call_key(args, kwargs)
         except NestedTooDeep as e:
             return self._too_deep_call(e, args, kwargs)
+        except NoDataError as e:
+            return self._no_data_call(e, args, kwargs)
         return self._call(key, leaves, args, kwargs)
+
+    def _no_data_argument(self, args, kwargs):
+        """The message for a Variable argument whose data is None, naming it."""
+        labels = self._arg_labels(args, kwargs)
+        named = [(labels[i], a) for i, a in enumerate(args) if i not in self.static_argnums]
+        named += [(k, kwargs[k]) for k in sorted(kwargs) if k not in self.static_argnames]
+        for label, a in named:
+            leaves = []
+            try:
+                flatten_args(a, leaves)
+            except Exception:  # noqa: BLE001 - only looking for the argument to name
+                continue
+            if any(isinstance(x, Variable) and x._data is None for x in leaves):
+                what = "is" if isinstance(a, Variable) else "holds"
+                return (f"jit({self.__name__}): argument {label!r} {what} a Variable whose "
+                        f"data is None (no shape or dtype to compile for)")
+        return f"jit({self.__name__}): a Variable argument has data None"
+
+    def _no_data_call(self, e, args, kwargs):
+        """A Variable argument whose data is None: no key (no shape, no dtype), so the
+        call runs eagerly. Eager's error on it (an op using it) names the argument; a
+        function that does not use it gives eager's result."""
+        self._count("fallbacks")
+        try:
+            result = self.fn(*args, **kwargs)
+        except NoDataError as err:
+            raise NoDataError(f"{e}: {err}") from None
+        what = str(e).replace(f"jit({self.__name__}): ", "", 1)
+        self._warn_once(str(e), f"jit({self.__name__}): this call runs eagerly: {what}",
+                        self._def_line())
+        return result
 
     def _too_deep_call(self, e, args, kwargs):
         """An argument nested deeper than any key can be (pytree.MAX_DEPTH): eager,

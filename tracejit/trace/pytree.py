@@ -9,7 +9,7 @@ import weakref
 
 import numpy as np
 
-from tracejit.core import MOVEMENT, Parameter, Variable
+from tracejit.core import MOVEMENT, NoDataError, Parameter, Variable
 from tracejit.trace import pystate
 from tracejit.trace.record import TracedArray, TracedScalar
 from tracejit.trace.records import Form, Leaf
@@ -210,7 +210,7 @@ def leaf_key(x):
     if isinstance(x, Variable):
         d = x._data
         if d is None:
-            raise TypeError("jit: a Variable argument has data None")
+            raise NoDataError("jit: a Variable argument has data None")   # named by the caller
         if not isinstance(d, np.ndarray):
             raise TypeError(f"jit: a Variable argument holds a {type(d).__name__}, not a "
                             f"numpy.ndarray (set .data to np.array(...))")
