@@ -381,7 +381,8 @@ def main(argv=None):
                              "unchain", "mixed_dtypes", "matmul", "conv", "made_leaves",
                              "scalar_dropout", "backward_into", "retain_grad", "c_state",
                              "hidden_state", "nesting", "rebind_alias", "input_leaves",
-                             "grad_grads", "dropped_state", "replay_reads", "gate_sums"],
+                             "grad_grads", "dropped_state", "replay_reads", "gate_sums",
+                             "rounding"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
@@ -429,7 +430,10 @@ def main(argv=None):
                     "attribute, a ctypes field, a module's attribute or a long list's "
                     "item at a computed index on every path, changed between calls); "
                     "rebind_alias (a captured Parameter's .data or an ndarray stored as "
-                    "state set to an existing buffer: x.data[::-1], x.grad.data)")
+                    "state set to an existing buffer: x.data[::-1], x.grad.data); "
+                    "rounding (round/math.floor/ceil/trunc/int/float/.item() of numbers "
+                    "read from float, uint64 and uint32 data, halves and values past "
+                    "int64 among them, used as operands, conditions and trip counts)")
     ap.add_argument("--generator", default="programs", choices=sorted(GENERATORS),
                     help="programs: the general generator; argument_updates: its programs "
                     "with the caller changing the arguments between call and backward")

@@ -2304,6 +2304,86 @@ GRAD_GRAD_STEPS = [(_grad_of_a_grad, 2), (_grad_into_caller, 1)]
 # ------------------------------------------------------------------- end of grad grads
 
 
+# ---------------------------------------------------------------- rounding (focus)
+# (focus "rounding"). Python numbers read from data and rounded: round(), math.floor,
+# ceil, trunc, int(), float(), .item() of float data (scaled by powers of two, so halves
+# occur, or past int64: 2**62, 1e19) and of unsigned data (uint64 from 2**62 to past
+# 2**63, where an int64 wraps; uint32), then used as operands, branch conditions and
+# loop trip counts. They read signed inputs only (finite, |x| in [0.5, 1.5], the sign
+# set per call) through max/min, which both sides compute exactly, so a rounding
+# boundary is never a float-precision accident.
+
+
+def _rounding_source(b, src):
+    """(source of a Python number from src's data, "int" or "float")."""
+    d = src.data
+    kind = b.draw(st.sampled_from(["float", "float", "uint64", "uint32"]))
+    red = b.draw(st.sampled_from(["max", "min"]))
+    if kind != "float":
+        scale = "2.0 ** 63" if kind == "uint64" else "2.0 ** 31"
+        u = b.fresh("u")
+        b.emit(f"{u} = (np.abs({d}) * {scale}).astype(np.{kind})")
+        red = b.draw(st.sampled_from(["max", "min", "sum"]))     # sum: uint64 wraps
+        conv = b.draw(st.sampled_from(["int({u}.{r}())", "{u}.{r}().item()",
+                                       "round({u}.{r}())", "math.floor(int({u}.{r}()))"]))
+        b.features.add(f"rounding_{kind}")
+        return conv.format(u=u, r=red), "int"
+    reading = b.draw(st.sampled_from(
+        ["float({d}.{r}())", "{d}.{r}().item()", "{d}.{r}()"] +
+        (["F.{r}({v})"] if src.var else [])))
+    reading = reading.format(d=d, r=red, v=src.name)
+    scale = b.draw(st.sampled_from(["1.0", "4.0", "8.0", "2.0 ** 62", "1e19"]))
+    x = f"{reading} * {scale}" if not reading.startswith("F.") else reading
+    if not reading.startswith("F.") and scale in ("4.0", "8.0") and b.draw(st.booleans()):
+        x = f"math.floor({x}) / 2"              # a multiple of 0.5: round()'s halves
+    numpy_scalar = reading.startswith(f"{d}.") and not reading.endswith(".item()")
+    rounders = ["math.floor({x})", "math.ceil({x})", "round({x})", "int({x})",
+                "round({x}, 1)", "float({x})"]
+    if not numpy_scalar and not reading.startswith("F."):
+        rounders.append("math.trunc({x})")     # a float32 NumPy scalar has none
+    if reading.startswith("F."):
+        rounders = ["math.floor({x})", "math.ceil({x})", "int({x})", "float({x})"]
+    r = b.draw(st.sampled_from(rounders))
+    b.features.add("rounding_" + r.split("(")[0].replace("math.", ""))
+    out = "float" if r.startswith(("float", "round({x}, 1")) else "int"
+    return r.format(x=x), out
+
+
+def _st_rounding(b):
+    ins = [v for v in b.vals if v.signed]
+    if not ins:
+        return b.st_unary()
+    src = b.draw(st.sampled_from(ins))
+    expr, kind = _rounding_source(b, src)
+    n = b.fresh("n")
+    b.emit(f"{n} = {expr}")
+    v = b.pick()
+    name = b.fresh()
+    small = f"({n} % 4)" if kind == "int" else f"min(abs({n}), 3.0)"
+    use = b.draw(st.sampled_from(["operand", "branch", "loop"]))
+    if use == "operand":
+        b.emit(f"{name} = {v.name} * {small} * 0.25 + 0.5")
+        b.add(name, v.shape, v.dtype, v.bound * 0.75 + 0.5)
+    elif use == "branch":
+        cond = f"{n} % 2 == 0" if kind == "int" else f"{n} > 1.0"
+        b.emit(f"if {cond}:")
+        b.emit(f"    {name} = F.tanh({v.name}) * 1.5")
+        b.emit("else:")
+        b.emit(f"    {name} = {v.name} * 0.5 + 0.25")
+        b.add(name, v.shape, v.dtype, max(1.5, v.bound * 0.5 + 0.25))
+    else:
+        trips = f"{n} % 3" if kind == "int" else f"min(abs(round({n})), 2)"
+        b.emit(f"{name} = {v.name}")
+        b.emit(f"for _ in range({trips}):")
+        b.emit(f"    {name} = {name} * 0.8 + 0.1")
+        b.add(name, v.shape, v.dtype, max(v.bound, 3.0))
+    b.features.add(f"rounding_{use}")
+
+
+ROUNDING_STEPS = [(_st_rounding, 1)]
+# ------------------------------------------------------------------- end of rounding
+
+
 @st.composite
 def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     """A random program as source text (see the module docstring); `avoid` names
@@ -2337,7 +2417,10 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     or rebound by the caller before its backward, which is always one);
     focus="replay_reads" mostly REPLAY_READ_STEPS (a value computed before an in-place
     update of the buffer it reads, returned, read by a later op), the caller's backward
-    (always one) with retain_grad."""
+    (always one) with retain_grad;
+    focus="rounding" mostly ROUNDING_STEPS (round/floor/ceil/trunc/int/float/.item() of
+    data-derived numbers, float, uint64 and uint32, small and past int64, as operands,
+    branch conditions and loop trip counts)."""
     avoid = frozenset(avoid)
     unknown = avoid - set(AVOIDABLE)
     if unknown:
@@ -2377,7 +2460,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         kind = "array" if no_var else \
             draw(st.sampled_from(["var", "var", "var", "array"])) if i else "var"
         dtype = draw(st.sampled_from(["float64", "float32"]))
-        signed = draw(st.booleans())
+        # (focus "rounding": x0 signed, the finite input its steps read.)
+        signed = draw(st.booleans()) or (focus == "rounding" and i == 0)
         name = f"x{i}"
         v = b.add(name, shape, dtype, 1.5 if signed else 2.0, var=(kind == "var"),
                   signed=signed)
@@ -2436,6 +2520,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         table += [(lambda g=g: g(b), w * 12) for g, w in DROPPED_STATE_STEPS]
     if focus == "replay_reads":  # (only then, as unchain)
         table += [(lambda g=g: g(b), w * 12) for g, w in REPLAY_READ_STEPS]
+    if focus == "rounding":  # (only then, as unchain)
+        table += [(lambda g=g: g(b), w * 60) for g, w in ROUNDING_STEPS]
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
@@ -2575,6 +2661,8 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=Fal
            "", ""]
     if "buffer_read" in b.features:
         out.insert(0, "import struct")
+    if any(f.startswith("rounding_") for f in b.features):
+        out.insert(0, "import math")
     for k in sorted(b.classes):
         out += [USER_FUNCTIONS[k], ""]
     glob = [c for c in b.captures if c[4] == "global"]
