@@ -433,7 +433,19 @@ def test_the_gradients_of_result_variables_are_compared():
     assert any("gradient of result leaf 1" in msg for _, msg in diffs), diffs
 
 
-@pytest.mark.parametrize("focus, n", [("made_leaves", 40), ("argument_views", 150)])
+def test_the_rounding_focus_draws_each_rounding_source_and_use():
+    progs = fuzz.generate(40, seed=3, focus="rounding")
+    features = set().union(*(p.features for p in progs))
+    for f in ("rounding_floor", "rounding_ceil", "rounding_trunc", "rounding_round",
+              "rounding_int", "rounding_float", "rounding_uint64", "rounding_uint32",
+              "rounding_operand", "rounding_branch", "rounding_loop"):
+        assert f in features, features
+    for p in progs:
+        compile(p.source, "<program>", "exec")
+
+
+@pytest.mark.parametrize("focus, n", [("made_leaves", 40), ("argument_views", 150),
+                                      ("rounding", 40)])
 def test_generated_programs_are_valid_in_eager(focus, n, tmp_path):
     # An invalid program tests nothing: eager must run every call. Found as invalid:
     # `tj.Variable(h.data * 0.5)` of a 0-d h (a NumPy scalar, which Variable rejects),
