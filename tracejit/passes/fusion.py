@@ -305,12 +305,7 @@ def _sink_into_reader(g, groups, group_of, deps, closure, gdeps):
     group that reads them: a cone with such a node that is not cheap_to_recompute
     (vector math) stays.
     """
-    users = {}
-    for n in g.nodes:
-        for v in n.inputs:
-            if isinstance(v, Value):
-                users.setdefault(id(v), []).append(n)
-    out_ids = {id(v) for v in g.outputs if isinstance(v, Value)}
+    users, out_ids = _users(g)
     pos = {id(n): i for i, n in enumerate(g.nodes)}
     reads = {}
 
@@ -494,12 +489,7 @@ def _absorb_loads(g, groups, group_of, deps, closure, gdeps):
     movement op read only by movement ops of the group (x.T[1:]) joins as a link of
     their index chain.
     """
-    users = {}
-    for n in g.nodes:
-        for v in n.inputs:
-            if isinstance(v, Value):
-                users.setdefault(id(v), []).append(n)
-    out_ids = {id(v) for v in g.outputs if isinstance(v, Value)}
+    users, out_ids = _users(g)
     # Consumers first: in x.T[1:] * y the slice joins the multiply's group, then the
     # transpose joins it as a link (the other way round both would stay a copy).
     for grp in reversed(groups):
@@ -575,6 +565,16 @@ def _schedule(items):
     if len(out) != len(items):
         raise AssertionError("fuse produced a cyclic schedule")
     return out
+
+
+def _users(g):
+    """id(value) -> the nodes of g reading it, in order; and the ids of g's outputs."""
+    users = {}
+    for n in g.nodes:
+        for v in n.inputs:
+            if isinstance(v, Value):
+                users.setdefault(id(v), []).append(n)
+    return users, {id(v) for v in g.outputs if isinstance(v, Value)}
 
 
 def _readers(g):
