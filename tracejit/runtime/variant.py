@@ -1647,6 +1647,10 @@ def build_runner(v, leaf_kinds, key=None):
                 body.append(f"if {x}.creator is None or id({x}) not in reach{n}: {stale}")
             elif kind == "kept":
                 body.append(f"if id({x}) in ins{n}: {stale}")
+            elif kind == "reached":
+                body.append(f"if id({x}) not in reach{n}: {stale}")
+            elif kind == "unreached":
+                body.append(f"if id({x}) in reach{n}: {stale}")
             else:
                 body.append(f"if {x}.creator is not None: {stale}")
     plan = getattr(v.exe, "plan", None)

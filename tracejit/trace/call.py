@@ -471,7 +471,8 @@ def _forward_parts(tr, n_inputs):
         # that went on into the caller's graph, which that walk did not touch: the
         # variant holds while the walk at call time does not either.
         walk_untouched=[(target(var), n) for var, n in tr.after_walk.values()],
-        walk_checks=[(target(var), kind, n) for var, kind, n in tr.walk_checks.values()],
+        walk_checks=[(target(var), kind, n) for key, (var, kind, n) in tr.walk_checks.items()
+                     if tr.walk_check_needed(key)],
         grad_effects=[(target(var), gv) for var, gv in tr.grad_effects])
 
 

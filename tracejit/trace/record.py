@@ -231,6 +231,8 @@ class Trace(core.TraceHooks):
                                      # for a leaf such a walk added to (a shadow)
         self.walk_checks = {}        # id -> (Variable, kind): touched ones the function
                                      # sees after: the walk must leave them so at call time
+        self.walk_reach_grads = {}   # walk_checks key -> the .grad Variable a reached /
+                                     # unreached check is for (needed if the graph reads it)
         self.reseed = {}             # id -> Variable touched that a later backward set,
                                      # which a later walk must go on from (else escape)
         self.after_walk = {}         # id -> Variable from outside whose .grad the
@@ -644,6 +646,33 @@ class Trace(core.TraceHooks):
             # (A .grad cleared by one walk and kept by a later one is as the later
             # one left it: the checks name the walk the function saw it after.)
             self.walk_touched[k] = (x, kind, n_walk)
+            if new is not old and k in self.grad_writes:
+                # The call set this .grad before the walk, which replaced it: the
+                # Variable the call made is nobody's .grad after the call, so the graph
+                # does not link it as one. A call whose walk does not reach x leaves
+                # that Variable as x.grad, which eager's later backward through the
+                # results adds to: the variant holds while the walk reaches x.
+                self.walk_checks.setdefault((k, n_walk, "reached"), (x, "reached", n_walk))
+                self.walk_reach_grads[(k, n_walk, "reached")] = old
+        for k, x in list(self.grad_writes.items()):
+            if k not in reach and (k in self.arg_vars or k in self.captured_vars):
+                # And the other way round: a .grad from outside the call set, this walk
+                # did not reach; a call whose walk adds to it would leave a new
+                # Variable there, not the one the graph links: the variant holds while
+                # the walk does not reach it.
+                self.walk_checks.setdefault((k, n_walk, "unreached"),
+                                            (x, "unreached", n_walk))
+                self.walk_reach_grads[(k, n_walk, "unreached")] = x._grad
+
+    def walk_check_needed(self, key):
+        """Whether walk_checks' entry `key` guards anything: a reached / unreached
+        check matters only where the .grad Variable the call set is read by the graph
+        (`g = x.grad; loss = F.sum(g * u)`): otherwise compiled calls give x.grad what
+        the walk at call time leaves, either way (no later backward links to it)."""
+        if key not in self.walk_reach_grads:
+            return True
+        g = self.walk_reach_grads[key]
+        return g is not None and any(any(i is g for i in getattr(fn, "inputs", ())) for fn in self.functions)
 
     def _after_walk(self, var, what):
         """The function reads or sets the .grad of a Variable from outside after a
