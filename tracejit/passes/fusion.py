@@ -255,6 +255,8 @@ def fuse(g, horizontal=True):
 
     if SINK_INTO_READER:
         _sink_into_reader(g, groups, group_of, deps, closure, gdeps)
+    if JOIN_OPERAND_GROUP:
+        _join_operand_group(g, groups, group_of, deps, closure, gdeps, placement)
     _absorb_loads(g, groups, group_of, deps, closure, gdeps)
     readers = _readers(g)
     fused_nodes = {grp.gid: _make_fused_node(g, grp, readers) for grp in groups if grp.nodes}
@@ -364,6 +366,176 @@ def _sink_into_reader(g, groups, group_of, deps, closure, gdeps):
         if not again:
             break
         todo = sorted(again.values(), key=lambda x: -x.gid)
+
+
+# Module flag (benchmarks/ab_w7_dy.py toggles it for an interleaved A/B in one process).
+JOIN_OPERAND_GROUP = True
+
+
+def _join_operand_group(g, groups, group_of, deps, closure, gdeps, placement):
+    """Move a part of a group into the group that computes the array it reads.
+
+    W7's window (an unrolled LSTM's forward and backward): the backward's seed is a
+    0-d value broadcast to the loss's (30, 1) shape (reshape, broadcast_to: loads).
+    The broadcast_to had no group of its input's shape, so the greedy walk put it into
+    the open group of its shape, the last step's loss group; then each step's loss
+    gradient dy_k = seed * (2 / n * diff_k) joined the group of its first operand, that
+    one, as did its sum_to (the bias's gradient): step k's own loss group, which
+    computes 2 / n * diff_k, would read the broadcast of the last group, a cycle (the
+    last group depends on step k's through the loss's sum). split_group then ran each
+    step's dy_k and sum_to as a kernel of its own (29 kernel calls), and 2 / n * diff_k
+    was written to an array and read back.
+
+    Per group t: its parts (weakly connected, as split_group cuts them), t's loads of a
+    size-1 value (a broadcast scalar: split_group copies them into each part) left out.
+    A part that reads a computed (main) array of t's shape of exactly one other group G
+    moves into G when that is legal as can_join would judge it node by node (the roles
+    of what each node reads in G and of G's readers of the part, an epilogue reading
+    only 0-d values from outside; the size bounds; no cycle, the broadcast scalar then a
+    NumPy view outside both groups) and saves memory traffic (the bytes G wrote and t
+    read against those G newly reads), as _sink_into_reader judges it.
+    """
+    users, out_ids = _users(g)
+    pos = {id(n): i for i, n in enumerate(g.nodes)}
+    ok_read = {"main": ("main", "load"), "red": ("main", "load"), "epi": ("red", "epi")}
+    for t in reversed(groups):
+        if len(t.nodes) < 2:
+            continue
+        inv = {}                          # id(load node) -> its input deps, detached
+        for n in t.nodes:
+            if (t.values.get(id(n.out)) == "load" and len(n.outputs) == 1
+                    and all(v.size == 1 and id(v) not in t.values
+                            for v in n.inputs if isinstance(v, Value))):
+                d = 0
+                for v in n.inputs:
+                    if isinstance(v, Value):
+                        d |= deps.get(id(v), 0)
+                inv[id(n)] = d
+        inv_out = {id(n.out): inv[id(n)] for n in t.nodes if id(n) in inv}
+        rest = [n for n in t.nodes if id(n) not in inv]
+        parts = _components(rest)
+        if len(parts) < 2 and not inv:
+            continue
+        detach = set()                    # inv loads a moved part reads
+        for part in parts:
+            moved_ids = _move_part(t, part, inv_out, users, out_ids, deps, closure, gdeps,
+                                   group_of, pos, ok_read)
+            if moved_ids is not None:
+                detach |= moved_ids
+        for n in [m for m in t.nodes if id(m) in detach]:
+            # A broadcast scalar read by a moved part: its own lone movement group (a
+            # NumPy view), so G does not depend on t; t reads it as an input.
+            t.nodes.remove(n)
+            t.values.pop(id(n.out))
+            vm, ops = _cost(n)
+            t.vecmath -= vm
+            t.ops -= ops
+            grp = _Group(len(groups), n.out.shape, pos[id(n)])
+            groups.append(grp)
+            gdeps.append(inv[id(n)])
+            placement.append((grp, pos[id(n)]))
+            grp.nodes.append(n)
+            grp.vecmath, grp.ops = vm, ops
+            grp.values[id(n.out)] = "load"
+            group_of[id(n.out)] = grp
+            deps[id(n.out)] = inv[id(n)] | (1 << grp.gid)
+
+
+def _move_part(t, part, inv_out, users, out_ids, deps, closure, gdeps, group_of, pos,
+               ok_read):
+    """_join_operand_group's move of one part of t; the ids of the load nodes of t it
+    reads that must leave t (inv_out: their values -> their input deps), None if the
+    part stays."""
+    in_part = {id(n.out) for n in part}
+    part_ids = {id(n) for n in part}
+    homes = []
+    for n in part:
+        for v in n.inputs:
+            if not isinstance(v, Value) or id(v) in in_part or id(v) in inv_out:
+                continue
+            G = group_of.get(id(v))
+            if (G is not None and G is not t and G.shape == t.shape and v.shape == t.shape
+                    and G.values.get(id(v)) == "main" and G not in homes):
+                homes.append(G)
+    if len(homes) != 1:
+        return None
+    G = homes[0]
+    bit = 1 << G.gid
+    vm = sum(_cost(n)[0] for n in part)
+    ops = sum(_cost(n)[1] for n in part)
+    if G.vecmath + vm > MAX_VECMATH_OPS or G.ops + ops > MAX_GROUP_OPS:
+        return None
+    t_ids = {id(m) for m in t.nodes}
+    g_ids = {id(m) for m in G.nodes}
+    counted = set()
+    g_reads = {id(v) for m in G.nodes for v in m.inputs if isinstance(v, Value)}
+    d = 0
+    saved = 0
+    new_reads = {}
+    detach = set()
+    inv_node = {id(m.out): id(m) for m in t.nodes if id(m.out) in inv_out}
+    for n in part:
+        role = t.values[id(n.out)]
+        if role == "load":
+            return None                   # a load reads group inputs only: keep it simple
+        for v in n.inputs:
+            if not isinstance(v, Value) or id(v) in in_part:
+                continue
+            r = G.values.get(id(v))
+            if r is not None:
+                if r not in ok_read[role]:
+                    return None
+                if id(v) not in counted:
+                    counted.add(id(v))
+                    us = users.get(id(v), ())
+                    if all(id(u) not in t_ids or id(u) in part_ids for u in us):
+                        saved += v.nbytes         # t read it
+                    if id(v) not in out_ids and all(id(u) in g_ids or id(u) in part_ids
+                                                    for u in us):
+                        saved += v.nbytes         # G wrote it (a graph output stays)
+                continue
+            if role == "epi" and v.shape != ():
+                return None
+            if id(v) in inv_out:
+                d |= inv_out[id(v)]
+                detach.add(inv_node[id(v)])
+            else:
+                d |= deps.get(id(v), 0)
+            if id(v) not in g_reads:
+                # A 0-d value is a scalar argument, a broadcast scalar a stride-0 view:
+                # one element each, not an array's loop of reads.
+                one = v.shape == () or id(v) in inv_out
+                new_reads.setdefault(id(v), v.dtype.itemsize if one else v.nbytes)
+        for u in users.get(id(n.out), ()):
+            ru = G.values.get(id(u.outputs[0])) if u.outputs else None
+            if ru is None:
+                continue
+            if ru not in ok_read or role not in ok_read[ru]:
+                return None               # read by a load or epilogue of G
+            if id(n.out) not in counted:
+                counted.add(id(n.out))
+                saved += n.out.nbytes     # G read it
+                if id(n.out) not in out_ids and all(
+                        id(u) in g_ids or id(u) in part_ids for u in users.get(id(n.out), ())):
+                    saved += n.out.nbytes  # t wrote it
+    if not sum(new_reads.values()) < saved:
+        return None
+    if closure(d) & bit:
+        return None
+    gdeps[G.gid] |= d & ~bit
+    t.nodes = [m for m in t.nodes if id(m) not in part_ids]
+    for n in part:
+        role = t.values.pop(id(n.out))
+        vm_n, ops_n = _cost(n)
+        t.vecmath -= vm_n
+        t.ops -= ops_n
+        G.vecmath += vm_n
+        G.ops += ops_n
+        G.values[id(n.out)] = role
+        group_of[id(n.out)] = G
+        deps[id(n.out)] = deps.get(id(n.out), 0) | bit
+    G.nodes = sorted(G.nodes + part, key=lambda m: pos[id(m)])
+    return detach
 
 
 def _components(cone):
