@@ -1,9 +1,13 @@
-"""W7 with and without fusion's _sink_into_reader, interleaved in one process.
+"""W7 with and without one of fusion's steps, interleaved in one process.
 
     OPENBLAS_NUM_THREADS=1 PYTHONPATH=. python benchmarks/ab_w7_sink.py [rounds]
+    FLAG=JOIN_OPERAND_GROUP OPENBLAS_NUM_THREADS=1 PYTHONPATH=. python benchmarks/ab_w7_sink.py
+
+FLAG names the module flag of tracejit.passes.fusion toggled: SINK_INTO_READER
+(_sink_into_reader, the default) or JOIN_OPERAND_GROUP (_join_operand_group).
 
 Two W7 windows (run.lstm_workload, the window(h, c) form), one compiled with
-tracejit.passes.fusion.SINK_INTO_READER off and one with it on, each warmed up and its
+the flag off and one with it on, each warmed up and its
 background compiles finished; then `rounds` rounds of 5 timed calls of each, the order
 alternating, so a slow phase of a loaded machine hits both alike. Prints each side's
 graph.summary() counts and the medians (wall and thread CPU time) with the on/off
@@ -22,10 +26,11 @@ import tracejit.passes.fusion as fu  # noqa: E402
 from tracejit.backends.numba import background  # noqa: E402
 
 PER_ROUND = 5
+FLAG = os.environ.get("FLAG", "SINK_INTO_READER")
 
 
 def make_side(state_window, make, flag):
-    fu.SINK_INTO_READER = flag
+    setattr(fu, FLAG, flag)
     m, o = make()
     j = tj.jit(state_window(m, o))
     st = [None, None]
@@ -48,12 +53,14 @@ def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 30
     _, _, make, _, state_window = run.lstm_workload()
     order = [False, True] if os.environ.get("ONFIRST") != "1" else [True, False]
+    assert hasattr(fu, FLAG), FLAG
+    print("toggled:", FLAG)
     calls = {flag: make_side(state_window, make, flag) for flag in order}
     wall = {False: [], True: []}
     cpu = {False: [], True: []}
     for r in range(rounds):
         for flag in ([False, True] if r % 2 == 0 else [True, False]):
-            fu.SINK_INTO_READER = flag
+            setattr(fu, FLAG, flag)
             for _ in range(PER_ROUND):
                 t0, c0 = time.perf_counter(), time.thread_time()
                 calls[flag]()
