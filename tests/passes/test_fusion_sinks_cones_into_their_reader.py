@@ -20,7 +20,10 @@ pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
 
 def _counts(monkeypatch, f, *args):
-    """(kernels, materialized) of f's optimized forward graph, without and with the step."""
+    """(kernels, materialized) of f's optimized forward graph, without and with the step
+    (fusion's later _join_operand_group off: the counts are the sink step's alone; its
+    own are in test_fusion_joins_a_part_into_its_operands_group.py)."""
+    monkeypatch.setattr(fusion, "JOIN_OPERAND_GROUP", False, raising=False)
     out = []
     for on in (False, True):
         monkeypatch.setattr(fusion, "SINK_INTO_READER", on, raising=False)
