@@ -398,12 +398,13 @@ def _join_operand_group(g, groups, group_of, deps, closure, gdeps, placement):
     users, out_ids = _users(g)
     pos = {id(n): i for i, n in enumerate(g.nodes)}
     ok_read = {"main": ("main", "load"), "red": ("main", "load"), "epi": ("red", "epi")}
-    for t in reversed(groups):
+    for t in list(reversed(groups)):      # (detached loads append groups)
         if len(t.nodes) < 2:
             continue
         inv = {}                          # id(load node) -> its input deps, detached
         for n in t.nodes:
             if (t.values.get(id(n.out)) == "load" and len(n.outputs) == 1
+                    and id(n.out) not in out_ids
                     and all(v.size == 1 and id(v) not in t.values
                             for v in n.inputs if isinstance(v, Value))):
                 d = 0
@@ -439,6 +440,12 @@ def _join_operand_group(g, groups, group_of, deps, closure, gdeps, placement):
             grp.values[id(n.out)] = "load"
             group_of[id(n.out)] = grp
             deps[id(n.out)] = inv[id(n)] | (1 << grp.gid)
+            # Its readers (t, the groups the parts moved into) depend on the new group
+            # (and so on a group _absorb_loads may move it into).
+            for u in users.get(id(n.out), ()):
+                r = group_of.get(id(u.outputs[0])) if u.outputs else None
+                if r is not None and r is not grp:
+                    gdeps[r.gid] |= 1 << grp.gid
 
 
 def _move_part(t, part, inv_out, users, out_ids, deps, closure, gdeps, group_of, pos,
