@@ -6,7 +6,9 @@ input (broadcast_to, transpose, reshape that only adds or drops size-1 axes, bas
 indexing x[1:, 0, None, ..., ::-2] and its gradient, a masked read) folded into index
 arithmetic. What each op allows is its facets (ops/primitive.py). After the greedy
 walk, an elementwise cone read only by one other group moves into it
-(_sink_into_reader), so it is not written to an array and read back.
+(_sink_into_reader), so it is not written to an array and read back; and a part of a
+group that reads a computed array of exactly one other group moves into that group
+(_join_operand_group: W7's per-step loss gradients, each into its step's loss kernel).
 """
 import numpy as np
 
