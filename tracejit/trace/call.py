@@ -8,7 +8,7 @@ import random
 import numpy as np
 
 from tracejit.core import Config, Constant, Variable
-from tracejit.trace import buffers, opaque, pystate
+from tracejit.trace import buffers, opaque, pystate, sites
 from tracejit.trace import record as tracing
 from tracejit.trace.backward import held_grads, mutated_inputs, trace_backward
 from tracejit.trace.pytree import (ARR, FLT, MAX_DEPTH, VAR, arg_at, arg_names,
@@ -61,7 +61,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     # (a user __getattr__ our probes meet, the function itself): a trace left active,
     # or a user array left swapped for a traced view, would run every later call of
     # every function, eager or jitted, under this dead trace.
-    swaps, code_swaps, hook, probe_swaps = [], [], None, []
+    swaps, code_swaps, hook, probe_swaps, reached = [], [], None, [], []
     try:
         try:
             # (An argument's arrays too: an in-place update of `m.buf` is an effect of
@@ -310,12 +310,20 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     # The traced call's own result: eager's objects (an argument, a captured array,
     # one object twice), computed arrays as plain copies.
     result = unflatten(out_tree, result_objects, argv=(args, kwargs))
-    _check_rng(tr, rng_before, def_line)
+    # A change seen only after the call (a draw, a value or a container's size): the
+    # line of the function (or of a user function it reaches) that made it, found in
+    # the source (trace.sites), else the def line.
+    def site(loc=None, container=None, stream=None, skip=()):
+        if stream is not None:
+            line = sites.draw_line(fn, args, kwargs, reached, stream, skip)
+        else:
+            line = sites.change_line(fn, args, kwargs, reached, loc, container)
+        return line or def_line
+    _check_rng(tr, rng_before, site)
     if random.getstate() != py_rng_before:
-        # Seen after the call: no line inside the function to name but its def.
         tr.escapes.append(("a draw from Python's random module: compiled calls would "
                            "replay it; draw with tracejit functions (F.dropout) or "
-                           "NumPy's global stream", def_line))
+                           "NumPy's global stream", site(stream="python")))
     if changed_arg:
         # The traced call changed a copy; eager changes the caller's container.
         p = changed_arg[0]
@@ -350,6 +358,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         # Layer's in_size, set by its first call) before the threaded trace.
         loc, old, new, why = refused
         line = tr.line_of.get(new.creator) if isinstance(new, Variable) else None
+        line = line or site(loc)
         escapes.append(Escape(
             f"the function changes the Python value {loc.describe()} "
             f"({pystate.describe_value(old)} -> {pystate.describe_value(new)}); "
@@ -358,6 +367,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
              if isinstance(old, Variable) or isinstance(new, Variable) else ""), line))
     for loc, old, new in pystate.all_changed(arg_snap)[:1]:
         line = tr.line_of.get(new.creator) if isinstance(new, Variable) else None
+        line = line or site(loc)
         escapes.append(Escape(
             f"the function changes the Python value {loc.describe()}, reached "
             f"through an argument ({pystate.describe_value(old)} -> "
@@ -393,8 +403,9 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     if not escapes:
         grown = pystate.grown(sizes_before)
         if grown is not None:
-            side_effects.append(SideEffect(f"changing the size of {grown.label} (append, "
-                                           f"insert, pop)", None))
+            loc, container = grown
+            side_effects.append(SideEffect(f"changing the size of {loc.label} (append, "
+                                           f"insert, pop)", site(loc, container)))
     parts = _forward_parts(tr, n_inputs) if not escapes else {}
     made_grads = tr.made_grads
     tr.made_grads = None          # the trace keeps no result Variable alive
@@ -562,7 +573,7 @@ def _tracer_args(tr, fn, args, kwargs, leaves, static_argnums, static_argnames, 
     return targs, tkwargs
 
 
-def _check_rng(tr, before, def_line):
+def _check_rng(tr, before, site):
     after = np.random.get_state()
     if _same_rng(before, after) and not tr.random_nodes:
         return
@@ -575,7 +586,8 @@ def _check_rng(tr, before, def_line):
     if not _same_rng(replayed, after):
         tr.escapes.append(("a random draw the tracer does not see (np.random.* on "
                            "something other than traced data); use tracejit functions "
-                           "for random draws", def_line))
+                           "for random draws",
+                           site(stream="numpy", skip=[n.line for n in tr.random_nodes])))
 
 
 def _same_rng(a, b):

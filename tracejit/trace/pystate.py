@@ -1051,9 +1051,10 @@ def sizes(locs):
 
 
 def grown(size_snap):
+    """(location, container) of the first list, set or dict whose size changed, or None."""
     for loc, container, n in size_snap:
         if len(container) != n:
-            return loc
+            return loc, container
     return None
 
 

@@ -58,8 +58,7 @@ def frame_line(f):
         # and NumPy's (x.data.ravel().sum() is noticed inside numpy/_core/_methods.py).
         if (not fname.startswith(_PKG_DIR + os.sep) or fname.endswith("demo.py")) \
                 and "hypothesis" not in fname and not fname.startswith(_NP_DIR):
-            text = linecache.getline(fname, f.f_lineno).strip()
-            return f"{os.path.basename(fname)}:{f.f_lineno}  {text}"
+            return source_line(fname, f.f_lineno)
         f = f.f_back
     return None
 
@@ -107,27 +106,49 @@ def def_line(fn):
     """'file.py:3  def f(x):' of the user's function behind fn (looking through jit,
     grad / value_and_grad wrappers, functools.partial, methods and callable objects):
     where a warning points when no line inside the function caused it."""
+    func, _ = unwrap_user_function(fn)
+    code = pystate.probe(func, "__code__")
+    if code is None:
+        return None
+    return source_line(code.co_filename, code.co_firstlineno)
+
+
+def unwrap_user_function(fn):
+    """(the user's function behind fn, as def_line finds it; the arguments its call
+    gets before the caller's own: a method's object, a partial's arguments, or None
+    when they are not known, behind a grad wrapper)."""
     import functools
     import types
+    bound = ()
     for _ in range(8):
         if isinstance(fn, functools.partial):
+            bound = None if bound is None or fn.keywords else tuple(fn.args) + bound
             fn = fn.func
         elif pystate.probe(fn, "__wrapped__") is not None:
-            fn = pystate.probe(fn, "__wrapped__")
+            # (A decorator may call it with other arguments: a threaded function
+            # takes its state first.)
+            fn, bound = pystate.probe(fn, "__wrapped__"), None
         elif pystate.probe(fn, "_tracejit_wrapper", False) is True:
             inner = wrapped_function(fn)
             if inner is None:
                 break
-            fn = inner
+            fn, bound = inner, None
         elif not isinstance(fn, (types.FunctionType, types.MethodType)) and callable(fn):
+            obj = fn
             fn = getattr(type(fn), "forward", None) or getattr(type(fn), "__call__")
+            bound = None if bound is None else (obj,) + bound
         else:
             break
-    code = pystate.probe(pystate.probe(fn, "__func__", fn), "__code__")
-    if code is None:
-        return None
-    text = linecache.getline(code.co_filename, code.co_firstlineno).strip()
-    return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}  {text}"
+    if isinstance(fn, types.MethodType):
+        owner = pystate.probe(fn, "__self__")
+        bound = None if bound is None else (owner,) + bound
+    return pystate.probe(fn, "__func__", fn), bound
+
+
+def source_line(filename, lineno):
+    """'file.py:12  source text': how a warning names a line."""
+    text = linecache.getline(filename, lineno).strip()
+    return f"{os.path.basename(filename)}:{lineno}  {text}"
 
 
 # -------------------------------------------------------------------- tracer values
