@@ -55,14 +55,14 @@ def _vec(k):
     return (Variable(np.linspace(0.1, 1.0, 4) + k),)
 
 
-def test_a_list_appended_to_names_the_def_line():
+def test_a_list_appended_to_names_the_append_line():
     log = []
 
     def f(x):
-        log.append(x.data.sum())
+        log.append(x.data.sum())  # <append>
         return x * 2.0
 
-    _names(_calls(tj.jit(f), f, _vec), _def_line(f), "append")
+    _names(_calls(tj.jit(f), f, _vec), _line("append"), "append")
 
 
 def test_print_names_its_line():
@@ -73,11 +73,11 @@ def test_print_names_its_line():
     _names(_calls(tj.jit(f), f, _vec), _line("print"), "print")
 
 
-def test_a_python_value_in_a_dict_the_function_changes_names_the_def_line():
+def test_a_python_value_in_a_dict_the_function_changes_names_the_store_line():
     cfg = {"k": 1.0}
 
     def f(x):
-        cfg["k"] = cfg["k"] + 1.0
+        cfg["k"] = cfg["k"] + 1.0  # <dictstore>
         return x * 2.0
 
     jf = tj.jit(f)
@@ -85,7 +85,7 @@ def test_a_python_value_in_a_dict_the_function_changes_names_the_def_line():
         warnings.simplefilter("always")
         for k in range(4):
             jf(*_vec(k))
-    _names([w for w in seen if issubclass(w.category, tj.JitWarning)], _def_line(f),
+    _names([w for w in seen if issubclass(w.category, tj.JitWarning)], _line("dictstore"),
            "dict value")
 
 
@@ -105,19 +105,19 @@ def test_a_seeded_draw_from_pythons_random_names_the_seed_line():
     _names(_calls(tj.jit(f), f, _vec), _line("pyseed"), "random.seed")
 
 
-def test_a_draw_from_pythons_random_names_the_def_line():
+def test_a_draw_from_pythons_random_names_the_draw_line():
     def f(x):
-        return x * (1.0 + 0.0 * random.random())    # the value does not matter: the draw
+        return x * (1.0 + 0.0 * random.random())  # the draw, not its value  # <pydraw>
 
-    _names(_calls(tj.jit(f), f, _vec), _def_line(f), "random")
+    _names(_calls(tj.jit(f), f, _vec), _line("pydraw"), "random")
 
 
-def test_an_untracked_numpy_draw_names_the_def_line():
+def test_an_untracked_numpy_draw_names_the_draw_line():
     def f(x):
         np.random.seed(1)
-        return x * np.random.rand(4)
+        return x * np.random.rand(4)  # <npdraw>
 
-    _names(_calls(tj.jit(f), f, _vec), _def_line(f), "np.random.rand")
+    _names(_calls(tj.jit(f), f, _vec), _line("npdraw"), "np.random.rand")
 
 
 def test_max_variants_names_the_guard_that_keeps_changing():

@@ -331,7 +331,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             "".join(f"[{k!r}]" for k in p[2:])
         tr.escapes.append((f"the function changes the list or dict {where} it is "
                            f"passed (item assignment, append, pop); compiled calls "
-                           f"would not", def_line))
+                           f"would not", site(container=arg_at((args, kwargs), p))))
     # Why it must run eagerly, in the order the reasons are reported: what the tracer
     # saw, then a Python value the function changed, then a backward it cannot compile.
     escapes = [Escape(*e) for e in tr.escapes + tr.late_escapes]

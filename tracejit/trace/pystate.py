@@ -1168,9 +1168,14 @@ def threaded(fn, locs, labels, name):
             for loc, v, old in zip(locs, new, args[:n]):
                 why = None if v is _MISSING else state_refusal(loc, old, v)
                 if v is _MISSING or why is not None:
+                    # (fn has returned: the line is its statement that rebinds loc.)
+                    from tracejit.trace import record, sites
+                    line = sites.change_line(fn, args[n:], kwargs,
+                                             record.reached_user_functions([], fn), loc)
                     tr.escape(f"the function rebinds {loc.describe()}, state it "
                               f"threads, to {'nothing (deleted)' if v is _MISSING else why}"
-                              f"; compiled calls could not write that back")
+                              f"; compiled calls could not write that back",
+                              line or record.def_line(fn))
         for loc, old in zip(locs, args[:n]):
             # A Layer's registry as the state before left it (a trace sees no change
             # of its size): write_back registers the state after, as eager's did.

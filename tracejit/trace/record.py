@@ -1639,9 +1639,11 @@ class Trace(core.TraceHooks):
                      outcome)
         return outcome
 
-    def escape(self, reason):
-        """Record what cannot be replayed; the traced call itself goes on, eagerly right."""
-        self.escapes.append((reason, user_line(3)))
+    def escape(self, reason, line=None):
+        """Record what cannot be replayed; the traced call itself goes on, eagerly right.
+        line: where the cause is, when no frame of the user's is running (else the
+        innermost user frame's)."""
+        self.escapes.append((reason, line or user_line(3)))
 
     def _escaped_ufunc(self, reason, func, method, plain, kwargs, out):
         self.escape(reason)

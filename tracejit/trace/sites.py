@@ -48,10 +48,20 @@ def _parsed(code):
     return tree, max(start, 1)
 
 
-def _env(func, bound, args, kwargs):
+def _local_names(code):
+    """The names code (and the functions, lambdas and comprehensions in it) binds
+    locally: never a global or closure value of the same name."""
+    names = set(code.co_varnames) | set(code.co_cellvars)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _local_names(c)
+    return names
+
+
+def _env(func, args=None, kwargs=None):
     """The names the function's code can be resolved against: its parameters bound to
-    this call's arguments (bound: the arguments before those, None: not known), its
-    closure cells, its globals, builtins."""
+    args and kwargs (None: not known; _UNKNOWN values too), its other locals unknown,
+    its closure cells, its globals, builtins."""
     env = {}
     glb = pystate.probe(func, "__globals__") or {}
     b = glb.get("__builtins__", {})
@@ -63,10 +73,10 @@ def _env(func, bound, args, kwargs):
             env[name] = cell.cell_contents
         except ValueError:
             pass
-    if bound is not None:
+    env.update(dict.fromkeys(_local_names(code), _UNKNOWN))
+    if args is not None:
         try:
-            sig = inspect.signature(func)
-            env.update(sig.bind_partial(*bound, *args, **kwargs).arguments)
+            env.update(inspect.signature(func).bind_partial(*args, **kwargs).arguments)
         except (TypeError, ValueError):
             pass
     return env
@@ -93,9 +103,15 @@ def _resolve(node, env):
                 return v.__get__(base, type(base))
             except AttributeError:
                 return _UNKNOWN
-        # (A class's function or property met through an instance: not the value.)
-        return _UNKNOWN if isinstance(v, (property, types.FunctionType)) and \
-            not isinstance(base, (type, types.ModuleType)) else v
+        if isinstance(base, (type, types.ModuleType)):
+            return v.__func__ if isinstance(v, staticmethod) else v
+        # A class's function met through an instance: the method (for the calls it
+        # makes); a property's value would run user code.
+        if isinstance(v, types.FunctionType):
+            return types.MethodType(v, base)
+        if isinstance(v, staticmethod):
+            return v.__func__
+        return _UNKNOWN if isinstance(v, (property, classmethod)) else v
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
         base = _resolve(node.value, env)
         if type(base) in (dict, list, tuple):
@@ -150,27 +166,28 @@ def _targets(tree):
 
 
 def _search(functions, match, skip=frozenset()):
-    """The best line over functions [(func, env)]: match(node, base, key, how, env,
-    fresh) scores a target (0: not it); the highest score, then the first function, then
-    the first line. skip: lines ("file.py:12") not to name."""
+    """The best line over functions [(func, env, strict)]: match(node, base, key, how,
+    env, fresh) scores a target, (score, certain) or 0 (not it); certain: its object
+    resolved to the one that changed (a strict function's others are not taken). The
+    highest score, then the first function, then the first line. skip: lines
+    ("file.py:12") not to name."""
     from tracejit.trace.record import source_line
     best = None
-    for rank, (func, env) in enumerate(functions):
-        code = pystate.probe(func, "__code__")
-        parsed = _parsed(code) if isinstance(code, types.CodeType) else None
+    for rank, (func, env, strict) in enumerate(functions):
+        parsed = _parsed(func.__code__)
         if parsed is None:
             continue
         tree, start = parsed
         fresh = _fresh_names(tree)
         for node, base, key, how in _targets(tree):
             lineno = start + node.lineno - 1
-            if skip and f"{os.path.basename(code.co_filename)}:{lineno}" in skip:
+            if skip and f"{os.path.basename(func.__code__.co_filename)}:{lineno}" in skip:
                 continue
-            s = match(node, base, key, how, env, fresh)
-            if s:
-                k = (-s, rank, lineno)
+            m = match(node, base, key, how, env, fresh)
+            if m and m[0] and (m[1] or not strict):
+                k = (-m[0], rank, lineno)
                 if best is None or k < best[0]:
-                    best = (k, code.co_filename, lineno)
+                    best = (k, func.__code__.co_filename, lineno)
     return None if best is None else source_line(best[1], best[2])
 
 
@@ -183,43 +200,99 @@ def _base_score(base, env, fresh, obj):
     return 1 if v is _UNKNOWN else 2 if v is obj else 0
 
 
+def _user_function(obj):
+    """(the user's function a call of obj runs, the arguments it gets first), or None
+    (a library's, a C function, no source)."""
+    from tracejit.trace.record import _user_functions, unwrap_user_function
+    if obj is _UNKNOWN or isinstance(obj, type):
+        return None
+    func, bound = unwrap_user_function(obj)
+    if type(func) is not types.FunctionType or not _user_functions(func):
+        return None
+    return func, bound
+
+
+def _call_args(call, env):
+    """The arguments of a call node, resolved ((args, kwargs) of values or _UNKNOWN),
+    or None (a *args or **kwargs)."""
+    if any(isinstance(a, ast.Starred) for a in call.args) or \
+            any(k.arg is None for k in call.keywords):
+        return None
+    return ([_resolve(a, env) for a in call.args],
+            {k.arg: _resolve(k.value, env) for k in call.keywords})
+
+
+_MAX_FUNCTIONS = 64
+
+
 def _functions(fn, args, kwargs, helpers):
+    """[(func, env, strict)]: the user's function behind fn, its parameters bound to
+    the call's arguments; the user functions its code calls (and theirs, breadth
+    first), their parameters bound to the arguments those calls pass where they
+    resolve; then the other user functions the trace reached (helpers: callbacks kept
+    in state, a class's other methods), strict (their parameters unknown)."""
     from tracejit.trace.record import unwrap_user_function
     func, bound = unwrap_user_function(fn)
-    out = [] if func is None else [(func, _env(func, bound, args, kwargs))]
+    out, seen = [], set()
+    if type(func) is types.FunctionType:
+        env = _env(func, None if bound is None else (*bound, *args), kwargs)
+        out.append((func, env, False))
+        seen.add(func)
+    i = 0
+    while i < len(out) and len(out) < _MAX_FUNCTIONS:
+        caller, env, _ = out[i]
+        i += 1
+        parsed = _parsed(caller.__code__)
+        if parsed is None:
+            continue
+        for node in ast.walk(parsed[0]):
+            if not isinstance(node, ast.Call):
+                continue
+            found = _user_function(_resolve(node.func, env))
+            if found is None or found[0] in seen:
+                continue
+            callee, first = found
+            passed = _call_args(node, env)
+            seen.add(callee)
+            out.append((callee, _env(callee, None if first is None or passed is None else
+                                     (*first, *passed[0]),
+                                     None if passed is None else passed[1]), False))
     for h in helpers:
         h = pystate.probe(h, "__func__", h)
-        if isinstance(h, types.FunctionType) and (func is None or h is not func):
-            out.append((h, _env(h, None, None, None)))
+        if type(h) is types.FunctionType and h not in seen:
+            seen.add(h)
+            out.append((h, _env(h), True))
     return out
 
 
 def change_line(fn, args, kwargs, helpers, loc, container=None):
     """The line that changed the value at loc (container given: the line that changed
-    that container's size), or None."""
+    that container's size or items), or None."""
     def match(node, base, key, how, env, fresh):
+        def on(obj, key_score=1):
+            b = _base_score(base, env, fresh, obj)
+            return (b * key_score, b == 2)
         if container is not None:
-            if how == "item" or (how == "call" and key in _SIZE_METHODS | {"__iadd__"}):
-                return _base_score(base, env, fresh, container)
+            if how == "item" or (how == "call" and key in _ITEM_METHODS | {"__iadd__"}):
+                return on(container)
             return 0
         if loc.kind == "attr" and how == "attr" and key == loc.key:
-            return _base_score(base, env, fresh, loc.container)
+            return on(loc.container)
         if loc.kind == "item":
-            s = 0
             if how == "item":
                 k = _resolve(key, env)
                 if k is _UNKNOWN:
-                    s = 1
-                elif type(k) is type(loc.key) and k == loc.key:
-                    s = 2
+                    return on(loc.container)
+                if type(k) is type(loc.key) and k == loc.key:
+                    return on(loc.container, 2)
             elif how == "call" and key in _ITEM_METHODS:
-                s = 1
-            return s and s * _base_score(base, env, fresh, loc.container)
+                return on(loc.container)
+            return 0
         if loc.kind == "contents" and (how == "item" or
                                        (how == "call" and key in _ITEM_METHODS)):
-            return _base_score(base, env, fresh, loc.container)
+            return on(loc.container)
         if loc.kind in ("cell", "global") and how == "name" and key == loc.label:
-            return 4
+            return (4, True)
         return 0
     try:
         return _search(_functions(fn, args, kwargs, helpers), match)
@@ -237,8 +310,8 @@ def draw_line(fn, args, kwargs, helpers, stream, skip_lines=()):
         if how != "call" or key in _NOT_DRAWS or not isinstance(node, ast.Call):
             return 0
         f = _resolve(node.func, env)
-        return 2 if f is not _UNKNOWN and pystate.probe(f, "__self__") is owner and \
-            pystate.probe(f, "__name__") not in _NOT_DRAWS else 0
+        return (2, True) if f is not _UNKNOWN and pystate.probe(f, "__self__") is owner \
+            and pystate.probe(f, "__name__") not in _NOT_DRAWS else 0
 
     skip = {str(s).split("  ", 1)[0] for s in skip_lines if s}
     try:
