@@ -310,8 +310,10 @@ def draw_line(fn, args, kwargs, helpers, stream, skip_lines=()):
         if how != "call" or key in _NOT_DRAWS or not isinstance(node, ast.Call):
             return 0
         f = _resolve(node.func, env)
-        return (2, True) if f is not _UNKNOWN and pystate.probe(f, "__self__") is owner \
-            and pystate.probe(f, "__name__") not in _NOT_DRAWS else 0
+        # (A bound method of the global stream's object: random.random is one of
+        # random._inst, np.random.rand one of the global RandomState.)
+        return (2, True) if isinstance(f, (types.BuiltinMethodType, types.MethodType)) \
+            and f.__self__ is owner and f.__name__ not in _NOT_DRAWS else 0
 
     skip = {str(s).split("  ", 1)[0] for s in skip_lines if s}
     try:
