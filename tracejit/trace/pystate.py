@@ -1170,8 +1170,7 @@ def threaded(fn, locs, labels, name):
                 if v is _MISSING or why is not None:
                     # (fn has returned: the line is its statement that rebinds loc.)
                     from tracejit.trace import record, sites
-                    line = sites.change_line(fn, args[n:], kwargs,
-                                             record.reached_user_functions([], fn), loc)
+                    line = sites.change_line(fn, args[n:], kwargs, (), loc)
                     tr.escape(f"the function rebinds {loc.describe()}, state it "
                               f"threads, to {'nothing (deleted)' if v is _MISSING else why}"
                               f"; compiled calls could not write that back",
