@@ -9,8 +9,10 @@ functions it reaches) that store to that attribute or item (`cfg.lr = ...`,
 target names the very object (resolved from the call's arguments, closure cells and
 globals, without running user code: no property or __getattr__) is the one; one whose
 target cannot be resolved (a local alias, a helper's parameter) is taken only when
-none resolves; one that resolves to another object is never taken. None: no such
-statement (the caller then names the def line)."""
+none resolves; one that resolves to another object is never taken. Of several alike
+statements, the function's own before its helpers', the first in the source (which
+branch of an `if` ran is not known: `if c: cfg.lr = a else: cfg.lr = b` names the
+first). None: no such statement (the caller then names the def line)."""
 import ast
 import functools
 import inspect
