@@ -1775,13 +1775,23 @@ def build_runner(v, leaf_kinds, key=None):
         effect_lines += rebuilt
     if len(effects) in walk_at:
         effect_lines.append(("walks", walk_at[len(effects)]))
-    aliased = {}      # made index -> grad effect targets whose .grad it is
+    aliased = {}      # made index -> (grad effect target whose .grad it is, its index)
+    standins = set()  # those set to a stand-in before the walks (pre{gi})
     body_before_grads = body
     body = grad_lines
     for gi, ((where, var), slot) in enumerate(v.grad_effects):
         t = target(where, var)
         if gi in v.grad_alias:
-            aliased.setdefault(v.grad_alias[gi], []).append(t)
+            aliased.setdefault(v.grad_alias[gi], []).append((t, gi))
+            i = made_at[v.grad_alias[gi]]
+            if walks and i not in v.out_views:
+                # The result object is made after the walks into the caller's graph,
+                # which start from this .grad (eager's walk adds to g: x.grad = g + gx,
+                # a new Variable, and the result stays g): a stand-in on its array
+                # until then; the result becomes the .grad only if no walk replaced it.
+                body.append(f"pre{gi} = wrap({out(slot_of[i])})")
+                body.append(f"{t}._grad = pre{gi}")
+                standins.add(gi)
         elif gi in v.grad_same:
             body.append(f"{t}._grad = {target(*v.grad_effects[v.grad_same[gi]][0])}._grad")
         elif slot is None:
@@ -2038,7 +2048,8 @@ def build_runner(v, leaf_kinds, key=None):
         body += plain
     late_grads = []           # .grads that are results bound in `late`
     for m, targets in aliased.items():
-        body += [f"{t}._grad = {made[m][0]}" for t in targets]
+        body += [f"if {t}._grad is pre{gi}: {t}._grad = {made[m][0]}" if gi in standins
+                 else f"{t}._grad = {made[m][0]}" for t, gi in targets]
     for m, mg in enumerate(v.made_grads or ()):
         if mg is not None and mg[0] == "same":
             body.append(f"{made[m][0]}._grad = {made[mg[1]][0]}")
