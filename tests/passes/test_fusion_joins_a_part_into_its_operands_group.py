@@ -18,30 +18,13 @@ from tracejit.backends.numba.plan import split_group
 from tracejit.ir import check
 from tracejit.passes import fusion
 
+from lstm_window import assert_step_matches, lstm_window
+
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
 
 def _lstm_program(seed, steps, hidden=3, batch=2):
-    np.random.seed(seed)
-    rnn, fc = L.LSTM(hidden), L.Linear(1)
-    x0 = np.zeros((batch, 1))
-    fc(rnn(x0))
-    fc(rnn(x0))                     # the second call creates the h2* weights
-    rnn.reset_state()
-    params = [p for layer in (rnn, fc) for p in layer.params()]
-
-    def window(xs, ts):
-        rnn.reset_state()
-        loss = 0
-        for i in range(steps):
-            loss = loss + F.mean_squared_error(fc(rnn(xs[i])), ts[i])
-        for p in params:
-            p.cleargrad()
-        loss.backward()
-        for p in params:
-            p.data -= 0.05 * p.grad.data
-        return loss
-    return window, params
+    return lstm_window(seed, steps=steps, hidden=hidden, batch=batch)
 
 
 def _rnn_program(seed, steps, features=1, hidden=5):
@@ -133,11 +116,6 @@ def test_the_window_matches_eager_over_calls(monkeypatch, on, make, steps, batch
     for _ in range(6):          # the LSTM's rebound state: a trace, then its threading
         args = _xs(rng, steps, batch, features)
         loss, loss_e = jf(*args), fe(*args)
-        assert loss.data.dtype == loss_e.data.dtype
-        np.testing.assert_allclose(loss.data, loss_e.data, rtol=1e-10, atol=1e-12)
-        for p, pe in zip(params, params_e):
-            assert p.grad.data.dtype == pe.grad.data.dtype
-            np.testing.assert_allclose(p.grad.data, pe.grad.data, rtol=1e-9, atol=1e-12)
-            np.testing.assert_allclose(p.data, pe.data, rtol=1e-10, atol=1e-12)
+        assert_step_matches(loss, loss_e, params, params_e)
     info = jf.cache_info()
     assert info["fallbacks"] == 0 and info["hits"] >= 3, info

@@ -532,18 +532,7 @@ def _move_part(t, part, inv_out, users, out_ids, deps, closure, gdeps, group_of,
     if closure(d) & bit:
         return None
     gdeps[G.gid] |= d & ~bit
-    t.nodes = [m for m in t.nodes if id(m) not in part_ids]
-    for n in part:
-        role = t.values.pop(id(n.out))
-        vm_n, ops_n = _cost(n)
-        t.vecmath -= vm_n
-        t.ops -= ops_n
-        G.vecmath += vm_n
-        G.ops += ops_n
-        G.values[id(n.out)] = role
-        group_of[id(n.out)] = G
-        deps[id(n.out)] = deps.get(id(n.out), 0) | bit
-    G.nodes = sorted(G.nodes + part, key=lambda m: pos[id(m)])
+    _move_nodes(part, t, G, group_of, deps, bit, pos)
     return detach
 
 
@@ -640,18 +629,7 @@ def _try_sink(grp, t, cone, users, out_ids, deps, closure, gdeps, group_of, pos,
     gdeps[t.gid] |= d & ~bit
     t_inputs.update(id(v) for n in cone for v in n.inputs if isinstance(v, Value))
     reads.pop(grp.gid, None)              # grp reads less now
-    grp.nodes = [m for m in grp.nodes if id(m) not in cone_ids]
-    for n in cone:
-        role = grp.values.pop(id(n.out))
-        vm_n, ops_n = _cost(n)
-        grp.vecmath -= vm_n
-        grp.ops -= ops_n
-        t.vecmath += vm_n
-        t.ops += ops_n
-        t.values[id(n.out)] = role
-        group_of[id(n.out)] = t
-        deps[id(n.out)] = deps.get(id(n.out), 0) | bit
-    t.nodes = sorted(t.nodes + cone, key=lambda m: pos[id(m)])
+    _move_nodes(cone, grp, t, group_of, deps, bit, pos)
     return True
 
 
@@ -746,6 +724,24 @@ def _schedule(items):
     if len(out) != len(items):
         raise AssertionError("fuse produced a cyclic schedule")
     return out
+
+
+def _move_nodes(nodes, src, dst, group_of, deps, bit, pos):
+    """Move `nodes` from group src to group dst (their roles, costs and dependency
+    bit with them), dst's nodes kept in graph order."""
+    ids = {id(n) for n in nodes}
+    src.nodes = [m for m in src.nodes if id(m) not in ids]
+    for n in nodes:
+        role = src.values.pop(id(n.out))
+        vm_n, ops_n = _cost(n)
+        src.vecmath -= vm_n
+        src.ops -= ops_n
+        dst.vecmath += vm_n
+        dst.ops += ops_n
+        dst.values[id(n.out)] = role
+        group_of[id(n.out)] = dst
+        deps[id(n.out)] = deps.get(id(n.out), 0) | bit
+    dst.nodes = sorted(dst.nodes + nodes, key=lambda m: pos[id(m)])
 
 
 def _users(g):
