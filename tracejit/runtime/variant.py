@@ -394,6 +394,16 @@ class CompiledFunction(RegionFunction):
                 # would add zeros through it, and the gradients would be differentiable
                 # (a second-order gradient a Variable) where eager's are not.
                 return self._eager_backward(gys)
+            if v.leaf_inputs and not v.mutated_positions and \
+                    v.leaf_arrays(self) is not None:
+                # The caller rebound the data of an input the forward read as a fresh
+                # leaf (`x.data.sum().item()`, `c = Variable(x.data)`): eager's backward
+                # reads the new array where its code reads `.data` then (a user
+                # Function's `np.tanh(self.inputs[0].data)`) and the old one through
+                # the forward's leaves, which the joint graph, one value for both,
+                # cannot tell apart. Eager's backward over the forward replayed can
+                # (from the inputs as they are now: not where the call updated one).
+                return self._eager_backward(gys)
             if self.rng is None:
                 return v.backward_with_variables(self, gys)
             # The replay draws what the call drew (the same masks), and the global
