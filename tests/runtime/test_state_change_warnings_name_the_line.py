@@ -15,14 +15,13 @@ import numpy as np
 import tracejit as tj
 from tracejit import Layer, Variable
 
+from marked_lines import marked_line
+
 HERE = os.path.basename(__file__)
 
 
 def _line(marker):
-    with open(__file__) as fh:
-        hits = [i for i, text in enumerate(fh, 1) if text.rstrip().endswith(f"# <{marker}>")]
-    assert len(hits) == 1, marker
-    return hits[0]
+    return marked_line(__file__, marker)
 
 
 def _vec(k):

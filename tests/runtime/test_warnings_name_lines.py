@@ -15,14 +15,13 @@ import tracejit.functions as F
 from tracejit import Parameter, Variable
 from tracejit.trace import record as tracing
 
+from marked_lines import marked_line
+
 HERE = os.path.basename(__file__)
 
 
 def _line(marker):
-    with open(__file__) as fh:
-        hits = [i for i, text in enumerate(fh, 1) if text.rstrip().endswith(f"# <{marker}>")]
-    assert len(hits) == 1, marker
-    return hits[0]
+    return marked_line(__file__, marker)
 
 
 def _def_line(fn):
