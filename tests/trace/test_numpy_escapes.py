@@ -92,7 +92,8 @@ ESCAPES = [
     (lambda d: d.ctypes.data != 0 and d.sum() > 0, ".ctypes of traced data"),
     (lambda d: np.fromiter(d.flat, float).sum() > 0, ".flat of traced data"),
     (lambda d: d.__array__().sum() > 0, "__array__() of traced data"),
-    (lambda d: d.ravel().sum() > 0, "an array derived from traced data"),
+    # (d.ravel() was one: it is np.ravel now, recorded; ndarray.compress's C code is not)
+    (lambda d: d.compress([True, False, True]).sum() > 0, "an array derived from traced data"),
     (lambda d: xp.float32(d).sum() > 0, "an array derived from traced data"),
 ]
 
@@ -100,7 +101,7 @@ ESCAPES = [
 @pytest.mark.parametrize("use,cause", ESCAPES, ids=[
     "xp.float32", "np.int64-of-float", "from-numpy-import-float32", "view", "base", "tobytes",
     "frombuffer", "memoryview", "bytes", "data", "array_interface", "ctypes", "flat",
-    "__array__", "ravel", "xp.float32-of-array"])
+    "__array__", "compress", "xp.float32-of-array"])
 def test_traced_data_read_past_the_tracer_is_an_escape(use, cause):
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always", tj.JitWarning)

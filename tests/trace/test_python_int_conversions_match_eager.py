@@ -138,6 +138,21 @@ def test_round_to_ndigits_gives_pythons_float():
     drive(f, [np.array([v]) for v in (2.675, 1.005, 2.5, 0.125, -2.675, 0.375)])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_round_to_ndigits_follows_each_value_in_one_variant(dtype):
+    """round(v, n) is Python's own rounding of each call's value (a replayed call), not
+    the traced value behind a guard: a loss printed or logged as round(loss, 4) in a
+    training step compiled once, where every new value used to retrace until
+    max_variants and then run eagerly for good. Infinities stay infinities."""
+    def f(x):
+        r = round(x.data.sum().item(), 2)
+        return x * r + round(float(x.data.max()), 3), r
+    vals = (2.675, 1.005, 2.5, 0.125, -2.675, 0.375, 3.14159, -0.35, 1e300, 12.3456,
+            float("inf"), -7.0625, 0.0, 5.5e-3)
+    info = drive(f, [np.array([v, 0.25], dtype) for v in vals])
+    assert info["variants"] == 1 and info["retraces"] == 0, info
+
+
 def test_trip_count_from_floor_retraces_per_count_only():
     def f(x):
         acc = x * 0

@@ -127,7 +127,8 @@ def _numpy_params(n, what):
                           f"function of the numpy namespace (a ufunc, or one of "
                           f"saved._PURE_NUMPY): a file cannot hold it") from None
     return [{"numpy": name}, fn.method,
-            {"tuple": [{"tuple": [k, _enc(v, what)]} for k, v in fn.kwargs]}]
+            {"tuple": [{"tuple": [k, _enc(v, what)]} for k, v in fn.kwargs]},
+            {"tuple": [{"tuple": [k, _enc(v, what)]} for k, v in fn.consts]}]
 
 
 def save(ex, path):

@@ -66,12 +66,16 @@ class NumpyCall(Function):
     """A NumPy function or ufunc method applied to traced arrays, replayed as is."""
 
     kind = OPAQUE
-    params = ("func", "method", "kwargs")
+    # consts: (position, value) of Python constants among the positional arguments
+    # (2 in np.round(a, 2), 0.3 in a // 0.3, 0.0 in np.where(c, a, 0.0)), passed as the
+    # very constants: NumPy takes a Python number weakly (float32 stays float32).
+    params = ("func", "method", "kwargs", "consts")
 
-    def __init__(self, func, method=None, kwargs=()):
+    def __init__(self, func, method=None, kwargs=(), consts=()):
         self.func = func
         self.method = method
         self.kwargs = kwargs
+        self.consts = tuple(tuple(c) for c in consts)
         self.op_name = "np." + getattr(func, "__name__", str(func)) + (
             "." + method if method and method != "__call__" else "")
 
@@ -79,7 +83,10 @@ class NumpyCall(Function):
         """What NumPy itself returns (a NumPy scalar for a 0-d result)."""
         f = self.func if not self.method or self.method == "__call__" else \
             getattr(self.func, self.method)
-        return f(*xs, **dict(self.kwargs))
+        args = list(xs)
+        for pos, value in self.consts:
+            args.insert(pos, value)
+        return f(*args, **dict(self.kwargs))
 
     def forward(self, *xs):
         return np.asarray(self.raw(*xs))
@@ -104,7 +111,7 @@ def _onnx_arg_reduce(op_type):
         # with select_last_index=0 give the first extreme, as NumPy's do (a NaN, which
         # NumPy's argmax picks first, has no defined place in ONNX's).
         kw = dict(call.kwargs)
-        if set(kw) - {"axis", "keepdims"} or len(node.inputs) != 1:
+        if set(kw) - {"axis", "keepdims"} or len(node.inputs) != 1 or call.consts:
             raise b.unsupported(node, f"{call.op_name} with {sorted(kw)}")
         x, rank = b.x(node, 0), len(node.inputs[0].shape)
         axis, keep = kw.get("axis"), int(bool(kw.get("keepdims", False)))

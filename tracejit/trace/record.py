@@ -35,7 +35,7 @@ from tracejit.ir import Graph, Lit, Node, Value
 from tracejit.trace import pystate
 from tracejit.trace.values import (_PY_OPS, _PY_UNARY, REDUCE_PRIMS, SCALAR_TYPES, UFUNC_PRIMS,
                               TracedArray, TracedFloat, TracedScalar, is_internal,
-                              python_rounding, python_value)
+                              python_round_to, python_rounding, python_value)
 from tracejit.ops.trace_only import Guard, NumpyCall, UserBackward, UserCall, UserGrad
 
 log = logging.getLogger("tracejit")
@@ -943,15 +943,17 @@ class Trace(core.TraceHooks):
                 self.freeze(x, "round() of an int to negative ndigits")
                 return result
             return self.scalar_convert(x, int)     # an int (a bool's 0 or 1) itself
+        f8 = np.dtype(np.float64)
         if ndigits is not None:
             # round(v, n) rounds the exact decimal value (round(2.675, 2) is 2.67),
-            # which np.round's scaling does not reproduce (2.68). By value.
-            self.freeze(x, "round() of a float to ndigits")
-            return result
+            # which np.round's scaling does not reproduce (2.68): Python's own round,
+            # called on each call's value (a float as Python's; inf and nan stay).
+            fn = NumpyCall(python_round_to, kwargs=(("ndigits", int(ndigits)),))
+            _, v = self._scalar_node(fn, [x._tv], [np.asarray(x._value, f8)])
+            return SCALAR_TYPES[float](result, v, self)
         # round() is half to even, as np.rint; each gives an integral float64, which
         # converts to int64 exactly when below 2**63 in magnitude. That is guarded (nan
         # and inf fail it too: a call with one retraces, and raises what Python raises).
-        f8 = np.dtype(np.float64)
         fn = NumpyCall({"round": np.rint, "floor": np.floor, "ceil": np.ceil,
                         "trunc": np.trunc}[name])
         y, v = self._scalar_node(fn, [x._tv], [np.asarray(x._value, f8)])
@@ -1281,8 +1283,8 @@ class Trace(core.TraceHooks):
             # place: eager changes that buffer through it; the effects do not.
             # Reported after any other escape (`p.data[1:] *= 2` is item assignment too).
             self.late_escapes.append((f"an in-place update through a view (taken at "
-                                      f"{view_line}) of an argument's or captured array",
-                                      user_line(3)))
+                                      f"{view_line}) of another array (an argument's, a "
+                                      f"captured or a computed one)", user_line(3)))
         if base.shape != y.shape:
             self.escape("an in-place operation that broadcasts its output")
         np.copyto(base, y, casting="unsafe")
@@ -1322,9 +1324,13 @@ class Trace(core.TraceHooks):
         elif owner is None and isinstance(target, TracedArray) and self.is_mine(target._tv):
             pass  # a NumPy temporary written in place (mean() does this): rebind below
         elif owner is None and not isinstance(target, TracedArray):
-            # A plain array of the caller, written before it is read (np.add(a, b, out=m)).
-            self.captured_arrays[id(base)] = (base, v)
-            self.effects.append(("inplace_array", base, v))
+            # A plain array nothing traced stands for: the caller's captured arrays and
+            # the arguments' are traced views, so this is one made inside the call
+            # (`buf = np.empty(n); np.multiply(x.data, 2, out=buf)`, or NumPy's C code's
+            # own). NumPy reads and writes it later with no traced operand, which the
+            # tracer never sees (`buf += 1` was lost: 3.2 for eager's 4.2).
+            self.escape("an out= write of traced data into a NumPy array made inside the "
+                        "function (np.empty(...)), which the tracer cannot follow")
         else:
             self.escape("an in-place write into a value computed inside the function")
         if self.buffer_vars:
@@ -1368,14 +1374,18 @@ class Trace(core.TraceHooks):
         if out is not None:
             return self._escaped_ufunc(f"np.{name} with out=", func, method, plain, kwargs,
                                        out)
-        ins = []
+        ins, consts = [], []
         arrays = [a for a in args if isinstance(a, np.ndarray)]
         like = np.result_type(*arrays) if arrays else None
-        for a in args:
+        for pos, a in enumerate(args):
             if isinstance(a, (np.ndarray, Variable, TracedScalar)):
                 # A Python number weak, as NumPy takes it (plain holds its Python value).
                 ins.append(self.operand(a) if not isinstance(a, TracedScalar) else
                            self.weak_operand(a, like))
+            elif _is_static_constant(a):
+                # np.round(a, 2), a // 0.3, np.where(c, a, 0.0): the constant itself, at
+                # its place in each call (NumPy takes a Python number weakly).
+                consts.append((pos, a))
             else:
                 return self._escaped_ufunc(f"np.{name} with a non-array positional "
                                            f"argument", func, method, plain, kwargs, None)
@@ -1385,18 +1395,46 @@ class Trace(core.TraceHooks):
         except TypeError:
             return self._escaped_ufunc(f"np.{name} with unhashable keyword arguments", func,
                                        method, plain, kwargs, None)
-        fn = NumpyCall(func, method, static)
-        y = fn.raw(*[(i.value if isinstance(i, Lit) else p) for i, p in zip(ins, plain)])
+        fn = NumpyCall(func, method, static, consts)
+        operands = [p for pos, p in enumerate(plain) if pos not in dict(consts)]
+        y = fn.raw(*[(i.value if isinstance(i, Lit) else p) for i, p in zip(ins, operands)])
         if isinstance(y, (tuple, list)):    # np.modf, np.divmod: one node, one output
             return self._escaped_ufunc(f"np.{name}, which returns several arrays", func,
                                        method, plain, kwargs, None)
         t = self._emit(fn, ins, y, None)
+        if isinstance(t, TracedArray) and isinstance(y, np.ndarray):
+            self._numpy_view(t, fn, ins, operands)
         if isinstance(t, TracedArray):
             if isinstance(y, np.generic):
                 t._numpy_scalar = True     # np.std(a), np.dot(a, b): a NumPy scalar
             elif type(y) in (bool, int, float):
                 t._numpy_scalar = "python"     # np.allclose: a Python scalar
         return t
+
+    def _numpy_view(self, t, fn, ins, operands):
+        """t, a NumPy call's result, is a view of an operand's buffer (np.flip,
+        np.expand_dims, np.ravel): as eager's, it shows a later in-place write of that
+        buffer (the call recorded again on the new value), and a write through it, which
+        changes the operand in eager, is an escape (_view_line)."""
+        shared = [k for k, p in enumerate(operands)
+                  if isinstance(p, np.ndarray) and np.may_share_memory(t, p)]
+        if not shared:
+            return
+        line = self.graph.nodes[-1].line
+        t._view_line = line
+        rebuild = None
+        if len(shared) == 1:
+            k = shared[0]
+            tr_ref = weakref.ref(self)   # self.views holds this: no Trace -> Trace cycle
+
+            def rebuild(t, src_value):
+                self = tr_ref()
+                out = self.new_value(t.shape, t.dtype)
+                self.graph.nodes.append(Node(fn, ins[:k] + [src_value] + ins[k + 1:],
+                                             [out], user_line(2)))
+                t._tv = out
+                return out
+        self._note_view(t, operands[shared[0]], line, rebuild, keep=True)
 
     def array_function(self, func, args, kwargs):
         name = getattr(func, "__name__", "")
@@ -1412,6 +1450,14 @@ class Trace(core.TraceHooks):
         flat_ok = all(isinstance(a, (np.ndarray, Variable)) for a in args)
         if flat_ok:
             return self.numpy_call(func, args, kwargs)
+        if any(isinstance(a, (np.ndarray, Variable)) for a in args) and all(
+                isinstance(a, (np.ndarray, Variable, TracedScalar)) or
+                _is_static_constant(a) for a in args):
+            # Constants as NumpyCall.consts; a traced Python number among them (np.round(
+            # d, n)) is a parameter of the call: its value, behind a guard.
+            return self.numpy_call(func, [
+                self.freeze(a, f"an argument of np.{name}") if isinstance(a, TracedScalar)
+                else a for a in args], kwargs)
         self.escape(f"np.{name} applied to traced data")
         return func._implementation(*[_plain_deep(a) for a in args], **kwargs)
 
@@ -1457,17 +1503,19 @@ class Trace(core.TraceHooks):
             self.layout_copies.setdefault(id(_root(src)), user_line(3))
         return self._wrap(y._data, tv)
 
-    def _note_view(self, target, src, line, rebuild):
+    def _note_view(self, target, src, line, rebuild, keep=False):
         """target (a Variable or a tracer) holds a NumPy view of src's buffer (src: a
         plain array, or None: unknown). rebuild(target, value of src) gives target the
         value it has after src's buffer is written in place (None: it cannot, and a use
-        of target after such a write runs eagerly)."""
+        of target after such a write runs eagerly). keep: held for the trace, as a view
+        taken of it may outlive it (np.expand_dims(c, 0)[0]), rebuilt after it."""
         if self._rebuilding:
             return                  # the rebuilt value's own temporaries: not views
         data = target._data if isinstance(target, Variable) else target.view(np.ndarray)
         root = _root(data)
+        ref = (lambda: target) if keep else weakref.ref(target)
         self.views.setdefault(id(root), []).append(
-            (weakref.ref(target), line, None if src is None else _layout(src), rebuild))
+            (ref, line, None if src is None else _layout(src), rebuild))
 
     def _op_rebuilder(self, node):
         """A view made by a tracejit Function (F.reshape(W, ...)): the same op, on the
@@ -1647,6 +1695,9 @@ class Trace(core.TraceHooks):
 
     def _escaped_ufunc(self, reason, func, method, plain, kwargs, out):
         self.escape(reason)
+        # Plain keyword arrays too (a traced where= mask would call back here forever).
+        kwargs = {k: _plain(v) if isinstance(v, np.ndarray) else v
+                  for k, v in kwargs.items()}
         if out is not None:
             kwargs["out"] = tuple(_plain(o) for o in out) if isinstance(out, tuple) \
                 else _plain(out)
@@ -1769,6 +1820,14 @@ def _plain_deep(a):
 _print_lock = threading.Lock()
 _print_users = 0
 _original_print = builtins.print
+
+
+def _is_static_constant(a):
+    """A Python constant a NumPy call takes as a parameter (2 in np.round(a, 2), the
+    pad widths of np.pad): numbers, strings, None, tuples of those."""
+    if isinstance(a, tuple):
+        return all(_is_static_constant(x) for x in a)
+    return type(a) in (bool, int, float, str, type(None))
 
 
 def _tracing_print(*args, **kwargs):

@@ -107,8 +107,24 @@ class TracedArray(np.ndarray):
         kind = self.dtype.kind
         if ndigits is None and kind in "fiu":
             return round(self._trace.to_scalar(self, float if kind == "f" else int))
-        self._trace.escape("round() of traced data to ndigits (a NumPy scalar)")
-        return round(self.view(np.ndarray)[()], ndigits)
+        if kind == "b" or kind not in "fiu":
+            t = type(self.view(np.ndarray)[()])
+            raise TypeError(f"type {t.__module__}.{t.__name__} doesn't define __round__ "
+                            f"method")
+        # A NumPy scalar's round(s, n) is np.round(s, n): NumPy's scaled rounding in the
+        # scalar's dtype (round(np.float64(2.675), 2) is 2.68, where Python gives 2.67),
+        # wrapping as NumPy wraps (round(np.uint8(255), -1) is 4). Recorded as that call.
+        return np.round(self, ndigits)
+
+    # ndarray.round and .clip run NumPy's C code, which writes into a plain array of
+    # its own with out= where the tracer cannot follow it (x.data.round(1) gave x * 10):
+    # as the np.round / np.clip calls they are, recorded.
+    def round(self, decimals=0, out=None):
+        return np.round(self, decimals, out=out) if out is not None else \
+            np.round(self, decimals)
+
+    def clip(self, *args, **kwargs):
+        return np.clip(self, *args, **kwargs)
 
     def tolist(self):
         self._trace.escape(".tolist() of traced data")
@@ -228,6 +244,49 @@ for _name, _what in (("base", ".base of traced data (its buffer)"),
                      ("__array_interface__", "__array_interface__ of traced data"),
                      ("__array_struct__", "__array_struct__ of traced data")):
     setattr(TracedArray, _name, _leaking_property(_name, _what))
+
+
+def _in_place_method(name):
+    method = getattr(np.ndarray, name)
+
+    def run(self, *args, **kwargs):
+        if name != "byteswap" or kwargs.get("inplace", args[0] if args else False):
+            _leak(self, f".{name}() of traced data (in place)")
+        return method(self, *args, **kwargs)
+    run.__name__ = name
+    return run
+
+
+# ndarray methods whose C code writes the buffer itself, with no ufunc the tracer sees
+# (`e.fill(2.0)`, `e.sort()` of a traced value left the graph's value as it was): each
+# is an escape.
+for _name in ("fill", "sort", "partition", "put", "resize", "setfield", "byteswap"):
+    setattr(TracedArray, _name, _in_place_method(_name))
+
+
+def _as_numpy_function(name):
+    function = getattr(np, name)
+
+    def run(self, *args, **kwargs):
+        return function(self, *args, **kwargs)
+    run.__name__ = name
+    return run
+
+
+# ndarray methods that are NumPy functions of the array (d.cumsum(0) is np.cumsum(d,
+# 0)), whose C code skips __array_function__ and made an untracked array (an escape
+# where it was used): as the function, which is recorded.
+for _name in ("cumsum", "cumprod", "dot", "argsort", "repeat", "ravel", "squeeze",
+              "swapaxes", "diagonal", "take", "searchsorted", "trace",
+              "nonzero"):
+    setattr(TracedArray, _name, _as_numpy_function(_name))
+
+
+def _flatten(self, order="C"):
+    return np.ravel(self, order).copy()     # a copy, as ndarray.flatten's
+
+
+TracedArray.flatten = _flatten
 
 
 def is_internal(frame):
@@ -504,6 +563,12 @@ def python_rounding(name, value, ndigits=None):
     if name == "round":
         return round(value) if ndigits is None else round(value, ndigits)
     return getattr(math, name)(value)
+
+
+def python_round_to(x, ndigits):
+    """Python's round(float, ndigits) of a 0-d array: the exact decimal rounding (a
+    NumpyCall replays it on each call's value)."""
+    return np.float64(round(float(x), ndigits))
 
 
 def is_python_number(x):

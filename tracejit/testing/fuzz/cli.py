@@ -382,7 +382,7 @@ def main(argv=None):
                              "scalar_dropout", "backward_into", "retain_grad", "c_state",
                              "hidden_state", "nesting", "rebind_alias", "input_leaves",
                              "grad_grads", "dropped_state", "replay_reads", "gate_sums",
-                             "rounding"],
+                             "rounding", "numpy_calls"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
@@ -433,7 +433,10 @@ def main(argv=None):
                     "state set to an existing buffer: x.data[::-1], x.grad.data); "
                     "rounding (round/math.floor/ceil/trunc/int/float/.item() of numbers "
                     "read from float, uint64 and uint32 data, halves and values past "
-                    "int64 among them, used as operands, conditions and trip counts)")
+                    "int64 among them, used as operands, conditions and trip counts); "
+                    "numpy_calls (NumPy calls with constant arguments on an input's data: "
+                    "np.round(d, 1), d.clip(-0.75, 0.75), np.where(d > 0, d, 0.0), "
+                    "round(d.max(), 2); rarely an out= write into an array made in f)")
     ap.add_argument("--generator", default="programs", choices=sorted(GENERATORS),
                     help="programs: the general generator; argument_updates: its programs "
                     "with the caller changing the arguments between call and backward")

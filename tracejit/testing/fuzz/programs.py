@@ -2384,6 +2384,60 @@ ROUNDING_STEPS = [(_st_rounding, 1)]
 # ------------------------------------------------------------------- end of rounding
 
 
+# ------------------------------------------------------------- numpy calls (focus)
+# (focus "numpy_calls"). NumPy functions and ndarray methods applied to an input's data
+# with Python constants as arguments (np.round(d, 1), d.clip(-0.75, 0.75), np.where(d >
+# 0, d, 0.0), np.cumsum(d, -1), round(d.max(), 2)), their result an operand of the
+# graph. The tracer records each call (it used to escape them, and recorded ndarray.round
+# as only its first multiply: x * 10). Inputs only (signed, |x| in [0.5, 1.5]): a
+# rounding or a threshold at 0 reads the same data on both sides. Rarely, a plain
+# array made in f and written with out= (an escape, the tracer cannot follow it).
+_NUMPY_CALLS = ["np.round({d}, {k})", "{d}.round({k})", "np.around({d}, {k})",
+                "np.clip({d}, -0.75, 0.75)", "{d}.clip(-0.75, 0.75)", "{d}.clip(max=0.75)",
+                "np.clip({d}, {d}.min() * 0.5, 0.9)", "np.where({d} > 0, {d}, 0.0)",
+                "np.where({d} > 0, 0.5, {d})", "np.cumsum({d}, -1)", "np.roll({d}, 1, -1)",
+                "np.flip({d}, -1)", "np.nan_to_num({d}, nan=0.0)", "round({d}.max(), {k})",
+                "{d}.sum().round({k})", "round(float({d}.sum()), {k})",
+                "{d}.cumsum(-1)", "np.heaviside({d}, 0.5)", "{d} // 0.5",
+                "np.copysign(0.5, {d})", "np.cumprod({d} * 0.5, -1)"]
+
+
+def _st_numpy_call(b):
+    ins = [v for v in b.vals if v.signed]
+    if not ins:
+        return b.st_unary()
+    src = b.draw(st.sampled_from(ins))
+    r = b.fresh("r")
+    form = b.draw(st.integers(0, 79))
+    if form < 8 and src.shape:
+        # A NumPy call's view of a buffer the function then writes in place: eager's
+        # view shows the write.
+        c = b.fresh("c")
+        b.emit(f"{c} = {src.data} * 1.0")
+        view = b.draw(st.sampled_from(["np.flip({c}, -1)", "{c}.ravel().reshape({c}.shape)",
+                                       "np.expand_dims({c}, 0)[0]"]))
+        b.emit(f"{r} = " + view.format(c=c))
+        b.emit(f"{c} += 0.5")
+        b.features.add("numpy_call_view_then_write")
+    elif form == 8:
+        b.emit(f"{r} = np.empty({src.data}.shape, {src.data}.dtype)")
+        b.emit(f"np.multiply({src.data}, 0.5, out={r})")
+        b.emit(f"{r} += 0.25")
+        b.features.add("numpy_call_out_temp")
+    else:
+        calls = _NUMPY_CALLS if src.shape else [c for c in _NUMPY_CALLS if "-1)" not in c]
+        call = b.draw(st.sampled_from(calls))
+        b.emit(f"{r} = " + call.format(d=src.data, k=b.draw(st.sampled_from([0, 1, 2]))))
+        b.features.add("numpy_call_" + call.split("(")[0].replace("{d}", "d"))
+    name = b.fresh()
+    b.emit(f"{name} = {src.name} * np.tanh({r})")
+    b.add(name, src.shape, src.dtype, src.bound, var=src.var)
+
+
+NUMPY_CALL_STEPS = [(_st_numpy_call, 1)]
+# --------------------------------------------------------------- end of numpy calls
+
+
 @st.composite
 def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     """A random program as source text (see the module docstring); `avoid` names
@@ -2418,6 +2472,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     focus="replay_reads" mostly REPLAY_READ_STEPS (a value computed before an in-place
     update of the buffer it reads, returned, read by a later op), the caller's backward
     (always one) with retain_grad;
+    focus="numpy_calls" mostly NUMPY_CALL_STEPS (NumPy calls with constant arguments
+    on an input's data);
     focus="rounding" mostly ROUNDING_STEPS (round/floor/ceil/trunc/int/float/.item() of
     data-derived numbers, float, uint64 and uint32, small and past int64, as operands,
     branch conditions and loop trip counts)."""
@@ -2461,7 +2517,7 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
             draw(st.sampled_from(["var", "var", "var", "array"])) if i else "var"
         dtype = draw(st.sampled_from(["float64", "float32"]))
         # (focus "rounding": x0 signed, the finite input its steps read.)
-        signed = draw(st.booleans()) or (focus == "rounding" and i == 0)
+        signed = draw(st.booleans()) or (focus in ("rounding", "numpy_calls") and i == 0)
         name = f"x{i}"
         v = b.add(name, shape, dtype, 1.5 if signed else 2.0, var=(kind == "var"),
                   signed=signed)
@@ -2522,6 +2578,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         table += [(lambda g=g: g(b), w * 12) for g, w in REPLAY_READ_STEPS]
     if focus == "rounding":  # (only then, as unchain)
         table += [(lambda g=g: g(b), w * 60) for g, w in ROUNDING_STEPS]
+    if focus == "numpy_calls":  # (only then, as unchain)
+        table += [(lambda g=g: g(b), w * 60) for g, w in NUMPY_CALL_STEPS]
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
