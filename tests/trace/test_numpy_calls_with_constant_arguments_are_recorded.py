@@ -220,3 +220,30 @@ def test_out_write_into_an_array_made_inside_is_an_escape(recwarn):
     msgs = [str(m.message) for m in w if issubclass(m.category, tj.JitWarning)]
     assert any("out= write of traced data into a NumPy array made inside" in m
                and "# the out= line" in m for m in msgs), msgs
+
+
+def _unique_count(x, t):
+    return x * float(len(np.unique(t)))           # len() of the result: its shape
+
+
+def _bincount_head(x, t):
+    c = np.bincount(t)
+    return x * tj.Variable(c[-1:].astype(np.float64))   # a read of the last bin
+
+
+@pytest.mark.parametrize("f,shapes", [(_unique_count, 3), (_bincount_head, 2)])
+def test_numpy_call_whose_result_shape_depends_on_the_data_is_guarded(f, shapes):
+    """np.unique(t), np.bincount(t): the result's shape depends on t's values. The
+    compiled call held the traced shape (len(np.unique(t)) a constant: 3 where eager
+    gives 2; a kernel reading the result past its end). Its shape is guarded: a call
+    with another shape runs the variant traced for it, each traced once."""
+    ts = [[0, 1, 2], [2, 1, 0], [0, 0, 1], [1, 1, 1], [0, 1, 2], [0, 0, 1], [1, 1, 1],
+          [2, 0, 1]]
+    jf = tj.jit(f)
+    for call, t in enumerate(ts):
+        t = np.array(t)
+        a = np.random.default_rng(call).uniform(-2, 2, (3,))
+        np.testing.assert_array_equal(jf(tj.Variable(a.copy()), t).data,
+                                      f(tj.Variable(a.copy()), t).data)
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["variants"] == shapes == info["traces"], info

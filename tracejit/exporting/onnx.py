@@ -165,6 +165,9 @@ class Builder:
 
     def guard_holds(self, node, conv, expected):
         """A guard's `conv(x) == expected` as a bool scalar, collected in self.conds."""
+        if conv == "shape":
+            raise self.unsupported(node, "a guard on the shape of a NumPy call's result "
+                                         "(one that depends on the data)")
         x = self.op("Reshape", [self.x(node, 0), self.ints([])])    # one element
         dt = node.inputs[0].dtype
         if conv == "bool":

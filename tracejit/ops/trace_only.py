@@ -27,11 +27,16 @@ class GuardFailure(Exception):
         self.outcome = outcome    # what the guard saw this time
 
 
-_CONVERT = {"bool": bool, "int": int, "float": float, "index": int}
+def _shape(x):
+    return tuple(int(d) for d in np.shape(x))
+
+
+_CONVERT = {"bool": bool, "int": int, "float": float, "index": int, "shape": _shape}
 
 
 class Guard(Function):
-    """`conv(x) == expected` where conv is bool, int, float or index."""
+    """`conv(x) == expected` where conv is bool, int, float, index or shape (of a NumPy
+    call's result whose shape may depend on the data: np.unique(t))."""
 
     kind = GUARD
     params = ("conv", "expected")

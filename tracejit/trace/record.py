@@ -1404,6 +1404,14 @@ class Trace(core.TraceHooks):
         t = self._emit(fn, ins, y, None)
         if isinstance(t, TracedArray) and isinstance(y, np.ndarray):
             self._numpy_view(t, fn, ins, operands)
+        if isinstance(t, TracedArray) and not (
+                isinstance(func, np.ufunc) and method != "at" or name in _SHAPE_STATIC):
+            # The result's shape may depend on the data (np.unique(t), np.bincount(t)):
+            # the graph after it holds this one (len(np.unique(t)) is a constant of it).
+            # A guard on it keeps the call in the graph and holds the shape; compiled
+            # plans check it right after the call too (plan._check_result).
+            self.graph.nodes.append(Node(Guard("shape", tuple(int(d) for d in y.shape)),
+                                         [t._tv], [], user_line(2)))
         if isinstance(t, TracedArray):
             if isinstance(y, np.generic):
                 t._numpy_scalar = True     # np.std(a), np.dot(a, b): a NumPy scalar
@@ -1820,6 +1828,19 @@ def _plain_deep(a):
 _print_lock = threading.Lock()
 _print_users = 0
 _original_print = builtins.print
+
+
+# NumPy functions whose result's shape follows from their operands' shapes and static
+# arguments alone (with ufuncs): any other NumPy call's result shape is guarded.
+_SHAPE_STATIC = frozenset(
+    "round around clip cumsum cumprod where flip fliplr flipud roll rot90 tile "
+    "expand_dims squeeze swapaxes transpose moveaxis ravel reshape diagonal trace take "
+    "take_along_axis dot vdot matmul einsum tensordot outer inner kron cross sort "
+    "argsort argmax argmin amax amin max min sum mean std var prod ptp percentile "
+    "quantile median nanmean nansum nanmax nanmin nanstd nanvar average cov corrcoef "
+    "isclose allclose array_equal full_like zeros_like ones_like empty_like pad "
+    "nan_to_num searchsorted copy real imag diff interp norm broadcast_to atleast_1d "
+    "atleast_2d atleast_3d triu tril any all count_nonzero python_round_to".split())
 
 
 def _is_static_constant(a):

@@ -289,6 +289,10 @@ def _compile_plan(g, parallel, use_disk):
     w = _PlanWriter(g)
     gi = 0
     numpy_0d = set()
+    # A NumPy call's result whose shape the trace guards (record._SHAPE_STATIC): the
+    # guard's index, for the check right after the call (_emit_call).
+    w.shape_guards = {id(n.inputs[0]): (k, n.fn) for k, n in enumerate(
+        n for n in g.nodes if n.kind == GUARD) if n.fn.conv == "shape"}
     _emit_join_buffers(w)
     for n in g.nodes:
         if id(n) in w.joins:
@@ -449,6 +453,26 @@ def _emit_call(w, n, numpy_0d):
     outs = [w.define(v) for v in n.outputs]
     lhs = outs[0] if len(outs) == 1 else ", ".join(outs)
     w.emit(f"{lhs} = {f}({ins})   # {n.name}{_where(n, short=True)}")
+    if not isinstance(n.fn, Primitive):
+        # A NumPy call or a user Function replayed as is may give a result whose shape
+        # depends on the data (np.unique(t), np.bincount(t), x[x > 0] in a forward):
+        # the graph after it was traced for one shape (len(np.unique(t)) is a constant
+        # of it), and a kernel reading another would read out of bounds. Checked.
+        check = w.const(_check_result, "_chk")
+        for v, o in zip(n.outputs, outs):
+            if not all(isinstance(d, (int, np.integer)) for d in v.shape):
+                continue                 # a symbolic extent: no one shape to hold
+            guard = w.shape_guards.get(id(v))
+            if guard is not None:
+                # The trace's guard on this shape fails here, before anything reads
+                # the result: another variant, or a trace for the new shape.
+                gname = w.const(guard[1], "_g")
+                w.emit(f"if not {gname}.holds({o}):")
+                w.emit(f"    raise GuardFailure({guard[0]}, {gname}.outcome({o}))")
+                continue
+            what = f"{n.name}{' (' + n.line.strip() + ')' if n.line else ''}"
+            w.emit(f"{check}({o}, {w.const(v.shape, '_shp')}, "
+                   f"{w.const(v.dtype, '_dt')}, {w.const(what, '_what')})")
     w.notes["numpy_calls"] += 1
     # A NumPy function on 0-d arrays returns a NumPy scalar; eager's Function
     # makes it an array again (as_array), so a 0-d result is one here too.
@@ -661,6 +685,20 @@ def _topo(pieces, needs):
             if indeg[q] == 0:
                 heapq.heappush(heap, (pieces[q][0], q))
     return out if len(out) == len(pieces) else None
+
+
+class ResultChanged(RuntimeError):
+    """A NumPy call or user Function replayed in a compiled call gave a result of
+    another shape or dtype than when traced: the variant cannot run this call (it is
+    demoted: the signature runs eagerly, warned)."""
+
+
+def _check_result(y, shape, dtype, what):
+    got_shape, got_dtype = np.shape(y), np.asarray(y).dtype
+    if got_shape != shape or got_dtype != dtype:
+        raise ResultChanged(f"{what} gave a result of shape {got_shape} and dtype "
+                            f"{got_dtype} where the traced call's was {shape} {dtype}: "
+                            f"its result's shape depends on the data")
 
 
 def _where(n, short=False):

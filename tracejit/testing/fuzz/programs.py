@@ -2387,8 +2387,8 @@ ROUNDING_STEPS = [(_st_rounding, 1)]
 # ------------------------------------------------------------- numpy calls (focus)
 # (focus "numpy_calls"). NumPy functions and ndarray methods applied to an input's data
 # with Python constants as arguments (np.round(d, 1), d.clip(-0.75, 0.75), np.where(d >
-# 0, d, 0.0), np.cumsum(d, -1), round(d.max(), 2)), their result an operand of the
-# graph. The tracer records each call (it used to escape them, and recorded ndarray.round
+# 0, d, 0.0), np.cumsum(d, -1), round(d.max(), 2), len(np.unique(...)) whose shape
+# depends on the data), their result an operand of the graph. The tracer records each call (it used to escape them, and recorded ndarray.round
 # as only its first multiply: x * 10). Inputs only (signed, |x| in [0.5, 1.5]): a
 # rounding or a threshold at 0 reads the same data on both sides. Rarely, a plain
 # array made in f and written with out= (an escape, the tracer cannot follow it).
@@ -2399,7 +2399,10 @@ _NUMPY_CALLS = ["np.round({d}, {k})", "{d}.round({k})", "np.around({d}, {k})",
                 "np.flip({d}, -1)", "np.nan_to_num({d}, nan=0.0)", "round({d}.max(), {k})",
                 "{d}.sum().round({k})", "round(float({d}.sum()), {k})",
                 "{d}.cumsum(-1)", "np.heaviside({d}, 0.5)", "{d} // 0.5",
-                "np.copysign(0.5, {d})", "np.cumprod({d} * 0.5, -1)"]
+                "np.copysign(0.5, {d})", "np.cumprod({d} * 0.5, -1)",
+                # results whose shape depends on the data (guarded)
+                "{d} * len(np.unique(np.round({d} * 2)))",
+                "{d} * np.bincount(np.abs(np.round({d} * 2)).astype(np.int64).ravel())[-1]"]
 
 
 def _st_numpy_call(b):
