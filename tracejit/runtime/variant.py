@@ -834,6 +834,9 @@ class Variant:
         self.n_user_outs = len(user_outs)
         self.n_effect_outs = len(effect_values)
         fwd_nodes = g.nodes[:n_fwd_nodes]
+        # (The joint graph's nodes after these are the traced backward: a replay's
+        # fresh leaves there are made at backward time, backward_with_variables.)
+        self.n_fwd_nodes = n_fwd_nodes
         self.forward_graph = Graph(g.name, fwd_inputs, fwd_nodes,
                                    user_outs + effect_values + saved_values
                                    + [gv for _, gv in held],
@@ -1225,7 +1228,8 @@ class Variant:
                 env_vars.append(Constant(current_input(self, idx, arrays[idx])))
         outs = interpret.run_with_variables(j, env_vars, self.bwd.joint_meta,
                                             self.saved_map(cf), cf.instances,
-                                            leaf_arrays=self.leaf_arrays(cf))
+                                            leaf_arrays=self.leaf_arrays(cf),
+                                            n_forward=self.n_fwd_nodes)
         return tuple(outs[s] if s is not None else None for s in self.bwd.joint_grad_slots)
 
 
