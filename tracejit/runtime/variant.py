@@ -229,6 +229,16 @@ class CompiledFunction(RegionFunction):
         of_value = {}
         saved = v.saved_map(self)
         held = self._held_twins(saved) if create and self.held else {}
+        # An input rebound to another shape or dtype (respecified): eager's Functions
+        # ran their forward on the call's array (a Reshape keeps the shape it had) and
+        # read the new one only in their backward. So the replay's forward runs on the
+        # call's array, and the backward walk (after) on the Variable as it is now.
+        swapped = []
+        for i, k in diff_pos.items():
+            x = leaves[k]
+            if i < len(self.arrays) and respecified(x._data, self.arrays[i]):
+                swapped.append((x, x._data))
+                x._data = self.arrays[i]
         try:
             with core.using_config("enable_backprop", True):
                 twins = interpret.run_with_variables(user, env, v.bwd.joint_meta,
@@ -236,6 +246,8 @@ class CompiledFunction(RegionFunction):
                                                      adopt=adopt, twins=of_value,
                                                      leaf_arrays=v.leaf_arrays(self))
         finally:
+            for x, data in swapped:
+                x._data = data
             if rng is not None:
                 np.random.set_state(rng)
         var_slots = v.var_slots
@@ -364,6 +376,19 @@ class CompiledFunction(RegionFunction):
             any(kind == "var" and current_input(v, i, self.arrays[i]) is not self.arrays[i]
                 for i, (kind, _, _) in enumerate(v.sources)))
 
+    def rebound_respecified(self):
+        """The caller rebound an argument's (or a captured Variable's) .data since the
+        call to an array of another shape or dtype (respecified): eager's backward
+        reads it there (`gy * x.data` in a Mul's, a user backward's `self.inputs[0]
+        .data`), which the compiled graphs, made for the call's shapes and dtypes,
+        cannot (current_input gives them the call's array: silently the old data).
+        Only eager's backward replayed follows it."""
+        v = self.variant
+        return any(respecified(self.inputs[k]._data, self.arrays[i])
+                   for i, k in v.arg_var_pos.items()) or \
+            any(kind == "var" and respecified(obj._data, self.arrays[i])
+                for i, (kind, obj, _) in enumerate(v.sources))
+
     def _replayed(self, gys, grads):
         """_eager_backward, where the region can be replayed (else `grads`)."""
         if self.variant.bwd.replay_refusal or core._state.trace is not None:
@@ -393,6 +418,10 @@ class CompiledFunction(RegionFunction):
                 # backward never walks their part of the call, where the joint graph
                 # would add zeros through it, and the gradients would be differentiable
                 # (a second-order gradient a Variable) where eager's are not.
+                return self._eager_backward(gys)
+            if self.rebound_respecified():
+                # Rebound to another shape or dtype, which the joint graph's replay
+                # reads as the call's array where it is not a differentiable input.
                 return self._eager_backward(gys)
             if v.leaf_inputs and not v.mutated_positions and \
                     v.leaf_arrays(self) is not None:
@@ -1008,7 +1037,7 @@ class Variant:
         plan = getattr(bexe, "plan", None)
         env = {"np": np, "bexe": bexe, "plan": plan, "wrap": core.wrap_array,
                "read_capture": read_capture, "other_gy": _backward_other_gy,
-               "current_input": current_input, "rebound": rebound, "v": self}
+               "current_input": current_input, "respecified": respecified, "v": self}
         body, names = [], []
         replay_rebound = self.replay_rebound
         for j, (kind, i) in enumerate(self.bwd_sources):
@@ -1019,6 +1048,11 @@ class Variant:
             elif kind == "input":
                 body.append(f"{n} = cf.arrays[{i}]")
                 if self.sources[i][0] == "var":
+                    env[f"o{j}"] = self.sources[i][1]
+                    # Rebound to another shape or dtype: eager's backward replayed
+                    # (CompiledFunction.rebound_respecified).
+                    body.append(f"if respecified(o{j}._data, {n}): "
+                                f"return cf._eager_backward(gys)")
                     body.append(f"{n} = current_input(v, {i}, {n})")
                     if replay_rebound:
                         # Rebound since the call, which made leaves (as below, for an
@@ -1036,9 +1070,15 @@ class Variant:
                         # from the new one, where the graph has one value for both. The
                         # replay reads each from its own Variable.
                         body.append("    return cf._eager_backward(gys)")
-                    body.append(f"    {n} = rebound(cf.inputs[{k}]._data, {n})")
+                    # Another shape or dtype than the call's, which the compiled
+                    # graph cannot read (CompiledFunction.rebound_respecified).
+                    body.append(f"    if respecified(cf.inputs[{k}]._data, {n}): "
+                                f"return cf._eager_backward(gys)")
+                    body.append(f"    {n} = cf.inputs[{k}]._data")
             elif kind == "madedata":
                 body.append(f"{n} = cf.inputs[{i}]._data")    # a made leaf's, now
+                env[f"m{j}"] = self.bwd.graph.inputs[j]     # (its shape, dtype)
+                body.append(f"if respecified({n}, m{j}): return cf._eager_backward(gys)")
             elif kind == "gy":
                 spec = self.out_specs[i]
                 env[f"d{j}"] = spec.dtype
@@ -1379,7 +1419,8 @@ def _backward_other_gy(cf, gys):
     leaves, eager's backward replayed (CompiledFunction.rebound_beside_made_leaves):
     this graph, like the compiled one, has one value for both."""
     v = cf.variant
-    if core._state.trace is None and cf.rebound_beside_made_leaves():
+    if core._state.trace is None and (cf.rebound_beside_made_leaves() or
+                                       cf.rebound_respecified()):
         return cf._eager_backward(gys)
     if v._interp_bwd is None:
         v._interp_bwd = interpret.compile(v.bwd.graph)
@@ -1490,6 +1531,14 @@ def current_input(v, i, array, inputs=None):
     if inputs is not None and i in v.arg_var_pos:
         return rebound(inputs[v.arg_var_pos[i]]._data, array)
     return array
+
+
+def respecified(cur, array):
+    """Whether a Variable's data `cur` is an array of another shape or dtype than the
+    call's `array` (rebound since: `x.data = x.data.astype(np.float32)`, `x.data =
+    x.data[:1]`): compiled code, made for the call's, cannot read it in its place."""
+    return cur is not array and cur is not None and (
+        cur.shape != array.shape or cur.dtype != array.dtype)
 
 
 def rebound(cur, array):
