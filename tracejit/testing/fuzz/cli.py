@@ -382,7 +382,7 @@ def main(argv=None):
                              "scalar_dropout", "backward_into", "retain_grad", "c_state",
                              "hidden_state", "nesting", "rebind_alias", "input_leaves",
                              "grad_grads", "dropped_state", "replay_reads", "gate_sums",
-                             "rounding", "numpy_calls"],
+                             "rounding", "numpy_calls", "rebind_inplace"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
@@ -436,10 +436,16 @@ def main(argv=None):
                     "int64 among them, used as operands, conditions and trip counts); "
                     "numpy_calls (NumPy calls with constant arguments on an input's data: "
                     "np.round(d, 1), d.clip(-0.75, 0.75), np.where(d > 0, d, 0.0), "
-                    "round(d.max(), 2); rarely an out= write into an array made in f)")
+                    "round(d.max(), 2); rarely an out= write into an array made in f); "
+                    "rebind_inplace (a user Function of an argument or a captured "
+                    "Parameter that f updates in place, before or after it; the "
+                    "default of --generator rebind_inplace)")
     ap.add_argument("--generator", default="programs", choices=sorted(GENERATORS),
                     help="programs: the general generator; argument_updates: its programs "
-                    "with the caller changing the arguments between call and backward")
+                    "with the caller changing the arguments between call and backward; "
+                    "rebind_inplace: programs of focus rebind_inplace whose caller "
+                    "rebinds (also to the other float dtype) or updates the arguments "
+                    "and captured Parameters between call and backward")
     opts = ap.parse_args(argv)
     t0 = time.monotonic()
     avoid = [a for a in opts.avoid.split(",") if a]

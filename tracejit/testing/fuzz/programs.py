@@ -1963,6 +1963,61 @@ def _rebind_alias(b):
 
 
 REBIND_ALIAS_STEPS = [(_rebind_alias, 1)]
+
+
+# --------------------------------------- user backwards beside in-place updates (focus)
+# (focus "rebind_inplace", with --generator rebind_inplace to rebind the data between
+# call and backward.) A user Function applied to an argument Variable or a captured
+# Parameter that f also updates in place, before or after it (`x0.data *= 0.9`, `W.data
+# -= 0.05 * W.data`): its backward reads `self.inputs[0].data` (TanhData: detached,
+# as eager's own rule is) or differentiates the input (Cube). Eager's backward reads
+# the Variable's data as it is then; a caller that rebinds it after the call (a new
+# array, maybe of another dtype) makes that the new one. Found: the create_graph
+# replay of such a call (its joint graph: an input updated in place) gave the traced
+# user backward's `.data` read the call's array; a rebind to another dtype or shape
+# was read as the call's array by every compiled backward (silently the old data).
+
+def _user_backward_beside_update(b):
+    kinds = ["Cube"] + ([] if "data_backward" in b.avoid else ["TanhData", "TanhData"])
+    kind = b.draw(st.sampled_from(kinds))
+    args = [w for _, k, w in b.args if k == "var" and w is not None and w.bound <= 3]
+    v = None
+    if args and b.draw(st.booleans()):
+        x = b.draw(st.sampled_from(args))
+        name, shape, dtype = x.name, x.shape, x.dtype
+        update = f"{name}.data *= 0.9"
+        x.signed = False         # (|x| may drop under 0.5: no branch reads it)
+        b.features.add("user_backward_beside_update_of_an_argument")
+    else:
+        v = b.pick(lambda w: w.var and w.bound <= 3, recent=6)
+        if v is None:
+            return b.st_unary()
+        suffix = tuple(1 if d == B else d for d in v.shape[-1:])
+        c = b.capture(suffix, "param", reuse=False)
+        b.updated.add(c[0])
+        name, shape, dtype = c[0], v.shape, _dt(v) if c[3] == "float32" else "float64"
+        update = f"{name}.data -= 0.05 * {name}.data"
+        b.features.add("user_backward_beside_update_of_a_parameter")
+    before = b.draw(st.booleans())
+    h = b.fresh()
+    if before:
+        b.emit(update)
+    b.emit(f"{h} = {kind}()({name})")
+    if not before:
+        b.emit(update)
+    bound = 27.0 if kind == "Cube" else 1.0
+    if v is not None:
+        # (the Parameter's result times a value of the arguments: gradients reach both)
+        h2 = b.fresh()
+        b.emit(f"{h2} = {h} * {v.name}")
+        h, bound = h2, bound * v.bound
+    b.add(h, shape, dtype, bound)
+    b.classes.add(kind)
+    b.features.add(f"user_{kind}")
+    b.features.add("update_" + ("before" if before else "after") + "_user_function")
+
+
+REBIND_INPLACE_STEPS = [(_user_backward_beside_update, 1)]
 # ------------------------------------------------------------------ end of made leaves
 # ------------------------------------------- backward inside f into the caller's graph
 # (focus "backward_into"). Arguments with a creator, made by the caller in args() from
@@ -2457,6 +2512,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     passes/conv_epilogue.py rewrites);
     focus="made_leaves" mostly MADE_LEAF_STEPS (leaves made in f that outlive it);
     focus="input_leaves" mostly INPUT_LEAF_STEPS (leaves of an input's data beside it);
+    focus="rebind_inplace" mostly REBIND_INPLACE_STEPS (a user Function of an input f
+    updates in place, before or after it: rebind_inplace_programs rebinds the data);
     focus="rebind_alias" mostly REBIND_ALIAS_STEPS (a captured Parameter's .data or
     stored ndarray state rebound to an existing buffer);
     focus="scalar_dropout" mostly 0-d inputs and dropout (argument_update_programs);
@@ -2572,6 +2629,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         table += [(lambda g=g: g(b), w * 12) for g, w in GRAD_GRAD_STEPS]
     if focus == "input_leaves":  # (only then, as unchain)
         table += [(lambda g=g: g(b), w * 12) for g, w in INPUT_LEAF_STEPS]
+    if focus == "rebind_inplace":  # (only then, as unchain)
+        table += [(lambda g=g: g(b), w * 30) for g, w in REBIND_INPLACE_STEPS]
     if focus == "retain_grad" and not no_var:  # (only then, as unchain; NO_VAR's
         # backward inside f would be onto a captured Parameter)
         table += [(lambda g=g: g(b), w * 12) for g, w in RETAINED_INSIDE_STEPS]
@@ -2906,8 +2965,68 @@ def argument_update_programs(draw, avoid=(), focus=None):
     return SourceProgram(src, p.n_calls, p.has_float32, features, p.arg_kinds)
 
 
+# What rebind_inplace_programs' caller does to a Variable (an argument, a captured
+# Parameter) after a call, before its backward: rebind its data to a new array, of
+# its dtype or of the other float dtype, or update it in place.
+REBIND_UPDATES = {
+    "none": "pass",
+    "rebind": "a.data = a.data * 0.5 + 0.125",
+    "rebind_dtype": "a.data = (a.data * 0.5 + 0.125).astype("
+                    "np.float32 if a.data.dtype == np.float64 else np.float64)",
+    "imul": "a.data *= -0.5",
+}
+
+
+@st.composite
+def rebind_inplace_programs(draw, avoid=(), focus=None):
+    """A `source_programs` program of focus "rebind_inplace" (a user Function of an
+    input f updates in place: REBIND_INPLACE_STEPS) with a backward, plain or (mostly)
+    create_graph, whose caller changes the argument Variables and the captured
+    Parameters after each call, before the backward (harness: `BETWEEN(call, args)`):
+    REBIND_UPDATES, per argument and call, one for all the Parameters per call."""
+    p = draw(source_programs(avoid=avoid, focus=focus or "rebind_inplace"))
+    backward = draw(st.sampled_from(["plain", "create_graph", "create_graph"]))
+    if backward == "create_graph" and "create_graph_inplace" in avoid:
+        backward = "plain"
+    src = p.source
+    for old in ("None", "'plain'", "'create_graph'"):
+        src = src.replace(f"BACKWARD = {old}   #", f"BACKWARD = {backward!r}   #")
+    kinds = sorted(REBIND_UPDATES)
+    row = st.lists(st.sampled_from(kinds), min_size=4, max_size=4)
+    table = draw(st.lists(row, min_size=p.n_calls, max_size=p.n_calls))
+    params = draw(st.lists(st.sampled_from(kinds), min_size=p.n_calls, max_size=p.n_calls))
+    assume(any(k != "none" for r in table for k in r) or any(k != "none" for k in params))
+
+    def chain(indent):
+        out = []
+        for j, k in enumerate(kinds):
+            out += [f"{indent}{'if' if j == 0 else 'elif'} kind == {k!r}:",
+                    f"{indent}    {REBIND_UPDATES[k]}"]
+        return out
+    lines = ["", "",
+             f"ARG_UPDATES = {table!r}   # per call, per argument",
+             f"PARAM_UPDATES = {params!r}   # per call, every captured Parameter",
+             "", "",
+             "def BETWEEN(call, args):",
+             "    \"\"\"The caller changes its arguments and captured Parameters after the "
+             "call, before the backward.\"\"\"",
+             "    for a, kind in zip(args, ARG_UPDATES[call]):",
+             "        if isinstance(a, tj.Variable):"] + chain(" " * 12) + [
+             "    kind = PARAM_UPDATES[call]",
+             "    for a in CAPTURES.values():",
+             "        if isinstance(a, tj.Parameter):"] + chain(" " * 12)
+    if "def DROP_STATE(" in src:
+        lines.append("    DROP_STATE(call, args)")     # (the state dropped too)
+    src = src + "\n".join(lines) + "\n"
+    features = sorted(set(p.features) | {"argument_update", "parameter_update",
+                                         backward == "create_graph" and "create_graph"
+                                         or "plain_backward"})
+    return SourceProgram(src, p.n_calls, p.has_float32, features, p.arg_kinds)
+
+
 # The generators the fuzzer's command line offers (`--generator`).
-GENERATORS = {"programs": source_programs, "argument_updates": argument_update_programs}
+GENERATORS = {"programs": source_programs, "argument_updates": argument_update_programs,
+              "rebind_inplace": rebind_inplace_programs}
 
 
 # ------------------------------------------------------------- rebound state (threaded)
