@@ -87,7 +87,7 @@ def compile(g):
 
 
 def run_with_variables(g, variables, meta=None, saved=None, instances=None, adopt=None,
-                       twins=None, leaf_arrays=None, n_forward=None):
+                       twins=None, leaf_arrays=None):
     """Replay g on Variables through the primitives: a differentiable (eager) graph.
 
     Used for create_graph=True through a compiled region and by unchain_backward: the
@@ -109,10 +109,7 @@ def run_with_variables(g, variables, meta=None, saved=None, instances=None, adop
     with id(Value) -> the replay's Variable of every value. `leaf_arrays` (id(Value) ->
     array) gives the data of a fresh leaf the forward made of that value where it is not
     the replay's (`c = Variable(x.data)` holds the array x had at the call, which the
-    caller may have rebound since): not for a user backward's `.data` read, made then,
-    nor for any node from the `n_forward`-th on (a joint graph's traced backward: a
-    user backward's `np.tanh(self.inputs[0].data)` recorded as primitives reads the
-    input's data at backward time, rebound or not, as eager's does).
+    caller may have rebound since): not for a user backward's `.data` read, made then.
     """
     from tracejit.core import Constant, as_variable, fit_generations, using_config
     from tracejit.ops.trace_only import UserBackward, UserCall
@@ -135,7 +132,7 @@ def run_with_variables(g, variables, meta=None, saved=None, instances=None, adop
             return Constant(leaf_arrays[id(v)])
         return Constant(env[id(v)]._data)
 
-    for k, n in enumerate(g.nodes):
+    for n in g.nodes:
         if n.kind == GUARD:
             continue
         if meta is None:
@@ -143,7 +140,7 @@ def run_with_variables(g, variables, meta=None, saved=None, instances=None, adop
         else:
             # Not a Function call (NumPy on .data, a cast of a Python scalar): no history.
             grad, links = meta.get(id(n), (False, (None,) * len(n.inputs)))
-        forward = not isinstance(n.fn, UserBackward) and (n_forward is None or k < n_forward)
+        forward = not isinstance(n.fn, UserBackward)
         xs = [leaf(v, forward) if link is None else read(link)
               for v, link in zip(n.inputs, links)]
         with using_config("enable_backprop", grad):

@@ -229,14 +229,15 @@ class CompiledFunction(RegionFunction):
         of_value = {}
         saved = v.saved_map(self)
         held = self._held_twins(saved) if create and self.held else {}
-        # An input rebound to another shape or dtype (respecified): eager's Functions
-        # ran their forward on the call's array (a Reshape keeps the shape it had) and
-        # read the new one only in their backward. So the replay's forward runs on the
-        # call's array, and the backward walk (after) on the Variable as it is now.
+        # An input rebound since the call (`x.data = ...`, maybe to another shape or
+        # dtype): eager's Functions ran their forward on the call's array (a Reshape
+        # keeps the shape it had, a view of it is of the call's buffer) and read the
+        # new one only in their backward. So the replay's forward runs on the call's
+        # array, and the backward walk (after) on the Variable as it is now.
         swapped = []
         for i, k in diff_pos.items():
             x = leaves[k]
-            if i < len(self.arrays) and respecified(x._data, self.arrays[i]):
+            if i < len(self.arrays) and x._data is not self.arrays[i]:
                 swapped.append((x, x._data))
                 x._data = self.arrays[i]
         try:
@@ -382,11 +383,13 @@ class CompiledFunction(RegionFunction):
         reads it there (`gy * x.data` in a Mul's, a user backward's `self.inputs[0]
         .data`), which the compiled graphs, made for the call's shapes and dtypes,
         cannot (current_input gives them the call's array: silently the old data).
-        Only eager's backward replayed follows it."""
+        Only eager's backward replayed follows it. (Not for an input no node of the
+        call reads: nothing reads it, and the compiled backward stays exact.)"""
         v = self.variant
+        read = v.read_inputs()
         return any(respecified(self.inputs[k]._data, self.arrays[i])
-                   for i, k in v.arg_var_pos.items()) or \
-            any(kind == "var" and respecified(obj._data, self.arrays[i])
+                   for i, k in v.arg_var_pos.items() if i in read) or \
+            any(kind == "var" and i in read and respecified(obj._data, self.arrays[i])
                 for i, (kind, obj, _) in enumerate(v.sources))
 
     def _replayed(self, gys, grads):
@@ -423,15 +426,15 @@ class CompiledFunction(RegionFunction):
                 # Rebound to another shape or dtype, which the joint graph's replay
                 # reads as the call's array where it is not a differentiable input.
                 return self._eager_backward(gys)
-            if v.leaf_inputs and not v.mutated_positions and \
-                    v.leaf_arrays(self) is not None:
+            if v.leaf_inputs and v.leaf_arrays(self) is not None:
                 # The caller rebound the data of an input the forward read as a fresh
                 # leaf (`x.data.sum().item()`, `c = Variable(x.data)`): eager's backward
                 # reads the new array where its code reads `.data` then (a user
                 # Function's `np.tanh(self.inputs[0].data)`) and the old one through
                 # the forward's leaves, which the joint graph, one value for both,
                 # cannot tell apart. Eager's backward over the forward replayed can
-                # (from the inputs as they are now: not where the call updated one).
+                # (its forward on the call's arrays), also where the call updated the
+                # input in place (`x.data *= 0.9` in f is such a read).
                 return self._eager_backward(gys)
             if self.rng is None:
                 return v.backward_with_variables(self, gys)
@@ -863,9 +866,6 @@ class Variant:
         self.n_user_outs = len(user_outs)
         self.n_effect_outs = len(effect_values)
         fwd_nodes = g.nodes[:n_fwd_nodes]
-        # (The joint graph's nodes after these are the traced backward: a replay's
-        # fresh leaves there are made at backward time, backward_with_variables.)
-        self.n_fwd_nodes = n_fwd_nodes
         self.forward_graph = Graph(g.name, fwd_inputs, fwd_nodes,
                                    user_outs + effect_values + saved_values
                                    + [gv for _, gv in held],
@@ -940,6 +940,7 @@ class Variant:
         self.feeding_results = None   # _results_feeding_results, found at first need
         self._outputs_upstream = None  # outputs_upstream, found at first need
         self._output_ancestry = None   # output_ancestry, found at first need
+        self._read_inputs = None       # read_inputs, found at first need
         # The results each call's creator holds for the others (hold_upstream).
         self.upstream_holds = _upstream_holds(self) if backward is not None else ()
         self.runner = build_runner(self, call.leaf_forms)
@@ -948,6 +949,16 @@ class Variant:
         self._interp_bwd = None
         self.backward_runner = None
         self.input_ids = None
+
+    def read_inputs(self):
+        """The positions of the forward inputs some node of the joint graph (forward
+        or traced backward) reads, found at first need."""
+        if self._read_inputs is None:
+            g = self.bwd.joint if self.bwd is not None else self.forward_graph
+            used = {id(u) for n in g.nodes for u in n.inputs}
+            self._read_inputs = frozenset(i for i, x in enumerate(self.forward_graph.inputs)
+                                          if id(x) in used)
+        return self._read_inputs
 
     def output_ancestry(self):
         """Per output Variable of the creator: the ids of the Values behind it in
@@ -1150,8 +1161,11 @@ class Variant:
             # A state of a buffer the call updated in place: the buffer as it is now, as
             # eager's graph holds it (BackwardPlan.replay_live); never fed to the NumPy
             # recompute below (what the forward computed from it is the forward's).
-            live = {k: current_input(self, i, cf.arrays[i], cf.inputs)
-                    for k, i in bwd.replay_live.items()}
+            # The buffer, not the input's Variable's array now: a replay reads such a
+            # value only as a fresh leaf (`v = W.data` before `W.data *= 0.9`, a
+            # Constant aliasing the buffer), which a caller's rebind of W.data since
+            # leaves on the buffer (a use of W itself reads W, linked).
+            live = {k: cf.arrays[i] for k, i in bwd.replay_live.items()}
         else:
             live = {}
         if not snaps and not views:
@@ -1268,8 +1282,7 @@ class Variant:
                 env_vars.append(Constant(current_input(self, idx, arrays[idx])))
         outs = interpret.run_with_variables(j, env_vars, self.bwd.joint_meta,
                                             self.saved_map(cf), cf.instances,
-                                            leaf_arrays=self.leaf_arrays(cf),
-                                            n_forward=self.n_fwd_nodes)
+                                            leaf_arrays=self.leaf_arrays(cf))
         return tuple(outs[s] if s is not None else None for s in self.bwd.joint_grad_slots)
 
 
