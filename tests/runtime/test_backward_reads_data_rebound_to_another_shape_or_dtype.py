@@ -84,3 +84,28 @@ def test_backward_reads_the_rebound_array_of_another_spec(body, rebind, create_g
             if a is not None:
                 assert (b.shape, b.dtype) == (a.shape, a.dtype), where
                 np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12, err_msg=where)
+
+
+@pytest.mark.parametrize("rebind", ["float32", "shape"])
+def test_a_returned_made_leaf_rebound_to_another_spec(rebind):
+    # `c = Variable(x.data * 2.0)` returned: the compiled backward reads c's data as it
+    # is then, and handed its kernel the (1,) array in place of the (4,) one (reading
+    # past its end: c.grad 0.33 where eager's is 0.18).
+    def f(x):
+        c = tj.Variable(x.data * 2.0)
+        return F.sum(F.sin(c) * x), c
+    jf = tj.jit(f)
+    for call in range(5):
+        got = []
+        for fn in (f, jf):
+            x = tj.Variable(np.linspace(-1.0, 1.0, 4) + 0.25 * call)
+            y, c = fn(x)
+            c.data = (c.data * 0.5).astype(np.float32) if rebind == "float32" else \
+                c.data[:1] * 0.5
+            y.backward()
+            got.append([x.grad.data.copy(), c.grad.data.copy()])
+        for k, (a, b) in enumerate(zip(*got)):
+            assert (b.shape, b.dtype) == (a.shape, a.dtype), (call, k)
+            np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12,
+                                       err_msg=f"call {call}, gradient {k}")
+    assert jf.cache_info()["fallbacks"] == 0

@@ -1048,7 +1048,8 @@ class Variant:
         plan = getattr(bexe, "plan", None)
         env = {"np": np, "bexe": bexe, "plan": plan, "wrap": core.wrap_array,
                "read_capture": read_capture, "other_gy": _backward_other_gy,
-               "current_input": current_input, "respecified": respecified, "v": self}
+               "current_input": current_input, "rebound": rebound,
+               "respecified": respecified, "v": self}
         body, names = [], []
         replay_rebound = self.replay_rebound
         for j, (kind, i) in enumerate(self.bwd_sources):
@@ -1062,7 +1063,7 @@ class Variant:
                     env[f"o{j}"] = self.sources[i][1]
                     # Rebound to another shape or dtype: eager's backward replayed
                     # (CompiledFunction.rebound_respecified).
-                    body.append(f"if respecified(o{j}._data, {n}): "
+                    body.append(f"if o{j}._data is not {n} and respecified(o{j}._data, {n}): "
                                 f"return cf._eager_backward(gys)")
                     body.append(f"{n} = current_input(v, {i}, {n})")
                     if replay_rebound:
@@ -1085,11 +1086,12 @@ class Variant:
                     # graph cannot read (CompiledFunction.rebound_respecified).
                     body.append(f"    if respecified(cf.inputs[{k}]._data, {n}): "
                                 f"return cf._eager_backward(gys)")
-                    body.append(f"    {n} = cf.inputs[{k}]._data")
+                    body.append(f"    {n} = rebound(cf.inputs[{k}]._data, {n})")
             elif kind == "madedata":
                 body.append(f"{n} = cf.inputs[{i}]._data")    # a made leaf's, now
                 env[f"m{j}"] = self.bwd.graph.inputs[j]     # (its shape, dtype)
-                body.append(f"if respecified({n}, m{j}): return cf._eager_backward(gys)")
+                body.append(f"if {n} is not None and ({n}.shape != m{j}.shape or "
+                            f"{n}.dtype != m{j}.dtype): return cf._eager_backward(gys)")
             elif kind == "gy":
                 spec = self.out_specs[i]
                 env[f"d{j}"] = spec.dtype
