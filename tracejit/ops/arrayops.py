@@ -598,13 +598,18 @@ class GetItem(Primitive):
         # x[key] is an affine read: start + step * i per sliced axis, ints fixed.
         # Ints and nonzero starts are kernel arguments even where they do not depend on
         # the shape (shape_free): xs[0], xs[1], ... of an unrolled loop then share one
-        # kernel instead of compiling one each. Steps stay in the source.
+        # kernel instead of compiling one each. Steps stay in the source. A zero start
+        # is a literal only on a whole axis: the first block of a concatenation
+        # (x[:, 0:100] of W7's joined (900, 400) product) then shares the kernel of the
+        # other blocks (x[:, 100:200]: start s0), one numba compile fewer.
         idx = []
+        in_shape = node.inputs[0].shape
         for e in self.basic_index_plan(node):
             if e[0] == "slice":
-                _, ia, oa, start, step, _, static = e
+                _, ia, oa, start, step, length, static = e
                 what = f"start of the slice of {src} axis {ia} (step {step})"
-                c = "0" if static == 0 else const(start, what, shape_free=static is not None)
+                whole = static == 0 and step == 1 and length == in_shape[ia]
+                c = "0" if whole else const(start, what, shape_free=static is not None)
                 idx.append(affine(c, step, out_idx[oa]))
             elif e[0] == "int":
                 idx.append(const(e[2], f"index into {src} axis {e[1]}",

@@ -124,6 +124,30 @@ def test_indexed_steps_share_one_kernel():
     assert counts[5][1] == 5
 
 
+def test_the_first_block_of_an_axis_shares_the_other_blocks_kernel():
+    # x[:, 0:n], x[:, n:2n], ... each read by one chain of one structure: the zero start
+    # of the first block is a kernel argument as the others' are (a literal 0 made its
+    # own kernel: W7's Adam update of the first gate's column block of the joined
+    # weight-gradient product). A whole axis (x[:, :]) keeps the literal.
+    n = 3
+
+    def f(x):
+        return [F.tanh(x[:, k * n:(k + 1) * n]) * 2.0 + 1.0 for k in range(4)]
+    rng = np.random.default_rng(5)
+    info = assert_jit_matches_eager(f, make_args=lambda k: (rng.standard_normal((2, 4 * n)),),
+                                    calls=3)
+    assert info["fallbacks"] == 0
+    jf = tj.jit(f)
+    for _ in range(3):
+        x = rng.standard_normal((2, 4 * n))
+        got = jf(x)
+        for k in range(4):
+            np.testing.assert_allclose(got[k].data, np.tanh(x[:, k * n:(k + 1) * n]) * 2 + 1,
+                                       rtol=1e-12)
+    distinct, calls = kernels(jf.trace(x).source)
+    assert len(distinct) == 1 and calls == 4, distinct
+
+
 def test_independent_chains_split_and_a_shared_input_keeps_them_fused():
     # Four independent chains of one shape: one kernel source, four calls. Chains that
     # read one input whole stay one kernel (that input is read once).
