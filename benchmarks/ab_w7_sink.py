@@ -13,6 +13,7 @@ alternating, so a slow phase of a loaded machine hits both alike. Prints each si
 graph.summary() counts and the medians (wall and thread CPU time) with the on/off
 ratio. ONFIRST=1 compiles the "on" side first (the creation order is a bias of its own).
 """
+import importlib
 import os
 import statistics
 import sys
@@ -27,10 +28,22 @@ from tracejit.backends.numba import background  # noqa: E402
 
 PER_ROUND = 5
 FLAG = os.environ.get("FLAG", "SINK_INTO_READER")
+# FLAG may name another module's flag: "plan.COLUMN_BLOCK_WRITES", "kernels.UNSIGNED_INDEX"
+# (tracejit.backends.numba), or several, comma-separated, toggled together.
+_MODULES = {"fusion": fu, "plan": importlib.import_module("tracejit.backends.numba.plan"),
+            "kernels": importlib.import_module("tracejit.backends.numba.kernels")}
+FLAGS = [(_MODULES[f.split(".")[0]], f.split(".")[1]) if "." in f else (fu, f)
+         for f in FLAG.split(",")]
+
+
+def set_flag(value):
+    for mod, name in FLAGS:
+        assert hasattr(mod, name), name
+        setattr(mod, name, value)
 
 
 def make_side(state_window, make, flag):
-    setattr(fu, FLAG, flag)
+    set_flag(flag)
     m, o = make()
     j = tj.jit(state_window(m, o))
     st = [None, None]
@@ -53,14 +66,13 @@ def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 30
     _, _, make, _, state_window = run.lstm_workload()
     order = [False, True] if os.environ.get("ONFIRST") != "1" else [True, False]
-    assert hasattr(fu, FLAG), FLAG
     print("toggled:", FLAG)
     calls = {flag: make_side(state_window, make, flag) for flag in order}
     wall = {False: [], True: []}
     cpu = {False: [], True: []}
     for r in range(rounds):
         for flag in ([False, True] if r % 2 == 0 else [True, False]):
-            setattr(fu, FLAG, flag)
+            set_flag(flag)
             for _ in range(PER_ROUND):
                 t0, c0 = time.perf_counter(), time.thread_time()
                 calls[flag]()

@@ -147,3 +147,52 @@ def test_jit_of_joined_blocks_matches_eager():
         jf(*make_args(i))
     src = jf.trace(*make_args(3)).source
     assert IN_PLACE in src, src
+
+
+BUFFER_WRITE = "np.uint64(s0 + i1)] = "
+
+
+def test_strided_blocks_are_written_through_their_buffer():
+    # Side-by-side blocks of a (3, 9) buffer are strided views: the kernel takes the
+    # buffer and writes row i0 at columns start + i1 (unsigned: no wraparound select,
+    # so the stores vectorize), the start an argument, so both blocks' kernels are
+    # one source when their groups are (here: tanh and sin, two sources).
+    b = Builder()
+    x, y, r = b.input((3, 4)), b.input((3, 5)), b.input((1, 4))
+    r5 = b.input((1, 5))
+    c = b.op(Concat(1), _gate(b, x, r, F.Tanh()), _gate(b, y, r5, F.Sin()))
+    src = _run_both(b.graph(b.op(F.Exp(), c)), [(3, 4), (3, 5), (1, 4), (1, 5)])
+    kernels = src.split("\n# kernel\n")[1:]
+    assert sum(BUFFER_WRITE in k for k in kernels) == 2, src
+    # Rows of length 1 are contiguous blocks: their views, as before.
+    b = Builder()
+    x, y, r = b.input((1, 4)), b.input((1, 5)), b.input((1, 4))
+    c = b.op(Concat(1), _gate(b, x, r, F.Tanh()), _gate(b, y, b.input((1, 5)), F.Sin()))
+    src = _run_both(b.graph(b.op(F.Exp(), c)), [(1, 4), (1, 5), (1, 4), (1, 5)])
+    assert BUFFER_WRITE not in src and src.count(IN_PLACE) == 2, src
+
+
+def test_jit_of_a_sum_of_products_of_kernel_outputs_matches_eager():
+    # tanh(a * r) @ W1 + sin(b * q) @ W2 is one product [tanh(a * r) sin(b * q)] @ [W1; W2]
+    # (passes/matmul_batching.py, rewrite 2): the two kernels (2-D: r and q broadcast
+    # over the rows) write their column blocks of the (6, 9) operand through the buffer.
+    rng = np.random.default_rng(2)
+
+    def f(a, b, r, q, W1, W2):
+        return F.matmul(F.tanh(a * r), W1) + F.matmul(F.sin(b * q), W2)
+
+    def make_args(i):
+        return (rng.standard_normal((6, 4)), rng.standard_normal((6, 5)),
+                rng.standard_normal((1, 4)), rng.standard_normal((1, 5)),
+                rng.standard_normal((4, 3)), rng.standard_normal((5, 3)))
+    info = assert_jit_matches_eager(f, make_args=make_args, calls=4, backward=False)
+    assert info["fallbacks"] == 0
+    jf = tj.jit(f)
+    for i in range(3):
+        args = make_args(i)
+        got = jf(*args)
+        np.testing.assert_allclose(got.data, np.tanh(args[0] * args[2]) @ args[4]
+                                   + np.sin(args[1] * args[3]) @ args[5], rtol=1e-12)
+    src = jf.trace(*make_args(3)).source
+    assert src.split("\n# kernel\n")[0].count(IN_PLACE) == 2, src
+    assert sum(BUFFER_WRITE in k for k in src.split("\n# kernel\n")[1:]) == 2, src

@@ -11,6 +11,7 @@ updated in place by an optimizer, an unrolled LSTM window), each call compared w
 eager.
 """
 import inspect
+import re
 
 import numpy as np
 import pytest
@@ -26,8 +27,16 @@ from tracejit.testing import assert_jit_matches_eager
 pytestmark = pytest.mark.usefixtures("kernel_cache_dir", "jit_warnings_are_errors")
 
 
+_BLOCK = re.compile(r"# s(\d+): start of o(\d+)'s block in its concatenation, axis (\d+)")
+
+
 class _Checked:
-    """A loop kernel's dispatcher that checks its written arrays before each call."""
+    """A loop kernel's dispatcher that checks its written arrays before each call.
+
+    An output the kernel writes through its concatenation's buffer at a block (the
+    source's "# sK: start of oJ's block ..., axis A": o_J[..., s_K + i_A, ...]) is
+    checked as the region it writes, buffer[..., s_K:s_K + n_A, ...]: the other blocks
+    of that buffer are other arguments' regions, which it must not overlap."""
 
     calls = 0
 
@@ -35,15 +44,28 @@ class _Checked:
         self.disp = disp
         names = list(inspect.signature(disp.py_func).parameters)
         self.written = [i for i, n in enumerate(names) if n[0] in "ore" and n[1:].isdigit()]
+        self.blocks = {}            # argument index -> (start's index, axis, extent's index)
+        for k, j, axis in _BLOCK.findall(inspect.getsource(disp.py_func)):
+            self.blocks[names.index(f"o{j}")] = (names.index(f"s{k}"), int(axis),
+                                                 names.index(f"n{axis}"))
 
     def __getattr__(self, name):
         return getattr(self.disp, name)
 
+    def region(self, args, i):
+        """The memory argument i is accessed through (its block, where it is one)."""
+        if i not in self.blocks:
+            return args[i]
+        s, axis, n = self.blocks[i]
+        idx = (slice(None),) * axis + (slice(args[s], args[s] + args[n]),)
+        return args[i][idx]
+
     def __call__(self, *args):
-        arrays = [(j, a) for j, a in enumerate(args) if isinstance(a, np.ndarray)]
+        arrays = [j for j, a in enumerate(args) if isinstance(a, np.ndarray)]
         for i in self.written:
-            for j, b in arrays:
-                assert j == i or not np.shares_memory(args[i], b), (
+            for j in arrays:
+                assert j == i or not np.shares_memory(self.region(args, i),
+                                                      self.region(args, j)), (
                     f"{self.disp.py_func.__name__}: written argument {i} overlaps "
                     f"argument {j}")
         _Checked.calls += 1

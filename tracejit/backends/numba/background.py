@@ -87,6 +87,13 @@ class Tiered:
         outs = list(spec.outputs) + [n.out for n, *_ in spec.reductions] + \
             list(spec.epilogue_outputs)
         self.graph = Graph(sub.name + "_numpy", list(sub.inputs), list(sub.nodes), outs)
+        # Outputs the kernel writes into a concatenation buffer at their block
+        # (spec.out_blocks): the argument is the buffer, the output its block.
+        self.blocks = {}
+        for j, v in enumerate(spec.outputs):
+            if id(v) in spec.out_blocks:
+                axis, start = spec.out_blocks[id(v)]
+                self.blocks[j] = (slice(None),) * axis + (slice(start, start + v.shape[axis]),)
         self._run = None
         self.fut = None
 
@@ -97,9 +104,16 @@ class Tiered:
             from tracejit.ir import interpret
             self._run = interpret.compile(self.graph)
         ins = list(args[:self.n_in])
-        bufs = args[self.n_in:self.n_in + self.n_out + self.n_red + self.n_epi]
-        for buf, y in zip(bufs, self._run(ins)):
+        for buf, y in zip(self._buffers(args), self._run(ins)):
             buf[...] = y
+
+    def _buffers(self, args):
+        """The output, accumulator and epilogue arrays the kernel writes (an output
+        written at its block of a buffer: that block)."""
+        bufs = list(args[self.n_in:self.n_in + self.n_out + self.n_red + self.n_epi])
+        for j, idx in self.blocks.items():
+            bufs[j] = bufs[j][idx]
+        return bufs
 
     def __call__(self, *args):
         fut = self.fut
@@ -118,7 +132,7 @@ class Tiered:
         self.disp(*args)
         ref = list(args[:self.n_in]) + mine + list(args[k:])
         self.numpy(ref)
-        for got, want in zip(args[self.n_in:k], mine):
+        for got, want in zip(self._buffers(args), self._buffers(ref)):
             if not _close(got, want):
                 _cache.STATS["background_mismatches"] = \
                     _cache.STATS.get("background_mismatches", 0) + 1
@@ -126,7 +140,7 @@ class Tiered:
                 warnings.warn_explicit(f"tracejit: kernel {self.name} differs from its "
                                        f"NumPy reference; the group keeps running with "
                                        f"NumPy", RuntimeWarning, fname, lineno)
-                for b, w in zip(args[self.n_in:k], mine):
+                for b, w in zip(self._buffers(args), self._buffers(ref)):
                     b[...] = w
                 self.env[self.name] = self.numpy_only
                 return

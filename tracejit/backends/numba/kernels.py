@@ -110,6 +110,7 @@ class KernelSpec:
     consts = ()                               # index constants (kernel args c0, c1, ...)
     flat = False                              # arrays passed as x.reshape(-1)
     statics = ()                              # shape-free ones (s0, s1, ...: before n0)
+    out_blocks = {}                           # id(output) -> (axis, start): buffer passed
 
     def __init__(self, name, source, inputs, outputs, reductions, epilogue_outputs, shape):
         self.name = name
@@ -175,11 +176,37 @@ def flat_elementwise(fused):
     return all(v.shape in ((), shape) for v in sub.inputs)
 
 
-def loop_kernel(fused, parallel):
+def _unsigned(e):
+    """An index source as numba reads it without negative-index wraparound: computed
+    indices (s0 + i1, a block's start plus the loop index) as uint64.
+
+    Why: numba wraps a signed index that may be negative (idx + dim if idx < 0), and
+    that select made LLVM give up the contiguous vector loads and stores: an LSTM
+    gate-gradient kernel writing four column blocks of a (30, 400) buffer ran 4.3 us
+    a call against 2.2 us with unsigned indices (the contiguous arrays' 1.8 us). Sound:
+    an index a basic-index plan or a block computes is in [0, dim) wherever it is read
+    (a masked read's index is read only where its conditions hold)."""
+    return e if not UNSIGNED_INDEX or _PLAIN_INDEX.fullmatch(e) else f"np.uint64({e})"
+
+
+_PLAIN_INDEX = re.compile(r"i\d+|\d+")
+UNSIGNED_INDEX = True       # False: signed computed indices (benchmarks/ab_w7_sink.py)
+
+
+def loop_kernel(fused, parallel, out_blocks=None):
     """KernelSpec of a loop kernel for `fused` (prange over one axis when parallel);
-    spec.flat when its arrays are passed flattened (flat_elementwise)."""
+    spec.flat when its arrays are passed flattened (flat_elementwise).
+
+    out_blocks: {id(output Value): (axis, start)} for outputs the plan writes into a
+    column block of a C-contiguous concatenation buffer (plan._PlanWriter.blocks): the
+    kernel takes the buffer and writes o[..., start + i_axis, ...] (start an argument
+    s_k), a contiguous store, where the block's strided view cost numba its vector
+    stores (kernels._unsigned; the 29 gate-gradient kernels of W7's window)."""
     sub = fused.graph
+    out_blocks = out_blocks or {}
     flat = flat_elementwise(fused)
+    if flat:
+        out_blocks = {}
     shape = (int(np.prod(fused.shape, dtype=np.int64)),) if flat else fused.shape
     r = len(shape)
     roles = _roles(fused)
@@ -241,7 +268,7 @@ def loop_kernel(fused, parallel):
             return load_index(producer[id(u)], idx)
         if u.shape == ():
             return names[id(u)]
-        return in_names[id(u)] + _index(idx)
+        return in_names[id(u)] + _index([_unsigned(e) for e in idx])
 
     def leaf_name(u):
         """The kernel argument a chain of loads starting at value u reads."""
@@ -313,7 +340,13 @@ def loop_kernel(fused, parallel):
             names[id(n.out)] = f"v{i}"
             body.append(f"v{i} = {load_index(n, ext_index(n.out))}")
     for j, v in enumerate(main_outs):
-        body.append(f"o{j}{_index([f'i{k}' for k in range(r)])} = {names[id(v)]}")
+        idx = [f"i{k}" for k in range(r)]
+        if id(v) in out_blocks:
+            axis, start = out_blocks[id(v)]
+            s_k = const(start, f"start of o{j}'s block in its concatenation, axis {axis}",
+                        shape_free=True)
+            idx[axis] = _unsigned(f"{s_k} + i{axis}")
+        body.append(f"o{j}{_index(idx)} = {names[id(v)]}")
 
     # Reductions: a scalar accumulator opened at the depth where the summed axes
     # start (so the inner loops vectorize), folded into the accumulator array after.
@@ -404,6 +437,7 @@ def loop_kernel(fused, parallel):
     spec.consts = [v for v, _ in consts]
     spec.statics = [v for v, _ in statics]
     spec.flat = flat
+    spec.out_blocks = {k: v for k, v in out_blocks.items() if k in {id(u) for u in main_outs}}
     return spec
 
 

@@ -54,6 +54,9 @@ BLOCK = 16384
 # Blocked NumPy groups this large run their blocks on all cores (threads: NumPy's
 # ufuncs release the GIL). Measured: see the transcendental chain in README.
 THREADED_BLOCKS_MIN = 1 << 17
+# Kernels write strided blocks of a concatenation buffer through the buffer
+# (_plan_block_writes); False: through the blocks' views (benchmarks/ab_w7_sink.py).
+COLUMN_BLOCK_WRITES = True
 _POOL = None
 _POOL_LOCK = threading.Lock()
 
@@ -294,6 +297,8 @@ def _compile_plan(g, parallel, use_disk):
     w.shape_guards = {id(n.inputs[0]): (k, n.fn) for k, n in enumerate(
         n for n in g.nodes if n.kind == GUARD) if n.fn.conv == "shape"}
     _emit_join_buffers(w)
+    parts = {id(n): split_group(n) for n in g.nodes if n.kind == passes.FUSED}
+    _plan_block_writes(w, parts, parallel)
     for n in g.nodes:
         if id(n) in w.joins:
             _emit_join(w, n)
@@ -304,7 +309,7 @@ def _compile_plan(g, parallel, use_disk):
             w.emit(f"    raise GuardFailure({gi}, {gname}.outcome({x}))")
             gi += 1
         elif n.kind == passes.FUSED:
-            for part in split_group(n):
+            for part in parts[id(n)]:
                 if part.kind != passes.FUSED:
                     _emit_call(w, part, numpy_0d)
                 elif _no_kernel(part.fn):
@@ -732,9 +737,7 @@ def _emit_group(w, node, parallel, use_disk):
     if _numpy_math_group(fn):
         _emit_blocked(w, node, parallel)
         return
-    size = int(np.prod(fn.shape, dtype=np.int64))
-    par = (size >= PARALLEL_MIN) if parallel is None else bool(parallel)
-    spec = K.loop_kernel(fn, par and len(fn.shape) > 0)
+    spec = K.loop_kernel(fn, _parallel(fn, parallel), w.block_writes.get(id(node), {}))
     kern = _cache.kernel(spec.source, spec.name, disk=use_disk)
     kname = w.const(kern, "_k")
     if _background.enabled() and not kern.signatures:
@@ -757,7 +760,10 @@ def _emit_group(w, node, parallel, use_disk):
         else:
             w.emit(f"{o} = {view}   # written in place: a block of a concatenation")
             w.in_place.add(id(v))
-        args.append(o + flat)
+        if id(v) in w.strided:        # the kernel writes the buffer at the block
+            args.append(w.names[id(w.blocks[id(v)][0])])
+        else:
+            args.append(o + flat)
     finals = []
     for rn, combine, axes, acc in spec.reductions:
         a = f"{acc}_{len(w.names)}"
@@ -789,6 +795,83 @@ def _emit_group(w, node, parallel, use_disk):
             w.emit(f"{r} = {a}")
         else:
             w.emit(f"{r} = {a}.astype(np.{rn.out.dtype.name})")
+
+
+def _parallel(fn, parallel):
+    """prange for this group's kernel: by size (parallel None), else as forced."""
+    size = int(np.prod(fn.shape, dtype=np.int64))
+    return ((size >= PARALLEL_MIN) if parallel is None else bool(parallel)) and \
+        len(fn.shape) > 0
+
+
+def _strided_block(w, v, shape):
+    """(axis, start) when output v of a group of iteration shape `shape` is a strided
+    block (not C-contiguous) of a C-contiguous concatenation buffer, else None. Blocks
+    of a block that is itself strided keep their view."""
+    b = w.blocks.get(id(v))
+    if b is None or b[2] or v.shape != shape:
+        return None
+    parent, idx, _ = b
+    if id(parent) in w.blocks and w.block_view(parent, contiguous=True) is None:
+        return None
+    axis = len(idx) - 1
+    return axis, idx[axis].start
+
+
+def _plan_block_writes(w, parts, parallel):
+    """Which outputs each loop kernel writes through a buffer at a block
+    (K.loop_kernel's out_blocks): w.block_writes[id(part)] = {id(output): (axis,
+    start)}, and w.strided, the outputs whose argument is their concatenation's buffer.
+
+    Why: a strided block's view costs numba its vector stores (kernels._unsigned), so
+    the kernel takes the buffer and writes it at start + i. Groups of one structure
+    must stay one kernel source: an output position that is a strided block in any
+    group of a structure is written at start + i in all of them, the others passing
+    their own array (or contiguous block) with start 0 (the small LSTM's cells, whose
+    gate gradients are column blocks in some steps and row blocks in others)."""
+    w.block_writes, w.strided = {}, {}
+    if not COLUMN_BLOCK_WRITES:
+        return
+    groups = []                    # (part, base source, outputs, strided positions)
+    union = {}                     # base source -> {position: axis}
+    labels = set()                 # (label, rank) of those structures: a cheap filter
+    for ps in parts.values():
+        for part in ps:
+            fn = part.fn
+            if part.kind != passes.FUSED or _no_kernel(fn) or _numpy_math_group(fn):
+                continue
+            if K.flat_elementwise(fn) or not any(
+                    _strided_block(w, v, fn.shape) for v in part.outputs):
+                groups.append((part, None, None, None))
+                continue
+            base = K.loop_kernel(fn, _parallel(fn, parallel))
+            found = {j: _strided_block(w, v, fn.shape) for j, v in enumerate(base.outputs)}
+            found = {j: b for j, b in found.items() if b is not None}
+            pos = union.setdefault(base.source, {})
+            labels.add((fn.label, len(fn.shape)))
+            for j, (axis, _) in found.items():
+                pos[j] = axis if pos.get(j, axis) == axis else None
+            groups.append((part, base.source, base.outputs, found))
+    # Groups with no strided output whose structure has some: their base source.
+    for i, (part, src, outs, found) in enumerate(groups):
+        if src is None and (part.fn.label, len(part.fn.shape)) in labels:
+            base = K.loop_kernel(part.fn, _parallel(part.fn, parallel))
+            if base.source in union:
+                groups[i] = (part, base.source, base.outputs, {})
+    for part, src, outs, found in groups:
+        if src is None:
+            continue
+        writes = {}
+        for j, axis in union[src].items():
+            if axis is None:
+                continue
+            v = outs[j]
+            if j in found and found[j][0] == axis:
+                writes[id(v)] = found[j]
+                w.strided[id(v)] = found[j]
+            else:
+                writes[id(v)] = (axis, 0)     # its own array (or a contiguous block)
+        w.block_writes[id(part)] = writes
 
 
 def _acc_init(n, shape):
