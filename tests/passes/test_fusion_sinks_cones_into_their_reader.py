@@ -124,7 +124,8 @@ def _xs_lstm(rng):
     (_tanh_step_program, lambda rng: (rng.standard_normal((6, 5)),), (5, 9), (5, 7)),
     # Per step: the backward's dy * W_fc moves into the step's backward kernel (a kernel
     # call less), and the forward cell's 1 - tanh(c) ** 2, 1 - sigmoid(.) terms too.
-    (_lstm_program, _xs_lstm, (27, 92), (25, 74)),
+    # (Materialized 3 fewer since matmul batching joins the first step's gate products.)
+    (_lstm_program, _xs_lstm, (27, 89), (25, 71)),
 ])
 def test_a_step_with_backward_inside_moves_its_cones_and_matches_eager(
         monkeypatch, make, make_args, before, after):

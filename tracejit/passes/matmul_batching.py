@@ -23,9 +23,11 @@ smallest are all dispatch. Three rewrites, each asking the ops' facets
    gradients after rewrite 2), are one product `A @ [B11 B21; ...; B1T B2T]` over long
    contractions (its rows the per-step concatenations rewrite 2 made: shared), and
    its column blocks.
-3. Independent small products sharing an operand, `A @ B1, A @ B2` (or `A1 @ B, A2 @ B`),
+3. Independent products sharing an operand, `A @ B1, A @ B2` (or `A1 @ B, A2 @ B`),
    with the other operands graph inputs (weights, their casts: joined once per call), are one product
-   `A @ [B1 B2]` (`[A1; A2] @ B`) and its column (row) blocks.
+   `A @ [B1 B2]` (`[A1; A2] @ B`) and its column (row) blocks; a cast or transpose of an
+   input made after the first of them (the first LSTM step's casts, each at its
+   product) is made before the joined product.
 0. (First) a float32 operand of a float64 product, which NumPy casts on every call, is
    cast once per value (a weight every time step reads: once per call).
 
@@ -35,9 +37,15 @@ interleaved, medians): the gate input gradients of 30 steps (4 x (30,100)@(100,1
 steps (30 x (100,30)@(30,100) + sums, each gate) 2.34 -> 2.08 ms; (1,30)@(30,100) x 30
 summed, 0.61 -> 0.28 ms; but 4 x (30,100)@(100,100) with one left operand 1.82 ms
 against 1.94 ms as one (30,100)@(100,400) (BLAS is no faster on the larger product,
-and its blocks are strided): rewrite 3 only for products of at most SMALL_PRODUCT
+and its blocks are strided): rewrite 3 was for products of at most 2**15
 multiply-adds, where the call's dispatch is the cost ((30,1)@(1,100) x 4: 0.65 ->
-0.51 ms). The sum of products reassociates the sum: float64 results differ by
+0.51 ms). Since kernels read and write blocks with unsigned indices (contiguous vector
+loads: backends/numba/kernels._unsigned) and the casts of the first step are made first
+(no second cell kernel), the four gate products are one again: one (30,100)@(100,400)
+product 62 us against 67 us for the four (30,100)@(100,100), W7's window 270 -> 181
+NumPy calls, 885 -> 796 materialized values, distinct kernels unchanged (10), thread
+CPU 0.97-1.00x interleaved at load 4-5; SMALL_PRODUCT is 2**20 (W4's and W6's graphs
+are unchanged by it). The sum of products reassociates the sum: float64 results differ by
 rounding; float32 differences are judged against the float64 twin by the runtime
 checks (runtime/checking.py), as for a fused reduction.
 
@@ -55,8 +63,8 @@ from tracejit.ops.elementwise import Add, Cast
 from tracejit.ops.primitive import Primitive
 
 # Rewrite 3 (shared operand) only for products this small (multiply-adds, M*K*N):
-# above it the BLAS call's dispatch is no longer the cost (see the module docstring).
-SMALL_PRODUCT = 1 << 15
+# W7's (30,100)@(100,100) gate products are 3e5 (see the module docstring).
+SMALL_PRODUCT = 1 << 20
 # Rewrite 3b only over contractions at least this long (see _join_blocked_products).
 JOIN_MIN_CONTRACTION = 256
 # No concatenation larger than this (bytes): a batch must not cost a large copy.
@@ -434,13 +442,39 @@ def _drop_unread(g, cls):
 
 # ---------------------------------------------------------------- 3: shared operands
 
+def _hoistable(g):
+    """id(value) -> the nodes making it, in order, for values that are casts and index
+    arithmetic (transposes) of graph inputs: pure, they cannot fail, and they read only
+    inputs, so they may stand earlier than they do (the weights' casts of an LSTM's first
+    step stand between its gate products, one cast before each)."""
+    chains = {}
+    inputs = {id(v) for v in g.inputs}
+    for n in g.nodes:
+        if not (_primitive(n) and len(n.inputs) == 1 and len(n.outputs) == 1
+                and isinstance(n.inputs[0], Value)):
+            continue
+        if not (isinstance(n.fn, Cast) or (n.kind == MOVEMENT and n.fn.index_foldable(n))):
+            continue
+        u = n.inputs[0]
+        if id(u) in inputs:
+            chains[id(n.out)] = [n]
+        elif id(u) in chains:
+            chains[id(n.out)] = chains[id(u)] + [n]
+    return chains
+
+
 def _batch_shared_operands(g, side):
-    """side "left": A @ B1, A @ B2 -> A @ [B1 B2]; "right": A1 @ B, A2 @ B -> [A1; A2] @ B."""
+    """side "left": A @ B1, A @ B2 -> A @ [B1 B2]; "right": A1 @ B, A2 @ B -> [A1; A2] @ B.
+
+    A member's other operand made after the group's first product by a cast or a
+    transpose of a graph input (_hoistable) is made before it instead: the only nodes
+    this rewrite moves, and they read nothing but inputs."""
     where = {id(v): -1 for v in g.inputs}
     for i, n in enumerate(g.nodes):
         for v in n.outputs:
             where[id(v)] = i
     invariant = _invariants(g)
+    hoistable = _hoistable(g)
     shared_k, other_k, axis = (0, 1, 1) if side == "left" else (1, 0, 0)
     groups, open_groups = [], {}
     for i, n in enumerate(g.nodes):
@@ -462,7 +496,8 @@ def _batch_shared_operands(g, side):
         grp = open_groups.get(key)
         # Joins the group only if its other operand exists where the group's product
         # will stand (the first product's place): nothing moves.
-        if grp is not None and where.get(id(other), len(g.nodes)) < grp[0]:
+        if grp is not None and (where.get(id(other), len(g.nodes)) < grp[0]
+                                or id(other) in hoistable):
             grp[1].append(n)
             continue
         grp = (i, [n])
@@ -477,13 +512,20 @@ def _batch_shared_operands(g, side):
     dropped = {id(p) for m in groups for p in m[1:]}
     concats = _Concats(g)
     nodes = []
+    placed = set()                 # ids of the nodes already in `nodes`
     for n in g.nodes:
-        if id(n) in dropped:
+        if id(n) in dropped or id(n) in placed:
             continue
         members = first.get(id(n))
         if members is None:
             nodes.append(n)
+            placed.add(id(n))
             continue
+        for p in members:          # the other operands made later: made here
+            for h in hoistable.get(id(_matrix_operands(p)[other_k]), ()):
+                if id(h) not in placed:
+                    nodes.append(h)
+                    placed.add(id(h))
         shared = _matrix_operands(n)[shared_k]
         joined = concats.get([_matrix_operands(p)[other_k] for p in members], axis, nodes,
                              n.line)
