@@ -81,12 +81,28 @@ def node_expr(n, operands, vector_math=False):
         bits = "32" if calc_dtype == np.float32 else "64"
         for libm, vm in _VECTOR_MATH.items():
             body = body.replace(libm, vm.format(b=bits))
-    if dtype.kind == "f" and not (dtype == np.float64 and all(
-            v.dtype == np.float64 for v in n.inputs)):
-        # float64 in, float64 out needs no cast (numba's arithmetic on float64 stays
-        # float64); each cast costs compile time (typing a call).
+    if dtype.kind == "f" and not _typed_as(n, expr, dtype):
         return f"{_NP_NAME[dtype]}({body})"
     return f"({body})"
+
+
+# Binary arithmetic templates: numba types a + b, a - b, a * b, a / b of a float64 and a
+# float32 (or int, bool) operand as float64, computed in float64, as NumPy does.
+_ARITHMETIC = frozenset(("{0} + {1}", "{0} - {1}", "{0} * {1}", "{0} / {1}"))
+
+
+def _typed_as(n, expr, dtype):
+    """True when numba already types node n's expression as its IR dtype, so no cast is
+    written: each cast costs compile time (typing a call; W7's 10 kernels had 47).
+    float64 in, float64 out (numba's arithmetic on float64 stays float64); binary
+    arithmetic with a float64 operand (a float64 literal is a bare float, typed
+    float64); a cast's own template (np.float32(x) is not cast twice)."""
+    if dtype == np.float64 and all(v.dtype == np.float64 for v in n.inputs):
+        return True
+    if dtype == np.float64 and expr in _ARITHMETIC and any(
+            v.dtype == np.float64 for v in n.inputs):
+        return True
+    return dtype in _NP_NAME and expr == f"{_NP_NAME[dtype]}({{0}})"
 
 
 def _operand_float(n):
@@ -354,11 +370,13 @@ def loop_kernel(fused, parallel, out_blocks=None):
     closes = {d: [] for d in range(r + 1)}
     for n, axes, out_index, acc in red_info:
         val = names[id(n.inputs[0])]
+        # float64 accumulators: a float64 value is added as it is (no call to type)
+        val = val if n.inputs[0].dtype == np.float64 else f"np.float64({val})"
         combine = n.fn.reduction_combine
         d = _k(axes, order)
         oidx = _index(["0" if k is None else f"i{k}" for k in out_index])
         if d == r:
-            body.append(_combine(combine, f"{acc}{oidx}", f"np.float64({val})"))
+            body.append(_combine(combine, f"{acc}{oidx}", val))
             continue
         s = f"s_{acc}"
         opens[d].append(f"{s} = {float_text(n.fn.reduction_identity)}")
@@ -366,9 +384,9 @@ def loop_kernel(fused, parallel, out_blocks=None):
             # The one add that may be reordered (so the sum vectorizes): the kernel has
             # no fastmath, since 'reassoc' on the whole kernel also rewrote the fused
             # producers ((x * 3.0) * (1 / 3.0) became x, (x * 1e300) * 1e10 * 1e-10 inf).
-            body.append(f"{s} = vm.acc_add({s}, np.float64({val}))")
+            body.append(f"{s} = vm.acc_add({s}, {val})")
         else:
-            body.append(_combine(combine, s, f"np.float64({val})"))
+            body.append(_combine(combine, s, val))
         closes[d].append(_combine(combine, f"{acc}{oidx}", s))
 
     ind = "    "
