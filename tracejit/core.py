@@ -560,6 +560,28 @@ def graph_reach(xs, inputs_only=False):
     return found
 
 
+def walk_is_uniform(reach, dtype):
+    """Whether a backward over the Variables `reach` (graph_reach's) keeps the float
+    dtype `dtype` in every .grad it adds to: each holds data of that dtype and a .grad
+    of it or none, and each Function there is tracejit's (a user Function's backward
+    may give any dtype). A compiled call reading a .grad after such a walk
+    (Trace._walk_read) runs the rest of its graph for that dtype."""
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f":
+        return False
+    for x in reach.values():
+        a = x._data
+        if a is None or a.dtype != dtype:
+            return False
+        g = x._grad
+        if g is not None and (g._data is None or g._data.dtype != dtype):
+            return False
+        f = x.creator
+        if f is not None and not type(f).__module__.startswith("tracejit."):
+            return False
+    return True
+
+
 def region_between(roots, leaves):
     """The Functions between `roots` and `leaves` (not past them)."""
     stop = {id(x) for x in leaves}

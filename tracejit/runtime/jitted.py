@@ -1338,6 +1338,15 @@ class Jitted:
         variant = Variant(call, call.backward, backend_compile, self.lock,
                           checks=3 if self.check else 1)
         self.stats["compile_seconds"] += time.perf_counter() - t1
+        if variant.walk_read_refusal is not None:
+            # (A .grad read after a backward inside the call went on into the caller's
+            # graph: the part after that walk could not be split off, Variant.walk_read.)
+            self._fallback(key, f"the function reads the .grad of a Variable after a "
+                                f"backward inside it goes on into the graph from before "
+                                f"the call and changes that .grad there, and "
+                                f"{variant.walk_read_refusal}; compiled calls cannot "
+                                f"read it after that backward")
+            return call.result
         variant.warn = functools.partial(warn_at, line=self._def_line())
         variant.state = pystate.snapshot(call.locations)
         variant.state_changed = pystate.compile_check(variant.state)

@@ -943,6 +943,13 @@ class Variant:
         self._read_inputs = None       # read_inputs, found at first need
         # The results each call's creator holds for the others (hold_upstream).
         self.upstream_holds = _upstream_holds(self) if backward is not None else ()
+        # A .grad the function reads after a backward inside it went on into the
+        # caller's graph and added to it: the part of the graph it feeds runs again
+        # right after that walk, on what the walk left (_walk_read_part).
+        self.walk_read, self.walk_read_refusal = None, None
+        reads = list(getattr(call, "walk_reads", ()))
+        if reads:
+            self.walk_read_refusal = _walk_read_part(self, reads, backward, backend_compile)
         self.runner = build_runner(self, call.leaf_forms)
         self._hot_runner = None
         self._bexe = None
@@ -1286,6 +1293,58 @@ class Variant:
                                             self.saved_map(cf), cf.instances,
                                             leaf_arrays=self.leaf_arrays(cf))
         return tuple(outs[s] if s is not None else None for s in self.bwd.joint_grad_slots)
+
+
+def _walk_read_part(v, reads, backward, backend_compile):
+    """Compile the part of v's forward graph that depends on the "walkgrad" inputs
+    (reads: (input position, Target, walk)): the .grad of leaves of the caller's graph
+    as a backward inside the call left them after going on into that graph, which
+    compiled calls run after their graph (core.backward_from). The runner runs the
+    whole graph first on the traced .grad (placeholders), then this part again on the
+    .grad the walk left, right after it, and takes its outputs from that run. Sets
+    v.walk_read = (walk, [(input position, Target, spec)], output slots, executable);
+    returns why the call cannot run so (a refusal), or None."""
+    g = v.forward_graph
+    walk = reads[0][2]
+    dep = {id(g.inputs[pos]) for pos, _, _ in reads}
+    for node in g.nodes:
+        if any(id(x) in dep for x in node.inputs):
+            if node.kind == GUARD:
+                return "a branch or Python number depends on it"
+            dep.update(id(o) for o in node.outputs)
+    if v.has_random:
+        return "the call draws random numbers (the part after the walk would draw again)"
+    if backward is not None and any(
+            isinstance(src, tuple) and src and src[0] == "walkgrad"
+            for src in list(backward.sources) + list(backward.joint_captures.values())):
+        return "its backward reads it"
+    slots = [k for k, o in enumerate(g.outputs) if id(o) in dep]
+    effect_of = {slot: (i, kind) for i, (kind, _, slot) in enumerate(v.effects)}
+    copied = {i for i, _ in v.copy_outputs} | {same for _, same in v.copy_outputs
+                                               if same is not None}
+    producer = {id(o): n for n in g.nodes for o in n.outputs}
+    for k in slots:
+        i, kind = effect_of.get(k, (None, None))
+        if kind in ("inplace", "inplace_array"):
+            continue        # copied into the buffer it updates: a value, no array
+        n = producer.get(id(g.outputs[k]))
+        if kind == "rebind" and i not in v.rebind_views and k not in copied and \
+                n is not None and \
+                n.kind in (core.ELEMENTWISE, core.REDUCTION, core.MATMUL):
+            continue        # a new array of its own, as eager's
+        return "a result, a .grad or a view depends on it (only in-place updates and " \
+            "rebinds of .data to a new array may)"
+    need = {id(g.outputs[k]) for k in slots}
+    keep = []
+    for node in reversed(g.nodes):
+        if any(id(o) in need for o in node.outputs):
+            keep.append(node)
+            need.update(id(x) for x in node.inputs)
+    part = Graph(g.name + "_after_walk", list(g.inputs), keep[::-1],
+                 [g.outputs[k] for k in slots], list(g.input_names))
+    v.walk_read = (walk, [(pos, t, (g.inputs[pos].shape, g.inputs[pos].dtype))
+                          for pos, t, _ in reads], slots, backend_compile(part))
+    return None
 
 
 def laid_out(a, perm):
@@ -1729,12 +1788,16 @@ def build_runner(v, leaf_kinds, key=None):
                 body.append(f"if id({x}) not in reach{n}: {stale}")
             elif kind == "unreached":
                 body.append(f"if id({x}) in reach{n}: {stale}")
+            elif isinstance(kind, tuple) and kind[0] == "uniform":
+                env["walk_is_uniform"] = core.walk_is_uniform
+                body.append(f"if not walk_is_uniform(reach{n}, {const(np.dtype(kind[1]))}): "
+                            f"{stale}")
             else:
                 body.append(f"if {x}.creator is not None: {stale}")
     plan = getattr(v.exe, "plan", None)
     inline = getattr(plan, "inline", None)
     n_outs = len(v.forward_graph.outputs)
-    if inline is not None and not v.has_random:
+    if inline is not None and not v.has_random and v.walk_read is None:
         call = None     # a 0-d graph's plan, written into this function
     elif plan is not None:
         # The numba backend's plan takes the arrays positionally: no list, no extra call.
@@ -1911,6 +1974,8 @@ def build_runner(v, leaf_kinds, key=None):
             env["fresh"] = _fresh
             body.append(f"backward_from([{', '.join(target(*t) for t in ts)}], "
                         f"{retain!r}, ({seeds}{',' if len(slots) == 1 else ''}))")
+            if v.walk_read is not None and walks[v.walk_read[0]][0] is ts:
+                body += _walk_read_lines(v, names, target, const, env)
     if not grads_done:
         body += grad_lines
     # Outputs: each leaf's expression, then the user's structure around them.
@@ -2153,6 +2218,52 @@ def build_runner(v, leaf_kinds, key=None):
     run = env["run"]
     run.source = src
     return run
+
+
+def _walk_read_lines(v, names, target, const, env):
+    """Right after the walk v.walk_read names: read the .grad it left on each of those
+    leaves and run the part of the graph that depends on them again (_walk_read_part),
+    its outputs replacing the first run's (which read the traced .grad)."""
+    walk, reads, slots, exe2 = v.walk_read
+    env["exe2"], env["WalkReadMismatch"] = exe2, WalkReadMismatch
+    args = list(names)
+    lines = []
+    for j, (pos, t, (shape, dtype)) in enumerate(reads):
+        lines.append(f"pw{j} = {target(*t)}._grad")
+        lines.append(f"pw{j} = None if pw{j} is None else pw{j}._data")
+        # (The walk checks before the graph ran hold this: a leaf, a caller's graph of
+        # one float dtype and tracejit's Functions, core.walk_is_uniform.)
+        lines.append(f"if type(pw{j}) is not np.ndarray or pw{j}.shape != {shape!r} or "
+                     f"pw{j}.dtype != {const(np.dtype(dtype))}: raise WalkReadMismatch("
+                     f"{_label(t[1]) if t[0] == 'obj' else 'an argument'!r})")
+        args[pos] = f"pw{j}"
+    lines.append(f"o2 = exe2([{', '.join(args)}])")
+    lines.append("outs = list(outs)")
+    for j, k in enumerate(slots):
+        lines.append(f"outs[{k}] = o2[{j}]")
+    laid = [k for k in slots if k in v.layout_slots]
+    if laid:
+        # Eager's memory order of these (eager_layouts), for the .grad the walk left
+        # (its strides: not the placeholder's the first run's layout was found for).
+        env["laid_out"], env["eager_layouts"] = laid_out, eager_layouts
+        lk = "('walk', " + "".join(f"{args[k]}.strides, " for k in v.layout_inputs) + \
+            "".join(f"pw{j}.strides, " for j in range(len(reads))) + ")"
+        lines.append(f"lay2 = v.layouts.get({lk})")
+        lines.append(f"if lay2 is None: lay2 = eager_layouts(v, {lk}, [{', '.join(args)}])")
+        for k in laid:
+            lines.append(f"if {k} in lay2: outs[{k}] = laid_out(outs[{k}], lay2[{k}])")
+    return lines
+
+
+class WalkReadMismatch(RuntimeError):
+    """The .grad a backward inside a compiled call left in the caller's graph is not of
+    the shape and dtype its graph read it as, though the checks before the graph ran
+    held (a Function of tracejit's changing the dtype of a gradient)."""
+
+    def __init__(self, what):
+        super().__init__(f"jit: the .grad of {what} after a backward inside the call went "
+                         f"on into the caller's graph is not of the shape and dtype the "
+                         f"compiled call read it as")
 
 
 def _fresh(val, arrays):

@@ -432,7 +432,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         grad_args=parts.get("grad_args", []),
         leaf_required=parts.get("leaf_required", []), cuts=parts.get("cuts", []),
         walk_untouched=parts.get("walk_untouched", []), walk_undo=tr.walk_undo,
-        walk_checks=parts.get("walk_checks", []))
+        walk_checks=parts.get("walk_checks", []), walk_reads=parts.get("walk_reads", []))
 
 
 def _forward_parts(tr, n_inputs):
@@ -484,7 +484,11 @@ def _forward_parts(tr, n_inputs):
         walk_untouched=[(target(var), n) for var, n in tr.after_walk.values()],
         walk_checks=[(target(var), kind, n) for key, (var, kind, n) in tr.walk_checks.items()
                      if tr.walk_check_needed(key)],
-        grad_effects=[(target(var), gv) for var, gv in tr.grad_effects])
+        grad_effects=[(target(var), gv) for var, gv in tr.grad_effects],
+        # Leaves' .grad read after a backward that went on into the caller's graph
+        # added to them: (forward input position, Target, walk) (Trace._walk_read).
+        walk_reads=[(pos, target(var), n) for var, _, tv, n in tr.walk_reads.values()
+                    for pos, v in enumerate(tr.graph.inputs[:n_inputs]) if v is tv])
 
 
 def _tracer_args(tr, fn, args, kwargs, leaves, static_argnums, static_argnames, probes):

@@ -254,6 +254,10 @@ class Trace(core.TraceHooks):
                                      # sees after: the walk must leave them so at call time
         self.walk_reach_grads = {}   # walk_checks key -> the .grad Variable a reached /
                                      # unreached check is for (needed if the graph reads it)
+        self.walk_reads = {}         # id -> (Variable, stand-in, input Value, walk): a
+                                     # leaf's .grad read after such a walk added to it,
+                                     # an input the runner reads after that walk
+                                     # (_walk_read)
         self.reseed = {}             # id -> Variable touched that a later backward set,
                                      # which a later walk must go on from (else escape)
         self.after_walk = {}         # id -> Variable from outside whose .grad the
@@ -727,6 +731,63 @@ class Trace(core.TraceHooks):
                     f"backward after the call")
         return None
 
+    def _walk_read(self, var):
+        """The function reads the .grad of a leaf from outside after a backward inside it
+        went on into the caller's graph and added to it (`loss.backward(); W.data -=
+        0.1 * W.grad.data`, W in the caller's graph). Compiled calls run that walk after
+        their graph (core.backward_from), so the graph cannot compute what it left: the
+        .grad is an input of its own ("walkgrad") the runner reads right after that walk,
+        running the part of the graph that depends on it then (Variant.walk_read).
+        Returns the .grad as the trace goes on with it (a stand-in on the real data,
+        standing for that input), or None where this does not apply (_after_walk
+        decides: it escapes)."""
+        entry = self.walk_touched.get(id(var))
+        read = self.walk_reads.get(id(var))
+        if read is not None and read[0] is var:
+            if entry is not None and entry[0] is var and entry[2] != read[3]:
+                # A later walk added to it again: a second read point (not followed).
+                self.escape("the function reads the .grad of a Variable after two "
+                            "backwards inside it went on into the graph from before the "
+                            "call and changed that .grad there; compiled calls cannot "
+                            "go on with both")
+            return read[1]
+        if entry is None or entry[0] is not var or entry[1] != "shadow" or \
+                self.in_backprop or var.creator is not None:
+            return None
+        n = entry[2]
+        real = var._grad
+        if (id(var), n) in self.walk_checks or real is None or real._data is None or \
+                any(r[3] != n for r in self.walk_reads.values()):
+            # A later backward added to it (the shadow: the call's part), or reads after
+            # different walks: not this case.
+            return None
+        walk = [ev for ev in self.unchain_events if ev[0] == "backward"][n]
+        if any(kind in ("inplace", "inplace_array") for kind, _, _ in
+               self.effects[:walk[3]]):
+            # The part of the graph run after the walk reads the call's inputs as they
+            # were; an in-place update applied before the walk would show in them.
+            return None
+        d = real._data.dtype
+        if not core.walk_is_uniform(core.graph_reach(walk[1]), d):
+            return None
+        tv = self.add_input(real._data.shape, d,
+                            (self.name_of(var) or var.name or "p") + ".grad")
+        # The array the first run of the graph reads there (what the walk left when
+        # traced): what depends on it is run again on the walk's .grad after the walk.
+        self.captures.append((tv, ("walkgrad", real._data.copy())))
+        s = Variable.__new__(type(real))
+        s._tv = tv          # first: the traced .grad and creator setters read it
+        s._data, s._grad, s.name, s.creator, s.generation = real._data, None, None, None, 0
+        self.created.append(s)
+        self.walk_reads[id(var)] = (var, s, tv, n)
+        # The variant holds while var is a leaf (else the walk at call time would go on
+        # past it and clear its .grad) and the walk adds what it added when traced:
+        # the caller's graph of one float dtype and tracejit's Functions (their
+        # gradients then keep it, the .grad's dtype the runner's graph was built for).
+        self.walk_checks[(id(var), n, "read")] = (var, "leaf", n)
+        self.walk_checks[(id(var), n, "uniform")] = (var, ("uniform", d.str), n)
+        return s
+
     def _shadow(self, var, trace_grad):
         """What a backward inside the function adds to, for a leaf an earlier walk into
         the caller's graph added to: the real .grad's data (the traced call is a real
@@ -1123,6 +1184,9 @@ class Trace(core.TraceHooks):
         g = var._grad
         outside = self.is_live(var) or var._tv is None     # an argument, or from outside
         if outside and self.walk_touched and not self.region_backward:
+            read = self._walk_read(var)
+            if read is not None:
+                return read
             shadow = self._after_walk(var, "reads")
             if shadow is not None:
                 return self._shadow(var, shadow[1])
@@ -1162,6 +1226,13 @@ class Trace(core.TraceHooks):
             if id(var) not in self.grad_writes:
                 # (The .grad before the call, should it run again: walk_undo.)
                 self.walk_undo.append((var, "_grad", var._grad))
+            if id(var) in self.walk_reads and self.walk_reads[id(var)][0] is var \
+                    and not self.region_backward:
+                # The graph read the walk's .grad at that walk (_walk_read): a change
+                # of it after would be one the runner's later parts must follow.
+                self.escape("the function sets the .grad of a Variable after it read "
+                            "the .grad a backward inside it left there, going on into the "
+                            "graph from before the call; compiled calls cannot follow it")
             if self.walk_touched and not self.region_backward:
                 shadow = self._after_walk(var, "sets")
                 if shadow is not None:

@@ -225,6 +225,9 @@ class TracedCall:
     walk_checks: list = ()   # (Target, kind, walk): a .grad such a backward touched
                              # that the function sees after walk number `walk`, as
                              # cleared / kept / a leaf's: it must be so at call time
+    walk_reads: list = ()    # (input position, Target, walk): a leaf's .grad read
+                             # after such a backward added to it, an input read
+                             # after that walk (Trace._walk_read)
     walk_undo: list = ()     # (Variable, field, value before): what such a backward
                              # (.grad) or a cut (creator) changed in the caller's graph
                              # while tracing, to put back if the call runs again
