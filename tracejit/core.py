@@ -560,21 +560,29 @@ def graph_reach(xs, inputs_only=False):
     return found
 
 
-def walk_is_uniform(reach, dtype):
-    """Whether a backward over the Variables `reach` (graph_reach's) keeps the float
-    dtype `dtype` in every .grad it adds to: each holds data of that dtype and a .grad
-    of it or none, and each Function there is tracejit's (a user Function's backward
-    may give any dtype). A compiled call reading a .grad after such a walk
-    (Trace._walk_read) runs the rest of its graph for that dtype."""
+def walk_keeps_dtype(reach, dtype):
+    """Whether a backward over the Variables `reach` (graph_reach's) leaves a leaf's
+    .grad of float dtype `dtype` that dtype: each Function there is tracejit's (a user
+    Function's backward may give any dtype) and every array there (data, .grad) is one
+    whose gradients, added to it, keep it: for float64 any real number of at most 64
+    bits (no complex, no long double), for float32 float32 and float16. A compiled call
+    reading such a .grad after the walk (Trace._walk_read) runs the rest of its graph
+    for that dtype."""
     dtype = np.dtype(dtype)
-    if dtype.kind != "f":
+    if dtype == np.float64:
+        def keeps(a):
+            return a.dtype.kind in "biuf" and a.dtype.itemsize <= 8
+    elif dtype == np.float32:
+        def keeps(a):
+            return a.dtype == np.float32 or a.dtype == np.float16
+    else:
         return False
     for x in reach.values():
         a = x._data
-        if a is None or a.dtype != dtype:
+        if a is None or not keeps(a):
             return False
         g = x._grad
-        if g is not None and (g._data is None or g._data.dtype != dtype):
+        if g is not None and (g._data is None or not keeps(g._data)):
             return False
         f = x.creator
         if f is not None and not type(f).__module__.startswith("tracejit."):

@@ -1320,19 +1320,30 @@ def _walk_read_part(v, reads, backward, backend_compile):
         return "its backward reads it"
     slots = [k for k, o in enumerate(g.outputs) if id(o) in dep]
     effect_of = {slot: (i, kind) for i, (kind, _, slot) in enumerate(v.effects)}
-    copied = {i for i, _ in v.copy_outputs} | {same for _, same in v.copy_outputs
-                                               if same is not None}
+    result_leaf = [i for i, (kind, _, _) in enumerate(v.out_leaves) if kind == "out"]
     producer = {id(o): n for n in g.nodes for o in n.outputs}
+
+    def view_of_input(x):
+        while True:
+            n = producer.get(id(x))
+            if n is None:
+                return True
+            ins = [u for u in n.inputs if not isinstance(u, Lit)]
+            if n.kind != core.MOVEMENT or len(ins) != 1:
+                return False
+            x = ins[0]
     for k in slots:
         i, kind = effect_of.get(k, (None, None))
+        role = g.output_roles[k]
         if kind in ("inplace", "inplace_array"):
             continue        # copied into the buffer it updates: a value, no array
-        n = producer.get(id(g.outputs[k]))
-        if kind == "rebind" and i not in v.rebind_views and k not in copied and \
-                n is not None and \
-                n.kind in (core.ELEMENTWISE, core.REDUCTION, core.MATMUL):
-            continue        # a new array of its own, as eager's
-        return "a result, a .grad or a view depends on it (only in-place updates and " \
+        if view_of_input(g.outputs[k]):
+            # (The .grad itself or a view of its buffer: eager's shares that buffer.)
+            return "a result, a .data or state holds it or a view of it"
+        if kind == "rebind" and i not in v.rebind_views or role == "saved" or \
+                role == "result" and result_leaf[k] not in v.out_views:
+            continue        # a new array of its own, as eager's; what the backward reads
+        return "a .grad or a view depends on it (only results, in-place updates and " \
             "rebinds of .data to a new array may)"
     need = {id(g.outputs[k]) for k in slots}
     keep = []
@@ -1342,8 +1353,20 @@ def _walk_read_part(v, reads, backward, backend_compile):
             need.update(id(x) for x in node.inputs)
     part = Graph(g.name + "_after_walk", list(g.inputs), keep[::-1],
                  [g.outputs[k] for k in slots], list(g.input_names))
+    # The inputs it reads as the call found them: an in-place update before the walk
+    # (applied by then) writes into its buffer, so the runner keeps a copy from before.
+    first = v.walks[walk][2]
+    updated = any(kind in ("inplace", "inplace_array") for kind, _, _ in v.effects[:first])
+    pw = {pos for pos, _, _ in reads}
+    kept = [pos for pos, x in enumerate(g.inputs) if id(x) in need and pos not in pw] \
+        if updated else []
+    exe2 = backend_compile(part)
+    # Its arrays share memory exactly where eager's do (as the first run's,
+    # v.copy_outputs): positions among its outputs.
+    fresh = set(v.fresh_slots())
+    copies = fresh_copies(part, exe2, [j for j, k in enumerate(slots) if k in fresh])
     v.walk_read = (walk, [(pos, t, (g.inputs[pos].shape, g.inputs[pos].dtype))
-                          for pos, t, _ in reads], slots, backend_compile(part))
+                          for pos, t, _ in reads], slots, exe2, kept, copies)
     return None
 
 
@@ -1788,9 +1811,9 @@ def build_runner(v, leaf_kinds, key=None):
                 body.append(f"if id({x}) not in reach{n}: {stale}")
             elif kind == "unreached":
                 body.append(f"if id({x}) in reach{n}: {stale}")
-            elif isinstance(kind, tuple) and kind[0] == "uniform":
-                env["walk_is_uniform"] = core.walk_is_uniform
-                body.append(f"if not walk_is_uniform(reach{n}, {const(np.dtype(kind[1]))}): "
+            elif isinstance(kind, tuple) and kind[0] == "dtype":
+                env["walk_keeps_dtype"] = core.walk_keeps_dtype
+                body.append(f"if not walk_keeps_dtype(reach{n}, {const(np.dtype(kind[1]))}): "
                             f"{stale}")
             else:
                 body.append(f"if {x}.creator is not None: {stale}")
@@ -1867,6 +1890,11 @@ def build_runner(v, leaf_kinds, key=None):
             if same in v.layout_slots:
                 body.append(f"    {out(i)} = {out(same)}")
 
+    if v.walk_read is not None:
+        # The inputs the part run after the walk reads, as they are before the effects
+        # update them in place (_walk_read_part).
+        for pos in v.walk_read[4]:
+            body.append(f"kept{pos} = {names[pos]}.copy(order='K')")
     # Every one must take the write before the first is written: a failure halfway (a
     # read-only argument) would leave some effects applied, and the eager rerun that
     # reports the error would apply them twice.
@@ -2224,15 +2252,17 @@ def _walk_read_lines(v, names, target, const, env):
     """Right after the walk v.walk_read names: read the .grad it left on each of those
     leaves and run the part of the graph that depends on them again (_walk_read_part),
     its outputs replacing the first run's (which read the traced .grad)."""
-    walk, reads, slots, exe2 = v.walk_read
+    walk, reads, slots, exe2, kept, copies = v.walk_read
     env["exe2"], env["WalkReadMismatch"] = exe2, WalkReadMismatch
     args = list(names)
+    for pos in kept:
+        args[pos] = f"kept{pos}"      # (copied before the effects: _walk_read_kept)
     lines = []
     for j, (pos, t, (shape, dtype)) in enumerate(reads):
         lines.append(f"pw{j} = {target(*t)}._grad")
         lines.append(f"pw{j} = None if pw{j} is None else pw{j}._data")
-        # (The walk checks before the graph ran hold this: a leaf, a caller's graph of
-        # one float dtype and tracejit's Functions, core.walk_is_uniform.)
+        # (The walk checks before the graph ran hold this: a leaf the call gave a .grad,
+        # a caller's graph of tracejit's Functions keeping its dtype, core.walk_keeps_dtype.)
         lines.append(f"if type(pw{j}) is not np.ndarray or pw{j}.shape != {shape!r} or "
                      f"pw{j}.dtype != {const(np.dtype(dtype))}: raise WalkReadMismatch("
                      f"{_label(t[1]) if t[0] == 'obj' else 'an argument'!r})")
@@ -2241,6 +2271,12 @@ def _walk_read_lines(v, names, target, const, env):
     lines.append("outs = list(outs)")
     for j, k in enumerate(slots):
         lines.append(f"outs[{k}] = o2[{j}]")
+    for j, same in copies:
+        lines.append(f"outs[{slots[j]}] = " + (f"outs[{slots[j]}].copy(order='K')"
+                                               if same is None else f"outs[{slots[same]}]"))
+    # What the backward and its replays read as these inputs (bwd_arrays is arrays).
+    for j, (pos, _, _) in enumerate(reads):
+        lines.append(f"arrays[{pos}] = pw{j}")
     laid = [k for k in slots if k in v.layout_slots]
     if laid:
         # Eager's memory order of these (eager_layouts), for the .grad the walk left

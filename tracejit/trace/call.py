@@ -334,6 +334,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
                            f"would not", site(container=arg_at((args, kwargs), p))))
     # Why it must run eagerly, in the order the reasons are reported: what the tracer
     # saw, then a Python value the function changed, then a backward it cannot compile.
+    tr.check_walk_reads()
     escapes = [Escape(*e) for e in tr.escapes + tr.late_escapes]
     # An outside iterator the call advanced, a memoized function it called with traced
     # data: escapes; the memoized calls it made with plain arguments: guarded locations.

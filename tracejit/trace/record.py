@@ -258,6 +258,7 @@ class Trace(core.TraceHooks):
                                      # leaf's .grad read after such a walk added to it,
                                      # an input the runner reads after that walk
                                      # (_walk_read)
+        self.walk_read_lines = {}    # id -> the user's line that read it
         self.reseed = {}             # id -> Variable touched that a later backward set,
                                      # which a later walk must go on from (else escape)
         self.after_walk = {}         # id -> Variable from outside whose .grad the
@@ -738,9 +739,9 @@ class Trace(core.TraceHooks):
         their graph (core.backward_from), so the graph cannot compute what it left: the
         .grad is an input of its own ("walkgrad") the runner reads right after that walk,
         running the part of the graph that depends on it then (Variant.walk_read).
-        Returns the .grad as the trace goes on with it (a stand-in on the real data,
-        standing for that input), or None where this does not apply (_after_walk
-        decides: it escapes)."""
+        Returns the .grad as the trace goes on with it (the real one, standing for
+        that input: the traced call is a real one, whose results and state hold it),
+        or None where this does not apply (_after_walk decides: it escapes)."""
         entry = self.walk_touched.get(id(var))
         read = self.walk_reads.get(id(var))
         if read is not None and read[0] is var:
@@ -751,42 +752,65 @@ class Trace(core.TraceHooks):
                             "call and changed that .grad there; compiled calls cannot "
                             "go on with both")
             return read[1]
-        if entry is None or entry[0] is not var or entry[1] != "shadow" or \
-                self.in_backprop or var.creator is not None:
+        if entry is None or entry[0] is not var or entry[1] not in ("shadow", "opaque") \
+                or self.in_backprop or var.creator is not None:
             return None
-        n = entry[2]
+        walks = [ev for ev in self.unchain_events if ev[0] == "backward"]
         real = var._grad
-        if (id(var), n) in self.walk_checks or real is None or real._data is None or \
-                any(r[3] != n for r in self.walk_reads.values()):
-            # A later backward added to it (the shadow: the call's part), or reads after
-            # different walks: not this case.
+        if len(walks) != 1 or entry[2] != 0 or (id(var), 0) in self.walk_checks or \
+                real is None or real._data is None or id(var) not in self.grad_writes \
+                or self.walk_grads.get(id(var), (None, None))[1] is None:
+            # The one walk so far; a leaf the call gave a .grad before it (so the walk at
+            # call time leaves one: it adds to a leaf's), which no later backward added
+            # to (the shadow: the call's part then): else not this case.
             return None
-        walk = [ev for ev in self.unchain_events if ev[0] == "backward"][n]
-        if any(kind in ("inplace", "inplace_array") for kind, _, _ in
-               self.effects[:walk[3]]):
-            # The part of the graph run after the walk reads the call's inputs as they
-            # were; an in-place update applied before the walk would show in them.
-            return None
+        n, walk = 0, walks[0]
         d = real._data.dtype
-        if not core.walk_is_uniform(core.graph_reach(walk[1]), d):
+        part = self.walk_grads[id(var)][1]
+        if part._data is None or part._data.dtype != d or \
+                not core.walk_keeps_dtype(core.graph_reach(walk[1]), d):
+            # (The call's part of the dtype the walk leaves: what the walk adds keeps it.)
             return None
         tv = self.add_input(real._data.shape, d,
                             (self.name_of(var) or var.name or "p") + ".grad")
         # The array the first run of the graph reads there (what the walk left when
         # traced): what depends on it is run again on the walk's .grad after the walk.
         self.captures.append((tv, ("walkgrad", real._data.copy())))
-        s = Variable.__new__(type(real))
-        s._tv = tv          # first: the traced .grad and creator setters read it
-        s._data, s._grad, s.name, s.creator, s.generation = real._data, None, None, None, 0
-        self.created.append(s)
-        self.walk_reads[id(var)] = (var, s, tv, n)
+        if real is part:
+            # The walk left the call's part itself when traced: the .grads the call
+            # sets before the walk (trace.call's grads_before_walks) read it as a
+            # Variable of its own, standing for the call's part, not for this input.
+            own = Variable.__new__(type(real))
+            own._tv, own._data, own._grad = real._tv, real._data, None
+            own.name, own.creator, own.generation = real.name, None, real.generation
+            self.walk_grads[id(var)] = (var, own)
+        real._tv = tv
+        self.created.append(real)
+        self.walk_reads[id(var)] = (var, real, tv, n)
+        self.walk_read_lines[id(var)] = user_line()
         # The variant holds while var is a leaf (else the walk at call time would go on
-        # past it and clear its .grad) and the walk adds what it added when traced:
-        # the caller's graph of one float dtype and tracejit's Functions (their
-        # gradients then keep it, the .grad's dtype the runner's graph was built for).
+        # past it and clear its .grad) and the walk keeps the .grad's dtype, the one the
+        # runner's part after it was built for (core.walk_keeps_dtype).
         self.walk_checks[(id(var), n, "read")] = (var, "leaf", n)
-        self.walk_checks[(id(var), n, "uniform")] = (var, ("uniform", d.str), n)
-        return s
+        self.walk_checks[(id(var), n, "dtype")] = (var, ("dtype", d.str), n)
+        return real
+
+    def check_walk_reads(self):
+        """At the end of the call: each .grad read after a walk (_walk_read) is still
+        that Variable's .grad, unchanged, with no .grad of its own. Compiled calls read
+        it after the walk as a value; a write into its buffer (`W.grad.data *= 0.5`),
+        a rebind of its data or a backward giving it a .grad would be a change of the
+        caller's state they do not make."""
+        for k, (var, g, tv, n) in self.walk_reads.items():
+            ph = next(obj for v, (kind, obj) in self.captures if v is tv)
+            if var._grad is not g or g._grad is not None or g.creator is not None or \
+                    g._data is None or g._data.shape != ph.shape or \
+                    g._data.dtype != ph.dtype or \
+                    not np.array_equal(g._data, ph, equal_nan=True):
+                self.escape("the function changes the .grad of a Variable it read after "
+                            "a backward inside it went on into the graph from before the "
+                            "call and changed that .grad there; compiled calls read it "
+                            "as a value", self.walk_read_lines[k])
 
     def _shadow(self, var, trace_grad):
         """What a backward inside the function adds to, for a leaf an earlier walk into
