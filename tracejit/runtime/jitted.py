@@ -1117,6 +1117,12 @@ class Jitted:
             memo = {}
             t_leaves = [twin_copy(x, memo) for x in leaves]
             if walks_into_caller(v):
+                # The Variables the function captures stay themselves in the copy of
+                # the caller's graph (as the twin's function reads them): a walk there
+                # adds to the .grad the function reads after it (Variant.walk_read).
+                for kind, obj, _ in v.sources:
+                    if kind == "var" and id(obj) not in memo:
+                        memo[id(obj)] = obj
                 copy_caller_graph(leaves, t_leaves, memo, lambda x: twin_copy(x, memo))
             t_args, t_kwargs = rebuild(t_leaves)
             t_state = LiveState(v, t_leaves)
