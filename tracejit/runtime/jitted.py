@@ -1345,13 +1345,14 @@ class Jitted:
                           checks=3 if self.check else 1)
         self.stats["compile_seconds"] += time.perf_counter() - t1
         if variant.walk_read_refusal is not None:
-            # (A .grad read after a backward inside the call went on into the caller's
-            # graph: the part after that walk could not be split off, Variant.walk_read.)
-            self._fallback(key, f"the function reads the .grad of a Variable after a "
-                                f"backward inside it goes on into the graph from before "
-                                f"the call and changes that .grad there, and "
+            # (A .grad read or set after a backward inside the call went on into the
+            # caller's graph: the part after that walk could not be split off,
+            # Variant.walk_read, or the .grad set after it is another's.)
+            self._fallback(key, f"the function reads or sets the .grad of a Variable "
+                                f"after a backward inside it goes on into the graph from "
+                                f"before the call and changes that .grad there, and "
                                 f"{variant.walk_read_refusal}; compiled calls cannot "
-                                f"read it after that backward")
+                                f"follow it after that backward")
             return call.result
         variant.warn = functools.partial(warn_at, line=self._def_line())
         variant.state = pystate.snapshot(call.locations)

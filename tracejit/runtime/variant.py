@@ -950,6 +950,13 @@ class Variant:
         reads = list(getattr(call, "walk_reads", ()))
         if reads:
             self.walk_read_refusal = _walk_read_part(self, reads, backward, backend_compile)
+        # Grad effects set right after a walk (Trace._walk_reset), not before the walks.
+        self.grad_late = dict(getattr(call, "grad_late", None) or {})
+        late_shared = set(self.grad_same) | set(self.grad_same.values()) | \
+            {gi for gi, _, _ in self.nested_grads} | \
+            set((getattr(call, "made_grad_effect", None) or {}).values())
+        if self.walk_read_refusal is None and late_shared & set(self.grad_late):
+            self.walk_read_refusal = "another .grad or a result's is that .grad"
         self.runner = build_runner(self, call.leaf_forms)
         self._hot_runner = None
         self._bexe = None
@@ -1948,8 +1955,16 @@ def build_runner(v, leaf_kinds, key=None):
     standins = set()  # those set to a stand-in before the walks (pre{gi})
     body_before_grads = body
     body = grad_lines
+    late_lines = {}   # walk -> the lines of the grad effects set right after it
     for gi, ((where, var), slot) in enumerate(v.grad_effects):
         t = target(where, var)
+        if gi in v.grad_late:
+            # (Before the walks it holds none: they add to it, what they leave is
+            # replaced, and nothing from before the call must meet their gradients.)
+            grad_lines.append(f"{t}._grad = None")
+            body = late_lines.setdefault(v.grad_late[gi], [])
+        else:
+            body = grad_lines
         if gi in v.grad_alias:
             aliased.setdefault(v.grad_alias[gi], []).append((t, gi))
             i = made_at[v.grad_alias[gi]]
@@ -1975,6 +1990,7 @@ def build_runner(v, leaf_kinds, key=None):
             body.append(f"{t}._grad = " + (f"Constant({val})" if gi in v.grad_constant
                                             else f"wrap({val})"))
             env["Constant"] = core.Constant
+    body = grad_lines
     for gi, slot, constant in v.nested_grads:
         # After every grad effect's line: the .grad it sets (that object on each
         # grad effect grad_same gives it) gets its .grad.
@@ -2002,8 +2018,10 @@ def build_runner(v, leaf_kinds, key=None):
             env["fresh"] = _fresh
             body.append(f"backward_from([{', '.join(target(*t) for t in ts)}], "
                         f"{retain!r}, ({seeds}{',' if len(slots) == 1 else ''}))")
-            if v.walk_read is not None and walks[v.walk_read[0]][0] is ts:
+            wn = next(k for k, w in enumerate(walks) if w[0] is ts)
+            if v.walk_read is not None and v.walk_read[0] == wn:
                 body += _walk_read_lines(v, names, target, const, env)
+            body += late_lines.get(wn, [])
     if not grads_done:
         body += grad_lines
     # Outputs: each leaf's expression, then the user's structure around them.

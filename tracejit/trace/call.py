@@ -433,7 +433,8 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         grad_args=parts.get("grad_args", []),
         leaf_required=parts.get("leaf_required", []), cuts=parts.get("cuts", []),
         walk_untouched=parts.get("walk_untouched", []), walk_undo=tr.walk_undo,
-        walk_checks=parts.get("walk_checks", []), walk_reads=parts.get("walk_reads", []))
+        walk_checks=parts.get("walk_checks", []), walk_reads=parts.get("walk_reads", []),
+        grad_late=parts.get("grad_late", {}))
 
 
 def _forward_parts(tr, n_inputs):
@@ -486,6 +487,11 @@ def _forward_parts(tr, n_inputs):
         walk_checks=[(target(var), kind, n) for key, (var, kind, n) in tr.walk_checks.items()
                      if tr.walk_check_needed(key)],
         grad_effects=[(target(var), gv) for var, gv in tr.grad_effects],
+        # Grad effects set after a walk into the caller's graph (Trace._walk_reset):
+        # grad effect index -> that walk.
+        grad_late={gi: tr.walk_resets[id(var)][1] for gi, (var, _) in
+                   enumerate(tr.grad_effects) if id(var) in tr.walk_resets and
+                   tr.walk_resets[id(var)][0] is var},
         # Leaves' .grad read after a backward that went on into the caller's graph
         # added to them: (forward input position, Target, walk) (Trace._walk_read).
         walk_reads=[(pos, target(var), n) for var, _, tv, n in tr.walk_reads.values()

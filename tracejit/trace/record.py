@@ -259,6 +259,9 @@ class Trace(core.TraceHooks):
                                      # an input the runner reads after that walk
                                      # (_walk_read)
         self.walk_read_lines = {}    # id -> the user's line that read it
+        self.walk_resets = {}        # id -> (Variable, walk): a leaf whose .grad the
+                                     # function set after such a walk touched it, the
+                                     # last one then (_walk_reset)
         self.reseed = {}             # id -> Variable touched that a later backward set,
                                      # which a later walk must go on from (else escape)
         self.after_walk = {}         # id -> Variable from outside whose .grad the
@@ -648,6 +651,18 @@ class Trace(core.TraceHooks):
             core.set_trace(prev)
         if refusal is not None:
             return
+        for k, (x, _) in self.walk_resets.items():
+            # A leaf whose .grad the function set after an earlier walk (_walk_reset):
+            # that .grad is set before this walk at call time, which must not reach it
+            # (its .grad, a result perhaps, would be replaced): the variant holds while
+            # it does not.
+            if k in reach and reach[k] is x:
+                self.escape("the function sets the .grad of a Variable after a backward "
+                            "inside it goes on into the graph from before the call, and "
+                            "a later such backward changes that .grad again; compiled "
+                            "calls cannot follow both")
+            else:
+                self.walk_checks.setdefault((k, n_walk, "unreached"), (x, "unreached", n_walk))
         for k, x in reach.items():
             old, new = before[k], x._grad
             entry = self.walk_touched.get(k)
@@ -706,6 +721,18 @@ class Trace(core.TraceHooks):
         Returns the .grad the trace goes on with (a shadow for a leaf the walk added
         to), or None for the Variable's own."""
         entry = self.walk_touched.get(id(var))
+        n_walks = sum(ev[0] == "backward" for ev in self.unchain_events)
+        reset = self.walk_resets.get(id(var))
+        if (entry is None or entry[0] is not var) and reset is not None and \
+                reset[0] is var:
+            if reset[1] == n_walks - 1:
+                return None     # set after the last walk: what that walk left is gone
+            # A walk since the reset that did not touch it when traced: not followed.
+            self.escape(f"the function {what} the .grad of a Variable it set after a "
+                        f"backward inside it went on into the graph from before the "
+                        f"call, after another such backward; compiled calls cannot "
+                        f"follow both")
+            return None
         if entry is None or entry[0] is not var:
             # Not touched now: the variant holds while the walk at call time does not
             # touch it either (runner: Stale).
@@ -726,10 +753,27 @@ class Trace(core.TraceHooks):
                     id(var) not in self.arg_vars:
                 self.grad_reads.setdefault(id(var), (var, self.walk_grads[id(var)][1] is None))
             return self.walk_grads[id(var)]
+        if what == "sets" and not self.in_backprop and var.creator is None and \
+                kind in ("shadow", "opaque") and id(var) not in self.walk_reads:
+            return self._walk_reset(var, n_walks - 1)
         self.escape(f"the function {what} the .grad of a Variable after a backward "
                     f"inside it goes on into the graph from before the call and "
                     f"changes that .grad there; compiled calls go on with that "
                     f"backward after the call")
+        return None
+
+    def _walk_reset(self, var, n):
+        """The function sets the .grad of a leaf from outside (`x.cleargrad()`, `x.grad
+        = g`) after a backward inside it went on into the caller's graph and touched it:
+        what those walks left there is gone, and the .grad the call leaves on var is
+        set right after the last of them, walk n (the runner's late grad effects), not
+        before the walks as the others are. (The walks do not read a leaf's .grad:
+        they only add to it.) The variant holds while var is a leaf (else the walk
+        would go on past it, from its .grad)."""
+        self.walk_touched.pop(id(var), None)
+        self.walk_grads.pop(id(var), None)
+        self.walk_resets[id(var)] = (var, n)
+        self.walk_checks[(id(var), n, "reset")] = (var, "leaf", n)
         return None
 
     def _walk_read(self, var):

@@ -228,6 +228,8 @@ class TracedCall:
     walk_reads: list = ()    # (input position, Target, walk): a leaf's .grad read
                              # after such a backward added to it, an input read
                              # after that walk (Trace._walk_read)
+    grad_late: dict = None   # grad effect index -> walk: a .grad set after such a
+                             # backward touched it, set right after it at call time
     walk_undo: list = ()     # (Variable, field, value before): what such a backward
                              # (.grad) or a cut (creator) changed in the caller's graph
                              # while tracing, to put back if the call runs again
