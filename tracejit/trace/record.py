@@ -725,13 +725,8 @@ class Trace(core.TraceHooks):
         reset = self.walk_resets.get(id(var))
         if (entry is None or entry[0] is not var) and reset is not None and \
                 reset[0] is var:
-            if reset[1] == n_walks - 1:
-                return None     # set after the last walk: what that walk left is gone
-            # A walk since the reset that did not touch it when traced: not followed.
-            self.escape(f"the function {what} the .grad of a Variable it set after a "
-                        f"backward inside it went on into the graph from before the "
-                        f"call, after another such backward; compiled calls cannot "
-                        f"follow both")
+            # Set after a walk (what it left is gone); each walk since did not reach
+            # it, and must not at call time (backward_outside's unreached checks).
             return None
         if entry is None or entry[0] is not var:
             # Not touched now: the variant holds while the walk at call time does not
