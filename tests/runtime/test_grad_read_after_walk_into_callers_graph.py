@@ -258,3 +258,31 @@ def test_the_grad_read_is_the_callers_grad_object():
         assert P["W2"].grad.creator is None
         return {"loss": loss, "gg": gg, "x.grad": x.grad}
     _twins(make, call)
+
+
+def test_a_later_backward_adding_to_a_root_of_the_walk():
+    """u0 and u1 come from the caller's graph (u1 from u0): the first backward with
+    retain_grad goes on into it from both, leaving on u0 its seed plus what u1's path
+    added; a second backward inside f reads that .grad to add to it, then goes on into
+    the caller's graph from u0 and u1 again, seeded with the sums (Trace._walk_read_root):
+    the part of the graph after the first walk computes those seeds."""
+    def make():
+        W = tj.Parameter(np.array(0.7))
+
+        def f(x0, u0, u1):
+            loss1 = F.mean(F.tanh(x0 * u0)) + F.mean(F.tanh(x0 * u1))
+            loss1.backward(retain_grad=True)
+            loss2 = F.mean(F.tanh(loss1 * W) ** 2)
+            W.cleargrad()
+            loss2.backward()
+            W.data -= 0.1 * W.grad.data
+            return F.tanh(loss1 * W)
+        return f, {"W": W}
+
+    def call(f, P, rng):
+        x0 = tj.Variable(rng.standard_normal((2, 3)))
+        u0 = F.sin(x0) * 2.0
+        u1 = F.exp(u0 * 0.5)
+        y = f(x0, u0, u1)
+        return {"y": y, "x0.grad": x0.grad, "u0.grad": u0.grad, "u1.grad": u1.grad}
+    _twins(make, call)

@@ -1329,6 +1329,9 @@ def _walk_read_part(v, reads, backward, backend_compile):
     effect_of = {slot: (i, kind) for i, (kind, _, slot) in enumerate(v.effects)}
     result_leaf = [i for i, (kind, _, _) in enumerate(v.out_leaves) if kind == "out"]
     producer = {id(o): n for n in g.nodes for o in n.outputs}
+    # The seeds of later walks (a root's .grad a later backward added to: read when
+    # that walk starts, after this part ran).
+    seeds = {s for m, w in enumerate(v.walks) if m > walk for s in w[3] if s is not None}
 
     def view_of_input(x):
         while True:
@@ -1348,7 +1351,7 @@ def _walk_read_part(v, reads, backward, backend_compile):
             # (The .grad itself or a view of its buffer: eager's shares that buffer.)
             return "a result, a .data or state holds it or a view of it"
         if kind == "rebind" and i not in v.rebind_views or role == "saved" or \
-                role == "result" and result_leaf[k] not in v.out_views:
+                role == "result" and result_leaf[k] not in v.out_views or k in seeds:
             continue        # a new array of its own, as eager's; what the backward reads
         return "a .grad or a view depends on it (only results, in-place updates and " \
             "rebinds of .data to a new array may)"

@@ -790,9 +790,15 @@ class Trace(core.TraceHooks):
                             "backwards inside it went on into the graph from before the "
                             "call and changed that .grad there; compiled calls cannot "
                             "go on with both")
-            return read[1]
-        if entry is None or entry[0] is not var or entry[1] not in ("shadow", "opaque") \
-                or self.in_backprop or var.creator is not None:
+            g = var._grad
+            if g is read[1] or g is not None and (g._tv is PENDING or self.is_mine(g._tv)):
+                return g    # (a root's: what a later backward added to it, _walk_read_root)
+            return None
+        if entry is None or entry[0] is not var or entry[1] not in ("shadow", "opaque"):
+            return None
+        root = var.creator is not None
+        if root and (entry[1] != "opaque" or not self.in_backprop) or \
+                not root and self.in_backprop:
             return None
         walks = [ev for ev in self.unchain_events if ev[0] == "backward"]
         real = var._grad
@@ -804,6 +810,8 @@ class Trace(core.TraceHooks):
             # to (the shadow: the call's part then): else not this case.
             return None
         n, walk = 0, walks[0]
+        if root and not self._walk_read_root(var, walk):
+            return None
         d = real._data.dtype
         part = self.walk_grads[id(var)][1]
         if part._data is None or part._data.dtype != d or \
@@ -828,11 +836,24 @@ class Trace(core.TraceHooks):
         self.walk_reads[id(var)] = (var, real, tv, n)
         self.walk_read_lines[id(var)] = user_line()
         # The variant holds while var is a leaf (else the walk at call time would go on
-        # past it and clear its .grad) and the walk keeps the .grad's dtype, the one the
-        # runner's part after it was built for (core.walk_keeps_dtype).
-        self.walk_checks[(id(var), n, "read")] = (var, "leaf", n)
+        # past it and clear its .grad; a root's is the walk's seed, leaf or not) and the
+        # walk keeps the .grad's dtype, the one the runner's part after it was built for
+        # (core.walk_keeps_dtype).
+        if not root:
+            self.walk_checks[(id(var), n, "read")] = (var, "leaf", n)
         self.walk_checks[(id(var), n, "dtype")] = (var, ("dtype", d.str), n)
         return real
+
+    def _walk_read_root(self, var, walk):
+        """A later backward inside the function reads the .grad of var, one the walk
+        `walk` into the caller's graph went on from (an argument with a creator), to add
+        to it, then goes on into that graph from var again (a later walk, seeded with
+        the sum: reseed). Whether this is followed: the walk kept its roots' .grads
+        (retain_grad) and seeded var with a value of the graph, so the .grad it leaves
+        on var at call time is that seed plus what it added, never None."""
+        roots, retain, seeds = walk[1], walk[2], walk[4]
+        k = next((i for i, x in enumerate(roots) if x is var), None)
+        return retain and k is not None and seeds[k] is not None
 
     def check_walk_reads(self):
         """At the end of the call: each .grad read after a walk (_walk_read) is still
@@ -842,7 +863,9 @@ class Trace(core.TraceHooks):
         caller's state they do not make."""
         for k, (var, g, tv, n) in self.walk_reads.items():
             ph = next(obj for v, (kind, obj) in self.captures if v is tv)
-            if var._grad is not g or g._grad is not None or g.creator is not None or \
+            # (A root's .grad a later backward added to, _walk_read_root: the sum.)
+            if var._grad is not g and var.creator is None or g._grad is not None or \
+                    g.creator is not None or \
                     g._data is None or g._data.shape != ph.shape or \
                     g._data.dtype != ph.dtype or \
                     not np.array_equal(g._data, ph, equal_nan=True):
@@ -1289,14 +1312,23 @@ class Trace(core.TraceHooks):
             if id(var) not in self.grad_writes:
                 # (The .grad before the call, should it run again: walk_undo.)
                 self.walk_undo.append((var, "_grad", var._grad))
+            followed = False
             if id(var) in self.walk_reads and self.walk_reads[id(var)][0] is var \
                     and not self.region_backward:
-                # The graph read the walk's .grad at that walk (_walk_read): a change
-                # of it after would be one the runner's later parts must follow.
-                self.escape("the function sets the .grad of a Variable after it read "
-                            "the .grad a backward inside it left there, going on into the "
-                            "graph from before the call; compiled calls cannot follow it")
-            if self.walk_touched and not self.region_backward:
+                if var.creator is not None and self.in_backprop:
+                    # A root a later backward adds to (_walk_read_root): the sum, a
+                    # value of the graph, is what a later walk goes on from.
+                    self.reseed[id(var)] = var
+                    followed = True
+                else:
+                    # The graph read the walk's .grad at that walk (_walk_read): a
+                    # change of it after would be one the runner's later parts must
+                    # follow.
+                    self.escape("the function sets the .grad of a Variable after it "
+                                "read the .grad a backward inside it left there, going "
+                                "on into the graph from before the call; compiled calls "
+                                "cannot follow it")
+            if self.walk_touched and not self.region_backward and not followed:
                 shadow = self._after_walk(var, "sets")
                 if shadow is not None:
                     # A backward adding to the shadow: the call's part goes on from it.
