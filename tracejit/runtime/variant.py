@@ -1309,8 +1309,9 @@ def _walk_read_part(v, reads, backward, backend_compile):
     compiled calls run after their graph (core.backward_from). The runner runs the
     whole graph first on the traced .grad (placeholders), then this part again on the
     .grad the walk left, right after it, and takes its outputs from that run. Sets
-    v.walk_read = (walk, [(input position, Target, spec)], output slots, executable);
-    returns why the call cannot run so (a refusal), or None."""
+    v.walk_read = (walk, [(input position, Target, spec)], output slots, executable,
+    inputs copied before the effects, fresh_copies of its outputs); returns why the
+    call cannot run so (a refusal), or None."""
     g = v.forward_graph
     walk = reads[0][2]
     dep = {id(g.inputs[pos]) for pos, _, _ in reads}
@@ -2277,7 +2278,7 @@ def _walk_read_lines(v, names, target, const, env):
     env["exe2"], env["WalkReadMismatch"] = exe2, WalkReadMismatch
     args = list(names)
     for pos in kept:
-        args[pos] = f"kept{pos}"      # (copied before the effects: _walk_read_kept)
+        args[pos] = f"kept{pos}"      # (copied before the effects: _walk_read_part)
     lines = []
     for j, (pos, t, (shape, dtype)) in enumerate(reads):
         lines.append(f"pw{j} = {target(*t)}._grad")

@@ -254,9 +254,9 @@ class Trace(core.TraceHooks):
                                      # sees after: the walk must leave them so at call time
         self.walk_reach_grads = {}   # walk_checks key -> the .grad Variable a reached /
                                      # unreached check is for (needed if the graph reads it)
-        self.walk_reads = {}         # id -> (Variable, stand-in, input Value, walk): a
-                                     # leaf's .grad read after such a walk added to it,
-                                     # an input the runner reads after that walk
+        self.walk_reads = {}         # id -> (Variable, its .grad, input Value, walk): a
+                                     # .grad read after such a walk changed it, an
+                                     # input the runner reads after that walk
                                      # (_walk_read)
         self.walk_read_lines = {}    # id -> the user's line that read it
         self.walk_resets = {}        # id -> (Variable, walk): a leaf whose .grad the
