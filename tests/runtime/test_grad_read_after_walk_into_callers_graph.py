@@ -286,3 +286,43 @@ def test_a_later_backward_adding_to_a_root_of_the_walk():
         y = f(x0, u0, u1)
         return {"y": y, "x0.grad": x0.grad, "u0.grad": u0.grad, "u1.grad": u1.grad}
     _twins(make, call)
+
+
+def test_a_later_backward_adding_to_a_leaf_the_walk_reached_without_adding():
+    """box.h, the state the call before left, comes from that compiled call, whose
+    creator holds W0 as an input though h does not depend on it: the walk from h reaches
+    W0 and gives it nothing. A later backward inside f adds to W0.grad; at call time
+    the walk may add to it too, and both parts end up there, as in eager."""
+    class Box:
+        h = None
+
+    def make():
+        rng = np.random.default_rng(3)
+        P = {"W0": tj.Parameter(rng.standard_normal(3)),
+             "W3": tj.Parameter(rng.standard_normal(3))}
+        box = Box()
+        W0, W3 = P["W0"], P["W3"]
+
+        def f(x0, x1):
+            W0.cleargrad()
+            loss1 = F.sum(F.tanh(x0 * W0))
+            loss1.backward()
+            h2 = F.tanh(x0 * W0)
+            p = box.h
+            h5 = F.tanh(x1 * 0.5) if p is None else F.tanh(x1 * 0.5 + 0.5 * p)
+            box.h = h5
+            W3.cleargrad()
+            loss12 = F.sum(F.tanh(h5 * W3))
+            loss12.backward()
+            loss15 = F.sum(h2 * 2.0)
+            loss15.backward()
+            return loss15, h5
+        f.box = box
+        return f, P
+
+    def call(f, P, rng):
+        x0 = tj.Variable(rng.standard_normal(3))
+        x1 = tj.Variable(rng.standard_normal(3))
+        loss, h = f(x0, x1)
+        return {"loss": loss, "h": h, "x0.grad": x0.grad, "x1.grad": x1.grad}
+    _twins(make, call, n=8)

@@ -742,7 +742,9 @@ class Trace(core.TraceHooks):
             if what == "sets":
                 self.reseed[id(var)] = var
             return None
-        if kind == "shadow" and self.in_backprop:
+        if self.in_backprop and (kind == "shadow" or kind == "opaque" and var.creator is None):
+            # (A leaf the walk reached without adding to it when traced is one it may add
+            # to at call time: a later backward's addition goes to the call's part too.)
             self.walk_checks.setdefault((id(var), entry[2]), (var, "leaf", entry[2]))
             if what == "reads" and id(var) not in self.grad_writes and \
                     id(var) not in self.arg_vars:
