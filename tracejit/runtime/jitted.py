@@ -40,7 +40,7 @@ from tracejit.trace.pytree import (ARR, FLT, MAX_DEPTH, STATIC, VAR, NestedTooDe
 from tracejit.runtime.signature import PAR, alias_pattern, key_change, key_distance
 from tracejit.ops.trace_only import GuardFailure
 from tracejit.runtime.variant import (MISS, SLOW, InplaceAlias, JitWarning, Stale, Variant,
-                              compile_graph)
+                              WalkReadMismatch, compile_graph)
 
 log = logging.getLogger("tracejit")
 
@@ -647,6 +647,17 @@ class Jitted:
                     raise
                 except InplaceAlias as e:
                     return self._alias_call(e, args, kwargs)
+                except WalkReadMismatch as e:
+                    # Raised after the walk into the caller's graph (and maybe the
+                    # call's updates) ran: an eager rerun would apply them twice. This
+                    # call raises; the signature runs eagerly from now on.
+                    with self.lock:
+                        if v in variants:
+                            variants.remove(v)
+                            self._changed()
+                    self._fallback(key, str(e))
+                    self._count("fallbacks")
+                    raise
                 except Exception as e:  # noqa: BLE001 - never a backend traceback
                     return self._demote(key, v, variants, e, args, kwargs)
                 self._count("hits")
