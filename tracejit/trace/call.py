@@ -839,7 +839,7 @@ def _unshare_grads(tr, vars_, grad_of=None):
         if g is not None and id(g._data) in tr.captured_arrays and \
                 id(g._data) not in tr.names:
             old = g._data
-            g._data = old.copy()
+            g._data = old.copy(order="K")
             copied[id(old)] = (old, g._data)
     return copied
 

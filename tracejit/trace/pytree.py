@@ -408,7 +408,7 @@ def result_leaves(tr, raw):
             # Not the graph's constant itself: the caller may change the traced call's
             # result in place, and compiled calls would return what it made of it.
             if isinstance(obj, np.ndarray) and _made_in_call(tr, obj):
-                obj = obj.copy()
+                obj = obj.copy(order="K")
             elif isinstance(obj, Variable) and _made_in_call(tr, obj._data):
                 copied.append(obj)
         objects.append(obj)
@@ -416,7 +416,7 @@ def result_leaves(tr, raw):
     # earlier one's array by that array (`c = Variable(seed); d = Variable(c.data)`,
     # each a "constcopy" of the seed's ones if c held its copy already).
     for obj in copied:
-        obj._data = obj._data.copy()
+        obj._data = obj._data.copy(order="K")
     for x, inner in rebinds:
         x._data = _wrapped_array(tr, inner, raw)
     share_arrays(raw, leaves, objects)
