@@ -30,7 +30,9 @@ def _slots(g):
     return slot
 
 
-def compile(g):
+def compile(g, forward_of=None):
+    """g as a function of its input arrays, NumPy op by op. forward_of(node): the
+    function a node runs in place of its own forward (None: its own)."""
     slot = _slots(g)
     n_inputs = len(g.inputs)
     size = len(slot)
@@ -44,7 +46,8 @@ def compile(g):
             guard_index += 1
         else:
             writes = tuple(slot[id(v)] for v in n.outputs)
-            steps.append((None, n.fn.forward, reads, writes, n, any(lits)))
+            forward = forward_of(n) if forward_of is not None else None
+            steps.append((None, forward or n.fn.forward, reads, writes, n, any(lits)))
     out_slots = [(slot[id(v)] if not isinstance(v, Lit) else v) for v in g.outputs]
     # An output that is an input is copied, as numba's plans do: outputs are fresh
     # arrays, and a runner given the graph that ran (run.graph: runtime.variant's

@@ -1403,6 +1403,26 @@ def _axis_order(a):
     return tuple(sorted(range(a.ndim), key=lambda d: (-abs(a.strides[d]), -a.shape[d], d)))
 
 
+def _user_layout_stand_in(n):
+    """For eager_layouts' run: a user Function's node gives zeros of its outputs'
+    shapes and dtypes, each laid out as its first operand of that shape (the output
+    gradients first, for a user backward: `gy * self.k`), else in C order."""
+    if not isinstance(n.fn, (UserCall, UserBackward)):
+        return None
+    specs = [(tuple(o.shape), o.dtype) for o in n.outputs]
+    backward = isinstance(n.fn, UserBackward)
+
+    def forward(*xs):
+        arrays = [x for x in (reversed(xs) if backward else xs) if isinstance(x, np.ndarray)]
+        ys = []
+        for shape, dtype in specs:
+            like = next((x for x in arrays if x.shape == shape), None)
+            ys.append(np.zeros(shape, dtype) if like is None else
+                      np.zeros_like(like, dtype=dtype))
+        return ys[0] if len(ys) == 1 else tuple(ys)
+    return forward
+
+
 def eager_layouts(v, key, arrays):
     """{fresh output slot: axis order} of the arrays eager makes for these inputs, where
     not C order, remembered for the inputs' strides (`key`). The signature does not key
@@ -1417,11 +1437,11 @@ def eager_layouts(v, key, arrays):
         v.layouts.clear()          # (a caller cycling through many layouts: bounded)
     run = v._layout_run
     if run is None:
-        # A user Function's forward is the user's code, run once per call as in eager:
-        # not a second time for its layout (C order there, as before).
-        user = any(isinstance(n.fn, (UserCall, UserBackward)) for n in v.forward_graph.nodes)
-        run = v._layout_run = (lambda arrays: None) if user else \
-            interpret.compile(v.forward_graph)
+        # A user Function's forward (or backward) is the user's code, run once per call
+        # as in eager: not a second time for its layout. Its stand-in gives arrays laid
+        # out as an elementwise NumPy op of its operands gives them (`x * self.k`),
+        # so the layouts after it follow as eager's do.
+        run = v._layout_run = interpret.compile(v.forward_graph, _user_layout_stand_in)
     rng = np.random.get_state()
     try:
         with np.errstate(all="ignore"):
