@@ -425,7 +425,17 @@ class Variable:
             # x.grad (y = x + 1) and retain_grad keeps it as y.grad, where the user
             # sees its type; no graph reads it, so no cycle can form through it.
             seed = np.array(1, d.dtype) if d.ndim == 0 else np.ones_like(d)
-            self.grad = Constant(seed) if create_graph else Variable(seed)
+            if d.ndim and _state.trace is not None and not _state.trace.abstract:
+                # Traced: a node on y's value, laid out as y's data is at each call
+                # (np.ones_like keeps its memory order), not a constant laid out as it
+                # was when traced.
+                seed = np.ones_like(self.data)
+            g = Constant(seed) if create_graph else Variable(seed)
+            if d.ndim and _state.trace is not None and not _state.trace.abstract:
+                # (The Variable the seed's value is made as: a view of it, `y.grad.data.T`,
+                # is rebuilt on it as on a node's output.)
+                _state.trace.owner.setdefault(id(g._tv), g)
+            self.grad = g
         if self.creator is not None:
             backprop([self], retain_grad=retain_grad, create_graph=create_graph)
 
