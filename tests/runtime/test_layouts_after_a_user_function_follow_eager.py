@@ -68,3 +68,26 @@ def test_f_reshape_of_a_transposed_result_of_a_user_function_copies_as_eager():
         return lay, F.reshape(lay, (-1,)), F.transpose(lay)
 
     _check(sin_of_moved, [rng.uniform(0.5, 1.5, (3, 4, 2)) for _ in range(5)])
+
+
+class ContiguousScale(tj.Function):
+    # Its output is C order whatever its input's layout: not as an elementwise op.
+    def forward(self, x):
+        self.k = 2.0 if x.sum() > 0 else -3.0
+        return np.ascontiguousarray(x * self.k)
+
+    def backward(self, gy):
+        return gy * self.k
+
+
+def test_a_user_function_laying_its_output_out_otherwise_keeps_that_layout():
+    # The stand-in follows the layout the forward gave when traced (C order here, where
+    # an elementwise op of the transposed input is not).
+    rng = np.random.default_rng(5)
+
+    def tanh_of_contiguous(x):
+        lay = F.tanh(ContiguousScale()(F.transpose(x, (1, 0, 2))) * 0.5)
+        moved = F.sin(F.transpose(lay, (2, 0, 1)))      # K order of the C-ordered lay
+        return lay, lay.data.reshape(-1), lay.data.T, moved, moved.data.reshape(-1)
+
+    _check(tanh_of_contiguous, [rng.uniform(0.5, 1.5, (3, 4, 2)) for _ in range(5)])

@@ -1411,14 +1411,20 @@ def _user_layout_stand_in(n):
         return None
     specs = [(tuple(o.shape), o.dtype) for o in n.outputs]
     backward = isinstance(n.fn, UserBackward)
+    # A forward whose output was laid out otherwise when traced (`x.copy()` of a
+    # transposed x is C order): that output's axis order, as then (UserCall.layouts).
+    rules = getattr(n.fn, "layouts", None) or [None] * len(specs)
 
     def forward(*xs):
         arrays = [x for x in (reversed(xs) if backward else xs) if isinstance(x, np.ndarray)]
         ys = []
-        for shape, dtype in specs:
+        for (shape, dtype), order in zip(specs, rules):
             like = next((x for x in arrays if x.shape == shape), None)
-            ys.append(np.zeros(shape, dtype) if like is None else
-                      np.zeros_like(like, dtype=dtype))
+            if order is not None:
+                ys.append(laid_out(np.zeros(shape, dtype), order))
+            else:
+                ys.append(np.zeros(shape, dtype) if like is None else
+                          np.zeros_like(like, dtype=dtype))
         return ys[0] if len(ys) == 1 else tuple(ys)
     return forward
 

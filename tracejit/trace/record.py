@@ -423,6 +423,8 @@ class Trace(core.TraceHooks):
             op = fn.node_op()        # finds the call's instance when it runs
         else:
             op = _detached(fn) if before is None else self._user_op(fn, before, outs)
+            if isinstance(op, UserCall):
+                op.layouts = _user_layouts(inputs, outputs)
         node = Node(op, ins, outs, self.bwd_line or user_line(3))
         for y in outputs:
             if isinstance(y._data, np.ndarray) and y._data.base is not None:
@@ -2009,6 +2011,26 @@ _SHAPE_STATIC = frozenset(
     "isclose allclose array_equal full_like zeros_like ones_like empty_like pad "
     "nan_to_num searchsorted copy real imag diff interp norm broadcast_to atleast_1d "
     "atleast_2d atleast_3d triu tril any all count_nonzero python_round_to".split())
+
+
+def _user_layouts(inputs, outputs):
+    """Per output of a user Function's forward: None where it is laid out as an
+    elementwise NumPy op of its inputs lays it out (as its first input of its shape, else
+    C order), else its axis order, outermost first: what eager_layouts' run stands in
+    for the node with (the user's code runs once per call)."""
+    arrays = [x._data for x in inputs if isinstance(x._data, np.ndarray)]
+    rules = []
+    for y in outputs:
+        a = y._data
+        if not isinstance(a, np.ndarray) or a.ndim < 2:
+            rules.append(None)
+            continue
+        like = next((x for x in arrays if x.shape == a.shape), None)
+        guess = np.zeros(a.shape, a.dtype) if like is None else np.zeros_like(like, a.dtype)
+        order = tuple(sorted(range(a.ndim), key=lambda d: (-abs(a.strides[d]), -a.shape[d], d)))
+        rules.append(None if guess.strides == a.strides or (guess.flags.c_contiguous and
+                                                            a.flags.c_contiguous) else order)
+    return rules
 
 
 def _is_static_constant(a):
