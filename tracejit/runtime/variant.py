@@ -1976,8 +1976,8 @@ def build_runner(v, leaf_kinds, key=None):
             if i in v.rebind_views else []
         if len(rebuilt) != 1:       # (else that array itself: nothing to fall back to)
             effect_lines.append(f"val = {out(slot)}")
-            effect_lines.append(f"{t}._data = val.copy() if any(val is x for x in arrays) "
-                                f"else val")
+            effect_lines.append(f"{t}._data = val.copy(order='K') if any(val is x for x "
+                                f"in arrays) else val")
         effect_lines += rebuilt
     if len(effects) in walk_at:
         effect_lines.append(("walks", walk_at[len(effects)]))
@@ -2063,7 +2063,7 @@ def build_runner(v, leaf_kinds, key=None):
         if mg is not None and mg[0] == "out":
             # A new array: the graph may give an input or constant (the seed's ones) here.
             body.append(f"val = {out(mg[1])}")
-            body.append("val = val.copy() if any(val is x for x in arrays) or not "
+            body.append("val = val.copy(order='K') if any(val is x for x in arrays) or not "
                         "val.flags.owndata else val")
             body.append(f"mg{m} = val")
             made_grad_arrays[m] = f"mg{m}"
@@ -2078,7 +2078,7 @@ def build_runner(v, leaf_kinds, key=None):
         # A new array (the graph may give an input here, `x * 1.0` simplified away).
         body.append(f"vb{slot} = {out(slot)}")
         body.append(f"if any(vb{slot} is x for x in arrays) or not vb{slot}.flags.owndata: "
-                    f"vb{slot} = vb{slot}.copy()")
+                    f"vb{slot} = vb{slot}.copy(order='K')")
     if v.out_views:
         body += _view_lines(v, out, names, dest, const, env, call is not None,
                             target, made_grad_arrays, copies)
@@ -2173,7 +2173,7 @@ def build_runner(v, leaf_kinds, key=None):
             if i in v.wrap_grads:
                 # (A new array: the graph may give an input or a constant here.)
                 body.append(f"val = {out(v.wrap_grads[i])}")
-                body.append("val = val.copy() if any(val is x for x in arrays) or not "
+                body.append("val = val.copy(order='K') if any(val is x for x in arrays) or not "
                             "val.flags.owndata else val")
                 body.append(f"w{i}._grad = wrap(val)")
     for i in range(len(leaves_)):
@@ -2351,15 +2351,17 @@ class WalkReadMismatch(RuntimeError):
 
 
 def _fresh(val, arrays):
-    """val, or a copy of it where it is an input of the call or a view."""
-    return val.copy() if any(val is x for x in arrays) or not val.flags.owndata else val
+    """val, or a copy of it where it is an input of the call or a view (in its layout:
+    a view laid_out made in eager's order, which a C-order copy would undo)."""
+    fresh = any(val is x for x in arrays) or not val.flags.owndata
+    return val.copy(order='K') if fresh else val
 
 
 def _fresh_lines(name, expr):
     """name = the graph's output expr as a new array of its own, as eager's: the graph
     may give an input or a constant of the trace there (a seed passed through)."""
     return [f"{name} = {expr}",
-            f"{name} = {name}.copy() if any({name} is x for x in arrays) or not "
+            f"{name} = {name}.copy(order='K') if any({name} is x for x in arrays) or not "
             f"{name}.flags.owndata else {name}"]
 
 
