@@ -133,7 +133,17 @@ def _onnx_arg_reduce(op_type):
     return lower
 
 
-_ONNX_CALLS = {np.argmax: _onnx_arg_reduce("ArgMax"), np.argmin: _onnx_arg_reduce("ArgMin")}
+def _onnx_ones_like(call, b, node):
+    # np.ones_like(y) (backward()'s seed of a traced y): ones of the output's static
+    # shape and dtype, a constant (ONNX has no memory order).
+    if call.kwargs or call.consts or len(node.inputs) != 1:
+        raise b.unsupported(node, f"{call.op_name} with arguments")
+    out = node.outputs[0]
+    b.bind(node, b.const(np.ones(tuple(out.shape), out.dtype), "ones"))
+
+
+_ONNX_CALLS = {np.argmax: _onnx_arg_reduce("ArgMax"), np.argmin: _onnx_arg_reduce("ArgMin"),
+               np.ones_like: _onnx_ones_like}
 
 
 # ------------------------------------------------------------ user Functions with state
