@@ -23,7 +23,7 @@ import warnings
 import numpy as np
 
 from tracejit.backends.numba import cache as _cache
-from tracejit.ir import Graph
+from tracejit.ir import Graph, Lit
 
 RTOL, ATOL = 1e-5, 1e-7          # as the runtime's checks against eager
 
@@ -82,6 +82,7 @@ class Tiered:
     def __init__(self, env, name, disp, spec, fused):
         self.env, self.name, self.disp = env, name, disp
         self.n_in, self.n_out = len(spec.inputs), len(spec.outputs)
+        self.value_inputs = [not isinstance(v, Lit) for v in spec.inputs]
         self.n_red, self.n_epi = len(spec.reductions), len(spec.epilogue_outputs)
         sub = fused.graph
         outs = list(spec.outputs) + [n.out for n, *_ in spec.reductions] + \
@@ -103,7 +104,8 @@ class Tiered:
         if self._run is None:
             from tracejit.ir import interpret
             self._run = interpret.compile(self.graph)
-        ins = list(args[:self.n_in])
+        # the group's inputs: not the literals the kernel takes as arguments
+        ins = [a for a, keep in zip(args[:self.n_in], self.value_inputs) if keep]
         for buf, y in zip(self._buffers(args), self._run(ins)):
             buf[...] = y
 

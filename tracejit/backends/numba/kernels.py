@@ -228,7 +228,8 @@ def loop_kernel(fused, parallel, out_blocks=None):
     roles = _roles(fused)
     names = {}
     in_names = {}
-    for j, v in enumerate(sub.inputs):
+    inputs, lifted = _lift_epilogue_literals(sub, roles)
+    for j, v in enumerate(inputs):
         in_names[id(v)] = f"a{j}"
     out_ids = {id(v) for v in sub.outputs}
     main_outs = [v for n in sub.nodes if roles[id(n)] in ("main", "load")
@@ -327,7 +328,7 @@ def loop_kernel(fused, parallel, out_blocks=None):
             for v in n.inputs:
                 if isinstance(v, Value) and id(v) in in_names:
                     used_inputs.add(id(v))
-    for j, v in enumerate(sub.inputs):
+    for j, v in enumerate(inputs):
         if id(v) not in used_inputs:
             continue
         if v.shape == ():
@@ -335,9 +336,8 @@ def loop_kernel(fused, parallel, out_blocks=None):
         else:
             body.append(f"x{j} = a{j}{_index(ext_index(v))}")
         names[id(v)] = f"x{j}"
-    for v in sub.inputs:
+    for j, v in enumerate(inputs):
         if id(v) not in names and v.shape == ():
-            j = sub.inputs.index(v)
             hoisted.append(f"x{j} = a{j}[()]")
             names[id(v)] = f"x{j}"
     checked = set()
@@ -416,8 +416,13 @@ def loop_kernel(fused, parallel, out_blocks=None):
         for v in n.inputs:
             if isinstance(v, Value) and id(v) in red_scalar:
                 ops.append(red_scalar[id(v)])
+            elif id(v) in lifted:
+                ops.append(names[id(v)])
             else:
                 ops.append(operand_text(v, names))
+        if (len(ops) == 2 and id(n.inputs[1]) in lifted and id(n.inputs[0]) not in lifted
+                and n.fn.kernel_template(n)[0] in _COMMUTATIVE):
+            ops.reverse()       # lifted literal first: see _lift_epilogue_literals
         names[id(n.out)] = f"v{i}"
         out.append(ind + f"v{i} = {node_expr(n, ops)}")
     for j, v in enumerate(epi_outs):
@@ -425,7 +430,7 @@ def loop_kernel(fused, parallel, out_blocks=None):
     if not out:
         out.append(ind + "pass")
 
-    args = [f"a{j}" for j in range(len(sub.inputs))] + [f"o{j}" for j in range(len(main_outs))]
+    args = [f"a{j}" for j in range(len(inputs))] + [f"o{j}" for j in range(len(main_outs))]
     args += [acc for _, _, _, acc in red_info] + [f"e{j}" for j in range(len(epi_outs))]
     args += [f"s{k}" for k in range(len(statics))]
     args += [f"n{k}" for k in range(r)]
@@ -451,12 +456,55 @@ def loop_kernel(fused, parallel, out_blocks=None):
         imports += "from tracejit.backends.numba import vecmath as vm\n"
     source = f"{imports}\n\n{head}\ndef {name}({', '.join(args)}):\n{doc}\n{text}\n"
     reductions = [(n, n.fn.reduction_combine, axes, acc) for n, axes, _, acc in red_info]
-    spec = KernelSpec(name, source, list(sub.inputs), main_outs, reductions, epi_outs, shape)
+    spec = KernelSpec(name, source, inputs, main_outs, reductions, epi_outs, shape)
     spec.consts = [v for v, _ in consts]
     spec.statics = [v for v, _ in statics]
     spec.flat = flat
     spec.out_blocks = {k: v for k, v in out_blocks.items() if k in {id(u) for u in main_outs}}
     return spec
+
+
+# Binary templates whose operands may trade places bitwise (IEEE + and * commute; only
+# the payload of a NaN from two NaN operands depends on the order, and a lifted literal
+# is finite).
+_COMMUTATIVE = frozenset(("{0} + {1}", "{0} * {1}"))
+LIFT_EPILOGUE_LITERALS = True   # False: epilogue literals stay in the source
+
+
+def _lift_epilogue_literals(sub, roles):
+    """The kernel's inputs: the group's, and each finite float literal operand of a 0-d
+    epilogue op as a 0-d input of its own (the plan passes it as a 0-d array), placed
+    where a Value read first by that op would be (before the first input whose first
+    reader comes later). Returns (inputs, {id(Lit)}); a lifted literal operand 1 of a
+    commutative op is written as operand 0.
+
+    Why: an unrolled loop's `loss = 0` then `loss = loss + mse(...)` makes the first
+    step's loss kernel `mse + 0.0` and the later steps' `loss + mse`, two sources of
+    one structure, two numba compiles (W7: 0.3 s of CPU). With the literal an input,
+    `0.0 + mse` is the later steps' source and one kernel serves all 30 steps. Bitwise
+    the same: a literal's value is exact as a 0-d array of its dtype, and 0.0 + x is
+    x + 0.0. The epilogue runs once a call (0-d), so the argument costs no loop time."""
+    inputs = list(sub.inputs)
+    if not LIFT_EPILOGUE_LITERALS:
+        return inputs, set()
+    first = {}
+    for i, n in enumerate(sub.nodes):
+        for v in n.inputs:
+            first.setdefault(id(v), i)
+    lifted = {}
+    for i, n in enumerate(sub.nodes):
+        if roles[id(n)] != "epi":
+            continue
+        for v in n.inputs:
+            if (isinstance(v, Lit) and v.dtype.kind == "f" and np.isfinite(v.value)
+                    and id(v) not in lifted):
+                lifted[id(v)] = (i, v)
+    for i, v in sorted(lifted.values(), key=lambda t: t[0]):
+        at = next((k for k, u in enumerate(inputs)
+                   if not isinstance(u, Lit) and first.get(id(u), len(sub.nodes)) > i),
+                  len(inputs))
+        inputs.insert(at, v)
+    return inputs, set(lifted)
 
 
 _TRIG_TAG = "    # |x| > vm.TRIG_MAX: counted"

@@ -750,6 +750,11 @@ def _emit_group(w, node, parallel, use_disk):
     # of an input that is not C-contiguous.
     flat = ".reshape(-1)" if spec.flat else ""
     for v in spec.inputs:
+        if isinstance(v, Lit):      # a lifted epilogue literal (K._lift_epilogue_literals)
+            # writable, as the 0-d inputs it stands for (numba types a read-only array
+            # as another signature: a second compile); the kernel only reads it
+            args.append(w.const(np.asarray(v.value), "_lit"))
+            continue
         x = w.val(v)
         args.append(f"np.asarray({x})" if v.shape == () else x + flat)
     for v in spec.outputs:
