@@ -299,6 +299,7 @@ def _compile_plan(g, parallel, use_disk):
     _emit_join_buffers(w)
     parts = {id(n): split_group(n) for n in g.nodes if n.kind == passes.FUSED}
     _plan_block_writes(w, parts, parallel)
+    _plan_widened(w, parts, parallel)
     for n in g.nodes:
         if id(n) in w.joins:
             _emit_join(w, n)
@@ -316,7 +317,8 @@ def _compile_plan(g, parallel, use_disk):
                     for m in part.fn.graph.nodes:
                         _emit_call(w, m, numpy_0d)
                 else:
-                    _emit_group(w, part, parallel, use_disk)
+                    _emit_group(w, *w.widened.get(id(part), (part, w.block_writes.get(
+                        id(part), {}))), parallel, use_disk)
         else:
             _emit_call(w, n, numpy_0d)
     rets = []
@@ -732,12 +734,12 @@ def _view_load(fn, n):
             and not any(n.out is v for v in sub.outputs))
 
 
-def _emit_group(w, node, parallel, use_disk):
+def _emit_group(w, node, out_blocks, parallel, use_disk):
     fn = node.fn
     if _numpy_math_group(fn):
         _emit_blocked(w, node, parallel)
         return
-    spec = K.loop_kernel(fn, _parallel(fn, parallel), w.block_writes.get(id(node), {}))
+    spec = K.loop_kernel(fn, _parallel(fn, parallel), out_blocks)
     kern = _cache.kernel(spec.source, spec.name, disk=use_disk)
     kname = w.const(kern, "_k")
     if _background.enabled() and not kern.signatures:
@@ -821,6 +823,160 @@ def _strided_block(w, v, shape):
         return None
     axis = len(idx) - 1
     return axis, idx[axis].start
+
+
+WIDEN_MISSING_ADDENDS = True    # False: no group takes another's kernel (_plan_widened)
+_MAX_SLOTS = 3                  # addends per structure tried (2**3 - 1 subsets)
+
+
+def _plan_widened(w, parts, parallel):
+    """Groups run with the kernel of a larger group of the plan that is their structure
+    plus additions of inputs: w.widened[id(part)] = (the part with those additions,
+    each of a -0.0 array, its out_blocks).
+
+    Why: an unrolled loop's backward adds the gradient flowing from the next step
+    (dh + ..., dc + ...) in every step but the last, whose gate-gradient group is the
+    others' without those adds: a second structure, a second numba compile (W7: 0.5 s
+    of CPU) for one call a window. x + (-0.0) is x bitwise for every x (+0.0, -0.0,
+    NaN included; + 0.0 would turn -0.0 into +0.0), so that group computes the same
+    values with the general kernel given -0.0 for the missing addends, at the cost of
+    reading them. Taken only where the larger structure has more groups in the plan,
+    and only when the widened group's source is that kernel's source, text for text."""
+    w.widened = {}
+    if not WIDEN_MISSING_ADDENDS:
+        return
+    found = []                     # (part, out_blocks, source)
+    count = {}
+    for ps in parts.values():
+        for part in ps:
+            fn = part.fn
+            if part.kind != passes.FUSED or _no_kernel(fn) or _numpy_math_group(fn):
+                continue
+            blocks = w.block_writes.get(id(part), {})
+            src = K.loop_kernel(fn, _parallel(fn, parallel), blocks).source
+            found.append((part, blocks, src))
+            count[src] = count.get(src, 0) + 1
+    reduced = {}                   # source of a structure less some adds -> (B, slots)
+    seen = set()
+    for part, blocks, src in found:
+        if src in seen:
+            continue
+        seen.add(src)
+        slots = _addend_slots(part.fn)[:_MAX_SLOTS]
+        for mask in range(1, 1 << len(slots)):
+            drop = [sl for k, sl in enumerate(slots) if mask >> k & 1]
+            r = _without_adds(part.fn, drop)
+            rsrc = K.loop_kernel(r, _parallel(r, parallel), blocks).source
+            reduced.setdefault(rsrc, (part, drop, src))
+    for part, blocks, src in found:
+        hit = reduced.get(src)
+        if hit is None or hit[2] == src or count[hit[2]] <= count[src]:
+            continue
+        wide = _with_adds(part, hit[0].fn, hit[1])
+        if wide is None:
+            continue
+        if K.loop_kernel(wide.fn, _parallel(wide.fn, parallel), blocks).source != hit[2]:
+            continue
+        own = {id(v) for v in part.fn.graph.inputs}
+        for z in wide.fn.graph.inputs:
+            if id(z) not in own:
+                w.names[id(z)] = w.const(np.full(z.shape, -0.0, z.dtype), "_negzero")
+        w.widened[id(part)] = (wide, blocks)
+
+
+def _addend_slots(fn):
+    """(node index, operand index) of the adds of group fn that add a group input read
+    by that add alone, of the add's shape (the iteration shape) and float dtype, to a
+    value of that shape and dtype, the add's result not being a group output."""
+    sub = fn.graph
+    readers = {}
+    for n in sub.nodes:
+        for v in n.inputs:
+            readers[id(v)] = readers.get(id(v), 0) + 1
+    ins = {id(v) for v in sub.inputs}
+    outs = {id(v) for v in sub.outputs}
+    slots = []
+    for i, n in enumerate(sub.nodes):
+        if (n.kind != "elementwise" or len(n.inputs) != 2 or len(n.outputs) != 1
+                or n.fn.kernel_template(n)[0] != "{0} + {1}" or id(n.out) in outs
+                or n.out.dtype.kind != "f" or n.out.shape != fn.shape):
+            continue
+        for k in (0, 1):
+            x, u = n.inputs[k], n.inputs[1 - k]
+            if (isinstance(x, Value) and isinstance(u, Value) and id(x) in ins
+                    and readers[id(x)] == 1 and x.shape == u.shape == n.out.shape
+                    and x.dtype == u.dtype == n.out.dtype):
+                slots.append((i, k))
+                break
+    return slots
+
+
+def _without_adds(fn, drop):
+    """Group fn with the adds `drop` ((node index, operand index of the input)) removed:
+    their readers read the add's other operand; the inputs they added are gone."""
+    sub = fn.graph
+    nodes = sub.nodes
+    repl = {}
+    for i, k in drop:               # in order: an add of an add dropped reads its operand
+        u = nodes[i].inputs[1 - k]
+        repl[id(nodes[i].out)] = repl.get(id(u), u)
+    gone = {id(nodes[i].inputs[k]) for i, k in drop}
+    kept = []
+    for i, n in enumerate(nodes):
+        if id(n.out) in repl:
+            continue
+        ins = [repl.get(id(v), v) if isinstance(v, Value) else v for v in n.inputs]
+        kept.append(Node(n.fn, ins, n.outputs, n.line))
+    r = Graph(sub.name, [v for v in sub.inputs if id(v) not in gone], kept, sub.outputs)
+    return fusion.Fused(r, fn.shape)
+
+
+def _with_adds(part, big, drop):
+    """Group `part` rebuilt as the structure of group `big` (part is big without the
+    adds `drop`, node for node and input for input, as their kernel sources say): its
+    own nodes, values and literals, and big's adds of new inputs (-0.0 arrays of part's
+    iteration shape). None when the correspondence does not hold."""
+    fn, sub, bsub = part.fn, part.fn.graph, big.graph
+    drop_nodes = {i: k for i, k in drop}
+    gone = {id(bsub.nodes[i].inputs[k]) for i, k in drop}
+    kept_nodes = [i for i in range(len(bsub.nodes)) if i not in drop_nodes]
+    kept_ins = [v for v in bsub.inputs if id(v) not in gone]
+    if len(kept_nodes) != len(sub.nodes) or len(kept_ins) != len(sub.inputs):
+        return None
+    phi = {id(b): a for b, a in zip(kept_ins, sub.inputs)}
+    for p, q in enumerate(kept_nodes):
+        a, b = sub.nodes[p], bsub.nodes[q]
+        if a.op is not b.op or len(a.outputs) != len(b.outputs) or len(a.inputs) != len(b.inputs):
+            return None
+        phi.update({id(bv): av for bv, av in zip(b.outputs, a.outputs)})
+    nodes, new_ins = [], {}
+    it = iter(sub.nodes)
+    for q, b in enumerate(bsub.nodes):
+        if q in drop_nodes:
+            x = b.inputs[drop_nodes[q]]
+            z = new_ins[id(x)] = phi[id(x)] = Value(fn.shape, x.dtype)
+            out = phi[id(b.out)] = Value(fn.shape, b.out.dtype)
+            ins = [phi.get(id(v)) for v in b.inputs]
+            if any(v is None for v in ins):
+                return None
+            nodes.append(Node(b.fn, ins, [out], b.line))
+            continue
+        a = next(it)
+        ins = []
+        for bv, av in zip(b.inputs, a.inputs):
+            if isinstance(bv, Value) != isinstance(av, Value):
+                return None
+            ins.append(phi.get(id(bv)) if isinstance(bv, Value) else av)
+        if any(v is None for v in ins):
+            return None
+        nodes.append(Node(a.fn, ins, a.outputs, a.line))
+    if len(bsub.outputs) != len(sub.outputs) or any(
+            phi.get(id(b)) is not a for b, a in zip(bsub.outputs, sub.outputs)):
+        return None
+    inputs = [phi[id(v)] for v in bsub.inputs]
+    g = Graph(sub.name, inputs, nodes, sub.outputs)
+    return Node(fusion.Fused(g, fn.shape), list(part.inputs) + list(new_ins.values()),
+                part.outputs, part.line)
 
 
 def _plan_block_writes(w, parts, parallel):
