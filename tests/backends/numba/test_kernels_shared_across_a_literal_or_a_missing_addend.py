@@ -50,7 +50,7 @@ def test_the_first_steps_loss_shares_the_later_steps_kernel(monkeypatch):
     assert info["fallbacks"] == 0
     counts = {}
     for lift in (False, True):
-        monkeypatch.setattr(K, "LIFT_EPILOGUE_LITERALS", lift)
+        monkeypatch.setattr(K, "LIFT_EPILOGUE_LITERALS", lift, raising=False)
         jf = tj.jit(_loss_loop)
         for _ in range(3):
             xs, ts, w = args()
@@ -78,7 +78,7 @@ def test_a_group_without_an_add_runs_the_kernel_with_it_given_minus_zero(monkeyp
     assert info["fallbacks"] == 0
     counts = {}
     for widen in (False, True):
-        monkeypatch.setattr(codegen, "WIDEN_MISSING_ADDENDS", widen)
+        monkeypatch.setattr(codegen, "WIDEN_MISSING_ADDENDS", widen, raising=False)
         jf = tj.jit(_chains)
         for _ in range(3):
             xs = args()
@@ -98,7 +98,7 @@ def test_the_last_step_of_an_lstm_training_window_runs_the_general_gate_kernel(
     rng = np.random.default_rng(13)
     counts = {}
     for widen in (False, True):
-        monkeypatch.setattr(codegen, "WIDEN_MISSING_ADDENDS", widen)
+        monkeypatch.setattr(codegen, "WIDEN_MISSING_ADDENDS", widen, raising=False)
         make = _training_window(n)
         m_e, w_e = make()
         m_j, w_j = make()
