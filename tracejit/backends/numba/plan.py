@@ -739,7 +739,7 @@ def _emit_group(w, node, out_blocks, parallel, use_disk):
     if _numpy_math_group(fn):
         _emit_blocked(w, node, parallel)
         return
-    spec = K.loop_kernel(fn, _parallel(fn, parallel), out_blocks)
+    spec = w.specs.get(id(node)) or K.loop_kernel(fn, _parallel(fn, parallel), out_blocks)
     kern = _cache.kernel(spec.source, spec.name, disk=use_disk)
     kname = w.const(kern, "_k")
     if _background.enabled() and not kern.signatures:
@@ -843,6 +843,7 @@ def _plan_widened(w, parts, parallel):
     reading them. Taken only where the larger structure has more groups in the plan,
     and only when the widened group's source is that kernel's source, text for text."""
     w.widened = {}
+    w.specs = {}                   # id(part) -> its KernelSpec (_emit_group takes it)
     if not WIDEN_MISSING_ADDENDS:
         return
     found = []                     # (part, out_blocks, source)
@@ -853,7 +854,8 @@ def _plan_widened(w, parts, parallel):
             if part.kind != passes.FUSED or _no_kernel(fn) or _numpy_math_group(fn):
                 continue
             blocks = w.block_writes.get(id(part), {})
-            src = K.loop_kernel(fn, _parallel(fn, parallel), blocks).source
+            spec = w.specs[id(part)] = K.loop_kernel(fn, _parallel(fn, parallel), blocks)
+            src = spec.source
             found.append((part, blocks, src))
             count[src] = count.get(src, 0) + 1
     reduced = {}                   # source of a structure less some adds -> (B, slots)
@@ -875,8 +877,10 @@ def _plan_widened(w, parts, parallel):
         wide = _with_adds(part, hit[0].fn, hit[1])
         if wide is None:
             continue
-        if K.loop_kernel(wide.fn, _parallel(wide.fn, parallel), blocks).source != hit[2]:
+        spec = K.loop_kernel(wide.fn, _parallel(wide.fn, parallel), blocks)
+        if spec.source != hit[2]:
             continue
+        w.specs[id(wide)] = spec
         own = {id(v) for v in part.fn.graph.inputs}
         for z in wide.fn.graph.inputs:
             if id(z) not in own:
