@@ -473,7 +473,7 @@ LIFT_EPILOGUE_LITERALS = True   # False: epilogue literals stay in the source
 
 def _lift_epilogue_literals(sub, roles):
     """The kernel's inputs: the group's, and each finite float literal operand of a 0-d
-    epilogue op as a 0-d input of its own (the plan passes it as a 0-d array), placed
+    epilogue's + - * / as a 0-d input of its own (the plan passes it as a 0-d array), placed
     where a Value read first by that op would be (before the first input whose first
     reader comes later). Returns (inputs, {id(Lit)}); a lifted literal operand 1 of a
     commutative op is written as operand 0.
@@ -493,7 +493,10 @@ def _lift_epilogue_literals(sub, roles):
             first.setdefault(id(v), i)
     lifted = {}
     for i, n in enumerate(sub.nodes):
-        if roles[id(n)] != "epi":
+        # + - * / only: IEEE arithmetic gives the same bits with the operand a literal
+        # or a variable (a literal exponent or comparison numba may type or lower
+        # otherwise)
+        if roles[id(n)] != "epi" or n.fn.kernel_template(n)[0] not in _ARITHMETIC:
             continue
         for v in n.inputs:
             if (isinstance(v, Lit) and v.dtype.kind == "f" and np.isfinite(v.value)
