@@ -954,6 +954,7 @@ def _with_adds(part, big, drop):
             return None
         phi.update({id(bv): av for bv, av in zip(b.outputs, a.outputs)})
     nodes, new_ins = [], {}
+    added = {}                     # id(an added -0.0 sum) -> the part's value it equals
     it = iter(sub.nodes)
     for q, b in enumerate(bsub.nodes):
         if q in drop_nodes:
@@ -963,6 +964,8 @@ def _with_adds(part, big, drop):
             ins = [phi.get(id(v)) for v in b.inputs]
             if any(v is None for v in ins):
                 return None
+            u = ins[1 - drop_nodes[q]]
+            added[id(out)] = added.get(id(u), u)
             nodes.append(Node(b.fn, ins, [out], b.line))
             continue
         a = next(it)
@@ -971,7 +974,10 @@ def _with_adds(part, big, drop):
             if isinstance(bv, Value) != isinstance(av, Value):
                 return None
             ins.append(phi.get(id(bv)) if isinstance(bv, Value) else av)
-        if any(v is None for v in ins):
+        # the soundness check, whatever the sources say: with the adds of -0.0 skipped,
+        # each node reads what it read in part
+        if any(v is None for v in ins) or any(
+                added.get(id(v), v) is not av for v, av in zip(ins, a.inputs)):
             return None
         nodes.append(Node(a.fn, ins, a.outputs, a.line))
     if len(bsub.outputs) != len(sub.outputs) or any(
