@@ -53,7 +53,8 @@ def _enc(x, what):
 # else. A ufunc's "at" (in place) is no saved method either.
 _PURE_NUMPY = frozenset("""argmax argmin argsort sort cumsum cumprod diff around round
     clip where sum prod mean std var max min amax amin any all count_nonzero flip roll
-    tile repeat concatenate stack searchsorted isclose allclose nan_to_num""".split())
+    tile repeat concatenate stack hstack vstack dstack column_stack block searchsorted
+    isclose allclose nan_to_num""".split())
 _UFUNC_METHODS = (None, "__call__", "reduce", "accumulate", "outer", "reduceat")
 
 
@@ -126,9 +127,14 @@ def _numpy_params(n, what):
         raise ExportError(f"save: {what} calls {name or fn.func!r}, which is no pure "
                           f"function of the numpy namespace (a ufunc, or one of "
                           f"saved._PURE_NUMPY): a file cannot hold it") from None
-    return [{"numpy": name}, fn.method,
-            {"tuple": [{"tuple": [k, _enc(v, what)]} for k, v in fn.kwargs]},
-            {"tuple": [{"tuple": [k, _enc(v, what)]} for k, v in fn.consts]}]
+    params = [{"numpy": name}, fn.method,
+              {"tuple": [{"tuple": [k, _enc(v, what)]} for k, v in fn.kwargs]},
+              {"tuple": [{"tuple": [k, _enc(v, what)]} for k, v in fn.consts]}]
+    if fn.seqs:
+        # Its list arguments' templates (np.concatenate([a, b])); a file without them
+        # (every older one) has none.
+        params.append(_enc(fn.seqs, what))
+    return params
 
 
 def save(ex, path):
@@ -239,6 +245,7 @@ def _rebuild(doc, arrays):
         p = tuple(_dec(x) for x in d["params"])
         if d["op"] == "NumpyCall":
             _numpy_function(p[0].__name__, p[1])     # its method too
+            p = p + ((),) * (5 - len(p))             # no seqs saved: none
         ins, node_lits = [], {}
         for i, x in enumerate(d["inputs"]):
             if "v" in x:

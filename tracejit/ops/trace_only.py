@@ -74,13 +74,19 @@ class NumpyCall(Function):
     # consts: (position, value) of Python constants among the positional arguments
     # (2 in np.round(a, 2), 0.3 in a // 0.3, 0.0 in np.where(c, a, 0.0)), passed as the
     # very constants: NumPy takes a Python number weakly (float32 stays float32).
-    params = ("func", "method", "kwargs", "consts")
+    # seqs: (position, template) of the positional arguments that are lists or tuples
+    # of operands (np.concatenate([a, b]), np.stack((a, 2 * a)), np.block([[a], [b]])):
+    # the node's inputs hold their operands flattened in order, and the template
+    # rebuilds the very sequence: ("list" | "tuple", entries), an entry None for the
+    # next operand, ("c", value) for a Python constant, or a nested template.
+    params = ("func", "method", "kwargs", "consts", "seqs")
 
-    def __init__(self, func, method=None, kwargs=(), consts=()):
+    def __init__(self, func, method=None, kwargs=(), consts=(), seqs=()):
         self.func = func
         self.method = method
         self.kwargs = kwargs
         self.consts = tuple(tuple(c) for c in consts)
+        self.seqs = tuple(tuple(s) for s in seqs)
         self.op_name = "np." + getattr(func, "__name__", str(func)) + (
             "." + method if method and method != "__call__" else "")
 
@@ -88,10 +94,36 @@ class NumpyCall(Function):
         """What NumPy itself returns (a NumPy scalar for a 0-d result)."""
         f = self.func if not self.method or self.method == "__call__" else \
             getattr(self.func, self.method)
-        args = list(xs)
+        args = list(xs) if not self.seqs else self._with_seqs(xs)
         for pos, value in self.consts:
             args.insert(pos, value)
         return f(*args, **dict(self.kwargs))
+
+    def _with_seqs(self, xs):
+        """The positional arguments but the constants: the operands with each sequence
+        rebuilt from its template (its positions count the constants too)."""
+        it = iter(xs)
+
+        def build(t):
+            kind, entries = t
+            items = [next(it) if e is None else e[1] if e[0] == "c" else build(e)
+                     for e in entries]
+            return items if kind == "list" else tuple(items)
+
+        seqs, const_pos = dict(self.seqs), {pos for pos, _ in self.consts}
+        args, pos = [], 0
+        while True:
+            if pos in const_pos:
+                pos += 1
+                continue
+            if pos in seqs:
+                args.append(build(seqs[pos]))
+            else:
+                x = next(it, it)
+                if x is it:
+                    return args
+                args.append(x)
+            pos += 1
 
     def forward(self, *xs):
         return np.asarray(self.raw(*xs))
@@ -116,7 +148,8 @@ def _onnx_arg_reduce(op_type):
         # with select_last_index=0 give the first extreme, as NumPy's do (a NaN, which
         # NumPy's argmax picks first, has no defined place in ONNX's).
         kw = dict(call.kwargs)
-        if set(kw) - {"axis", "keepdims"} or len(node.inputs) != 1 or call.consts:
+        if set(kw) - {"axis", "keepdims"} or len(node.inputs) != 1 or call.consts \
+                or call.seqs:
             raise b.unsupported(node, f"{call.op_name} with {sorted(kw)}")
         x, rank = b.x(node, 0), len(node.inputs[0].shape)
         axis, keep = kw.get("axis"), int(bool(kw.get("keepdims", False)))

@@ -1544,7 +1544,7 @@ class Trace(core.TraceHooks):
         if out is not None:
             return self._escaped_ufunc(f"np.{name} with out=", func, method, plain, kwargs,
                                        out)
-        ins, consts = [], []
+        ins, consts, seqs, operands = [], [], [], []
         arrays = [a for a in args if isinstance(a, np.ndarray)]
         like = np.result_type(*arrays) if arrays else None
         for pos, a in enumerate(args):
@@ -1552,6 +1552,17 @@ class Trace(core.TraceHooks):
                 # A Python number weak, as NumPy takes it (plain holds its Python value).
                 ins.append(self.operand(a) if not isinstance(a, TracedScalar) else
                            self.weak_operand(a, like))
+                operands.append(plain[pos])
+            elif _holds_operand(a):
+                # np.concatenate([a, b]), np.stack((a, 0.5 * a)): the sequence's operands
+                # flattened into the node's inputs, its shape and constants a template.
+                tmpl = self._seq_template(a, name, ins, operands)
+                if tmpl is None:
+                    return self._escaped_ufunc(f"np.{name} with a sequence holding "
+                                               f"something other than arrays and "
+                                               f"numbers", func, method, plain, kwargs,
+                                               None)
+                seqs.append((pos, tmpl))
             elif _is_static_constant(a):
                 # np.round(a, 2), a // 0.3, np.where(c, a, 0.0): the constant itself, at
                 # its place in each call (NumPy takes a Python number weakly).
@@ -1565,8 +1576,7 @@ class Trace(core.TraceHooks):
         except TypeError:
             return self._escaped_ufunc(f"np.{name} with unhashable keyword arguments", func,
                                        method, plain, kwargs, None)
-        fn = NumpyCall(func, method, static, consts)
-        operands = [p for pos, p in enumerate(plain) if pos not in dict(consts)]
+        fn = NumpyCall(func, method, static, consts, seqs)
         y = fn.raw(*[(i.value if isinstance(i, Lit) else p) for i, p in zip(ins, operands)])
         if isinstance(y, (tuple, list)):    # np.modf, np.divmod: one node, one output
             return self._escaped_ufunc(f"np.{name}, which returns several arrays", func,
@@ -1588,6 +1598,29 @@ class Trace(core.TraceHooks):
             elif type(y) in (bool, int, float):
                 t._numpy_scalar = "python"     # np.allclose: a Python scalar
         return t
+
+    def _seq_template(self, seq, name, ins, operands):
+        """The template of a sequence argument (NumpyCall.seqs), its operands appended
+        to ins and operands; None if it holds what cannot be replayed."""
+        entries = []
+        for x in seq:
+            if isinstance(x, (np.ndarray, Variable)):
+                ins.append(self.operand(x))
+                operands.append(_plain(x))
+                entries.append(None)
+            elif isinstance(x, TracedScalar):
+                # A traced Python number in the list: its value, behind a guard.
+                entries.append(("c", self.freeze(x, f"an element of np.{name}'s sequence")))
+            elif isinstance(x, (list, tuple)):
+                sub = self._seq_template(x, name, ins, operands)
+                if sub is None:
+                    return None
+                entries.append(sub)
+            elif type(x) in (bool, int, float, type(None)):
+                entries.append(("c", x))
+            else:
+                return None
+        return ("list" if isinstance(seq, list) else "tuple", tuple(entries))
 
     def _numpy_view(self, t, fn, ins, operands):
         """t, a NumPy call's result, is a view of an operand's buffer (np.flip,
@@ -1625,12 +1658,13 @@ class Trace(core.TraceHooks):
                     "copy", "argmax", "argmin") and args and isinstance(args[0], TracedArray):
             method = {"amax": "max", "amin": "min"}.get(name, name)
             return getattr(args[0], method)(*args[1:], **kwargs)
-        flat_ok = all(isinstance(a, (np.ndarray, Variable)) for a in args)
+        flat_ok = all(isinstance(a, (np.ndarray, Variable)) or _holds_operand(a)
+                      for a in args)
         if flat_ok:
             return self.numpy_call(func, args, kwargs)
-        if any(isinstance(a, (np.ndarray, Variable)) for a in args) and all(
-                isinstance(a, (np.ndarray, Variable, TracedScalar)) or
-                _is_static_constant(a) for a in args):
+        if any(isinstance(a, (np.ndarray, Variable)) or _holds_operand(a) for a in args) \
+                and all(isinstance(a, (np.ndarray, Variable, TracedScalar)) or
+                        _holds_operand(a) or _is_static_constant(a) for a in args):
             # Constants as NumpyCall.consts; a traced Python number among them (np.round(
             # d, n)) is a parameter of the call: its value, behind a guard.
             return self.numpy_call(func, [
@@ -2010,7 +2044,14 @@ _SHAPE_STATIC = frozenset(
     "quantile median nanmean nansum nanmax nanmin nanstd nanvar average cov corrcoef "
     "isclose allclose array_equal full_like zeros_like ones_like empty_like pad "
     "nan_to_num searchsorted copy real imag diff interp norm broadcast_to atleast_1d "
-    "atleast_2d atleast_3d triu tril any all count_nonzero python_round_to".split())
+    "atleast_2d atleast_3d triu tril any all count_nonzero python_round_to "
+    "concatenate stack hstack vstack dstack column_stack row_stack block".split())
+
+
+def _holds_operand(a):
+    """a is a list or tuple (maybe nested) with an array or Variable in it."""
+    return isinstance(a, (list, tuple)) and any(
+        isinstance(x, (np.ndarray, Variable)) or _holds_operand(x) for x in a)
 
 
 def _user_layouts(inputs, outputs):
