@@ -2457,7 +2457,17 @@ _NUMPY_CALLS = ["np.round({d}, {k})", "{d}.round({k})", "np.around({d}, {k})",
                 "np.copysign(0.5, {d})", "np.cumprod({d} * 0.5, -1)",
                 # results whose shape depends on the data (guarded)
                 "{d} * len(np.unique(np.round({d} * 2)))",
-                "{d} * np.bincount(np.abs(np.round({d} * 2)).astype(np.int64).ravel())[-1]"]
+                "{d} * np.bincount(np.abs(np.round({d} * 2)).astype(np.int64).ravel())[-1]",
+                # calls taking a list or tuple of arrays (NumpyCall.seqs), back to d's shape
+                "np.concatenate([{d}, {d} * 0.5], -1)[..., ::2]",
+                "np.concatenate(({d} * 0.5, {d}), axis=-1)[..., 1::2]",
+                "np.stack([{d}, {d} * 2]).sum(0)", "np.stack(({d}, {d} + 0.5), -1).mean(-1)",
+                "np.hstack(({d}, 0.5 * {d})).reshape((2,) + {d}.shape).sum(0)",
+                "np.vstack([{d}, {d} * 0.5]).reshape((-1,) + {d}.shape)[1]",
+                "np.column_stack([{d}.ravel(), {d}.ravel() * 2])[:, 1].reshape({d}.shape)",
+                "np.block([{d}.ravel(), {d}.ravel()])[::2].reshape({d}.shape)",
+                "np.concatenate([{d}, [0.5]], axis=None)[:-1].reshape({d}.shape)"
+                ".astype({d}.dtype)"]
 
 
 def _st_numpy_call(b):
