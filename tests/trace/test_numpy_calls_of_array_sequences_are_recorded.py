@@ -118,3 +118,62 @@ def test_a_saved_graph_with_a_concatenation_loads_and_runs(tmp_path):
     # ONNX has no form of it yet: a clear refusal naming the call.
     with pytest.raises(tj.ExportError, match="np.concatenate"):
         ex.to_onnx()
+
+
+# Calls giving several arrays (they escaped too): one node per result.
+SEVERAL = {
+    "np.divmod": lambda d: np.divmod(d, 0.3),
+    "np.modf": lambda d: np.modf(d),
+    "np.divmod(0-d)": lambda d: np.divmod(d[1, 2], 0.7),
+    # data-dependent shapes: a guard on each result's shape (same count of positives)
+    "np.nonzero": lambda d: np.nonzero(d > 0),
+    "np.where(c)": lambda d: np.where(d > 0),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", list(SEVERAL))
+def test_numpy_call_with_several_results_compiles_and_matches_eager(name, dtype):
+    call = SEVERAL[name]
+
+    def f(x):
+        return x * 2.0, call(x.data)
+
+    jf = tj.jit(f)
+    rng = np.random.default_rng(5)
+    signs = np.sign(rng.uniform(-1, 1, (3, 4)))
+    for _ in range(5):
+        a = (signs * rng.uniform(0.1, 2, (3, 4))).astype(dtype)
+        e, j = f(tj.Variable(a.copy())), jf(tj.Variable(a.copy()))
+        _same(e[0].data, j[0].data)
+        assert type(j[1]) is type(e[1]) and len(j[1]) == len(e[1])
+        for p, q in zip(e[1], j[1]):
+            _same(p, q)
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] >= 3, info
+
+
+def test_a_nonzero_of_a_new_count_retraces_not_stale():
+    # np.nonzero's result shape depends on the data: a call with another count of
+    # nonzeros gives its own indices (the shape guard), never the first call's.
+    def f(x):
+        return tj.Variable(x.data[np.nonzero(x.data > 0)] * 1.0)
+
+    jf = tj.jit(f)
+    for k in range(5):
+        a = np.arange(6.0) - k
+        np.testing.assert_array_equal(jf(tj.Variable(a)).data, f(tj.Variable(a)).data)
+    assert jf.cache_info()["fallbacks"] == 0
+
+
+def test_a_saved_graph_with_several_results_loads_and_runs(tmp_path):
+    def f(x):
+        frac, whole = np.modf(tj.Variable(x).data * 3)
+        return tj.Variable(np.stack((frac, whole * 0.5)).sum(0))
+
+    path = str(tmp_path / "modf.tj")
+    tj.export(f, np.random.rand(4)).save(path)
+    m = tj.load(path)
+    for _ in range(3):
+        x = np.random.rand(4)
+        np.testing.assert_array_equal(m(x), f(x).data)

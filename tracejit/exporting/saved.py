@@ -130,10 +130,10 @@ def _numpy_params(n, what):
     params = [{"numpy": name}, fn.method,
               {"tuple": [{"tuple": [k, _enc(v, what)]} for k, v in fn.kwargs]},
               {"tuple": [{"tuple": [k, _enc(v, what)]} for k, v in fn.consts]}]
-    if fn.seqs:
-        # Its list arguments' templates (np.concatenate([a, b])); a file without them
-        # (every older one) has none.
-        params.append(_enc(fn.seqs, what))
+    if fn.seqs or fn.pick is not None:
+        # Its list arguments' templates (np.concatenate([a, b])) and which of several
+        # results it is (np.divmod); a file without them (every older one) has none.
+        params += [_enc(fn.seqs, what), fn.pick]
     return params
 
 
@@ -245,7 +245,7 @@ def _rebuild(doc, arrays):
         p = tuple(_dec(x) for x in d["params"])
         if d["op"] == "NumpyCall":
             _numpy_function(p[0].__name__, p[1])     # its method too
-            p = p + ((),) * (5 - len(p))             # no seqs saved: none
+            p = p + ((), None)[len(p) - 4:]          # no seqs, pick saved: none
         ins, node_lits = [], {}
         for i, x in enumerate(d["inputs"]):
             if "v" in x:

@@ -79,14 +79,17 @@ class NumpyCall(Function):
     # the node's inputs hold their operands flattened in order, and the template
     # rebuilds the very sequence: ("list" | "tuple", entries), an entry None for the
     # next operand, ("c", value) for a Python constant, or a nested template.
-    params = ("func", "method", "kwargs", "consts", "seqs")
+    # pick: for a call giving several arrays (np.divmod, np.modf, np.nonzero,
+    # np.where(c)), which one this node is (one node per result); None: the one result.
+    params = ("func", "method", "kwargs", "consts", "seqs", "pick")
 
-    def __init__(self, func, method=None, kwargs=(), consts=(), seqs=()):
+    def __init__(self, func, method=None, kwargs=(), consts=(), seqs=(), pick=None):
         self.func = func
         self.method = method
         self.kwargs = kwargs
         self.consts = tuple(tuple(c) for c in consts)
         self.seqs = tuple(tuple(s) for s in seqs)
+        self.pick = pick
         self.op_name = "np." + getattr(func, "__name__", str(func)) + (
             "." + method if method and method != "__call__" else "")
 
@@ -97,7 +100,8 @@ class NumpyCall(Function):
         args = list(xs) if not self.seqs else self._with_seqs(xs)
         for pos, value in self.consts:
             args.insert(pos, value)
-        return f(*args, **dict(self.kwargs))
+        y = f(*args, **dict(self.kwargs))
+        return y if self.pick is None else y[self.pick]
 
     def _with_seqs(self, xs):
         """The positional arguments but the constants: the operands with each sequence
@@ -149,7 +153,7 @@ def _onnx_arg_reduce(op_type):
         # NumPy's argmax picks first, has no defined place in ONNX's).
         kw = dict(call.kwargs)
         if set(kw) - {"axis", "keepdims"} or len(node.inputs) != 1 or call.consts \
-                or call.seqs:
+                or call.seqs or call.pick is not None:
             raise b.unsupported(node, f"{call.op_name} with {sorted(kw)}")
         x, rank = b.x(node, 0), len(node.inputs[0].shape)
         axis, keep = kw.get("axis"), int(bool(kw.get("keepdims", False)))

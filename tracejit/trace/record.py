@@ -1578,14 +1578,25 @@ class Trace(core.TraceHooks):
                                        method, plain, kwargs, None)
         fn = NumpyCall(func, method, static, consts, seqs)
         y = fn.raw(*[(i.value if isinstance(i, Lit) else p) for i, p in zip(ins, operands)])
-        if isinstance(y, (tuple, list)):    # np.modf, np.divmod: one node, one output
-            return self._escaped_ufunc(f"np.{name}, which returns several arrays", func,
-                                       method, plain, kwargs, None)
+        if type(y) is tuple:
+            # np.modf, np.divmod, np.nonzero, np.where(c): one node per result, each the
+            # call picking its own (NumPy's results are fresh arrays, no views).
+            if not all(isinstance(r, (np.ndarray, np.generic)) for r in y):
+                return self._escaped_ufunc(f"np.{name}, which returns several values",
+                                           func, method, plain, kwargs, None)
+            return tuple(self._numpy_result(
+                NumpyCall(func, method, static, consts, seqs, k), ins, operands, r, name,
+                static_shape=isinstance(func, np.ufunc) or
+                name in _SHAPE_STATIC and not (name == "where" and len(args) == 1))
+                for k, r in enumerate(y))
+        return self._numpy_result(fn, ins, operands, y, name, static_shape=(
+            isinstance(func, np.ufunc) and method != "at" or name in _SHAPE_STATIC))
+
+    def _numpy_result(self, fn, ins, operands, y, name, static_shape):
         t = self._emit(fn, ins, y, None)
         if isinstance(t, TracedArray) and isinstance(y, np.ndarray):
             self._numpy_view(t, fn, ins, operands)
-        if isinstance(t, TracedArray) and not (
-                isinstance(func, np.ufunc) and method != "at" or name in _SHAPE_STATIC):
+        if isinstance(t, TracedArray) and not static_shape:
             # The result's shape may depend on the data (np.unique(t), np.bincount(t)):
             # the graph after it holds this one (len(np.unique(t)) is a constant of it).
             # A guard on it keeps the call in the graph and holds the shape; compiled
