@@ -2467,7 +2467,11 @@ _NUMPY_CALLS = ["np.round({d}, {k})", "{d}.round({k})", "np.around({d}, {k})",
                 "np.column_stack([{d}.ravel(), {d}.ravel() * 2])[:, 1].reshape({d}.shape)",
                 "np.block([{d}.ravel(), {d}.ravel()])[::2].reshape({d}.shape)",
                 "np.concatenate([{d}, [0.5]], axis=None)[:-1].reshape({d}.shape)"
-                ".astype({d}.dtype)"]
+                ".astype({d}.dtype)",
+                # calls giving several arrays (one node per result)
+                "np.modf({d} * 3)[0]", "np.divmod({d}, 0.7)[1]", "sum(np.divmod({d}, 0.7))",
+                "{d} * len(np.nonzero({d}.ravel() > 0)[0])",
+                "{d} * np.where({d}.ravel() > 0)[0].size"]
 
 
 def _st_numpy_call(b):
