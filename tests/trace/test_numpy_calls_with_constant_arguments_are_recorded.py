@@ -247,3 +247,20 @@ def test_numpy_call_whose_result_shape_depends_on_the_data_is_guarded(f, shapes)
                                       f(tj.Variable(a.copy()), t).data)
     info = jf.cache_info()
     assert info["fallbacks"] == 0 and info["variants"] == shapes == info["traces"], info
+
+
+def test_numpy_scalar_methods_keep_the_numpy_scalar():
+    """A NumPy scalar's .T, .transpose(), .reshape(()), .astype(), .squeeze() is a NumPy
+    scalar in eager (np.float64(2).T is a float64); traced, they gave 0-d arrays (an
+    ndarray result where eager's is a float64). .reshape(1) and .cumsum() are arrays."""
+    def f(x):
+        s = x.data.sum()
+        return x * 1.0, [s.T, s.transpose(), s.reshape(()), s.reshape(1),
+                         s.astype(np.float32), s.squeeze(), s.copy(), s.round(1),
+                         s.clip(0, 1), s.cumsum(), s[()]]
+    jf = tj.jit(f)
+    for call in range(4):
+        x = tj.Variable(np.random.default_rng(call).uniform(-2, 2, (3,)))
+        for e, j in zip(f(x)[1], jf(x)[1]):
+            _same(e, j)
+    assert jf.cache_info()["fallbacks"] == 0

@@ -144,21 +144,32 @@ class TracedArray(np.ndarray):
             y._numpy_scalar = True        # a[0, 1] is a NumPy scalar in eager
         return y
 
+    def _scalar_kept(self, y):
+        """A NumPy scalar's .T, .reshape(()), .astype(), .squeeze() is a NumPy scalar
+        in eager (np.float64(2).T is a float64, not a 0-d array): so is y."""
+        if self._numpy_scalar and isinstance(y, TracedArray) and y.ndim == 0:
+            y._numpy_scalar = self._numpy_scalar
+        return y
+
     def reshape(self, *shape):
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
-        return self._trace.record_data_op(F.reshape, self, shape)
+        return self._scalar_kept(self._trace.record_data_op(F.reshape, self, shape))
 
     def transpose(self, *axes):
         axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
-        return self._trace.record_data_op(F.transpose, self, axes or None)
+        return self._scalar_kept(self._trace.record_data_op(F.transpose, self,
+                                                            axes or None))
+
+    def squeeze(self, *args, **kwargs):
+        return self._scalar_kept(np.squeeze(self, *args, **kwargs))
 
     @property
     def T(self):
         return self.transpose()
 
     def astype(self, dtype, **kwargs):
-        return self._trace.record_data_op(F.cast, self, dtype)
+        return self._scalar_kept(self._trace.record_data_op(F.cast, self, dtype))
 
     def copy(self, order="C"):
         return self._trace.ufunc(np.positive, "__call__", (self,), {})
@@ -276,7 +287,7 @@ def _as_numpy_function(name):
 # ndarray methods that are NumPy functions of the array (d.cumsum(0) is np.cumsum(d,
 # 0)), whose C code skips __array_function__ and made an untracked array (an escape
 # where it was used): as the function, which is recorded.
-for _name in ("cumsum", "cumprod", "dot", "argsort", "repeat", "ravel", "squeeze",
+for _name in ("cumsum", "cumprod", "dot", "argsort", "repeat", "ravel",
               "swapaxes", "diagonal", "take", "searchsorted", "trace",
               "nonzero"):
     setattr(TracedArray, _name, _as_numpy_function(_name))
