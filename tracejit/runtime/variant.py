@@ -91,6 +91,17 @@ class CompiledFunction(RegionFunction):
         # history eager's has (_held_twins).
         self.held = {key: sg for key, (_, sg) in self.stale.items()}
 
+    def link_held(self, k, y):
+        """The held .grad k (stale_init) is the result y the call returns (`return
+        y2.grad` after `loss.backward(retain_grad=True)` inside it): in eager they are
+        one Variable, so a walk through the call adds that very Variable to what flows
+        past y2, and a later backward through the sum (create_graph) reaches the
+        returned y2.grad and sets its .grad. A fresh Variable of the same array would
+        take that .grad instead, leaving the result's None."""
+        key = id(self.variant.stale_grads[k])
+        self.stale[key] = (self.stale[key][0], y)
+        self.held[key] = y
+
     def hold_upstream(self, holds):
         """Hold the results other results of this call are computed from (`S['h'] = h;
         return F.sum(h * 2.0)`, `return loss, h`) while one computed from them lives,
@@ -298,7 +309,9 @@ class CompiledFunction(RegionFunction):
         stale = self.stale or {}
         out = {}
         for key, sg in self.held.items():
-            gv = v.held_grad_values[key]
+            gv = v.held_grad_values.get(key)
+            if gv is None:
+                continue
             if stale.get(key, (None, None))[1] is sg and id(gv) in made:
                 saved[id(gv)] = sg._data
                 out[key] = id(gv)
@@ -861,14 +874,21 @@ class Variant:
         # The .grads a backward inside the call left on its intermediates: outputs
         # after the saved values, which each call's CompiledFunction keeps (stale_init).
         held = list(backward.held_grads) if backward else []
-        self.stale_grads = [x for x, _ in held]
-        self.held_grad_values = {id(x): gv for x, gv in held}
+        self.stale_grads = [x for x, _, _, _ in held]
+        # Only the held .grads with history (the backward inside ran with
+        # create_graph=True): a create_graph walk reads those as the replay's Variables
+        # of their values (CompiledFunction._held_twins); the others are leaves in
+        # eager, which a later backward stops at.
+        self.held_grad_values = {id(x): gv for x, gv, _, hist in held if hist}
+        # (position in stale_grads, result leaf index): a held .grad the call returns,
+        # linked to that result (CompiledFunction.link_held).
+        self.held_results = [(k, i) for k, (_, _, i, _) in enumerate(held) if i is not None]
         self.n_user_outs = len(user_outs)
         self.n_effect_outs = len(effect_values)
         fwd_nodes = g.nodes[:n_fwd_nodes]
         self.forward_graph = Graph(g.name, fwd_inputs, fwd_nodes,
                                    user_outs + effect_values + saved_values
-                                   + [gv for _, gv in held],
+                                   + [gv for _, gv, _, _ in held],
                                    g.input_names[:n_fwd_inputs])
         self.forward_graph.output_roles = (["result"] * len(user_outs)
                                            + ["effect"] * len(effect_values)
@@ -2244,6 +2264,7 @@ def build_runner(v, leaf_kinds, key=None):
         # creator's output slots numbered as the backward graph's gys.
         refs = [f"ref({n})" if c else "dead" for n, _, c, _ in made]
         inner.append(f"cf.outputs = [{', '.join(refs)}]")
+        inner += [f"cf.link_held({k}, {exprs[i]})" for k, i in v.held_results]
         if v.upstream_holds:
             inner.append(f"cf.hold_upstream({const(v.upstream_holds)})")
         body += ["    " + line for line in inner]

@@ -418,13 +418,20 @@ def held_grads(tr, out_raw, out_leaves):
     of the call behind its results, not results themselves (their .grad is theirs,
     tr.made_grads): eager's later walk through the call adds to each and propagates
     the sum past it, so the compiled call keeps them (CompiledFunction.stale): a list
-    of (Value of the Variable, Value of its .grad). The caller cannot reach such a
+    of (Value of the Variable, Value of its .grad, the result leaf index of that .grad
+    where the function returns it else None, whether that .grad has a creator). The caller cannot reach such a
     Variable to change its .grad (a compiled call's results have the call as their
     creator, not eager's graph), so each is held as the call left it. Or (reason,
     line) for one the compiled call does not keep: on a view of a buffer the call
     updates in place (_views_of_updated)."""
     results = {id(x) for x, (kind, _, b) in zip(out_raw, out_leaves)
                if kind == "out" and b == VAR}
+    # A .grad the function returns (`return y2.grad` after a backward that retained it
+    # on intermediate y2): eager's walk through y2 and the caller's result are one
+    # Variable, so a later backward through what the walk gave reaches the result.
+    # result Variable id -> its result leaf index.
+    result_leaf = {id(x): i for i, (x, (kind, _, b)) in enumerate(zip(out_raw, out_leaves))
+                   if kind == "out" and b == VAR}
     roots = [x for x in out_raw if isinstance(x, Variable) and id(x) in results
              and x.creator is not None and x.creator in tr.functions]
     views = _views_of_updated(tr)
@@ -446,7 +453,10 @@ def held_grads(tr, out_raw, out_leaves):
                 line = next((n.line for n in tr.graph.nodes if v is not None
                              and any(o is v for o in n.outputs)), None)
                 return _HELD_REFUSAL, line or "an unknown line"
-            held.append((v, tr.value_of(x._grad)))
+            # (Whether that .grad has history: a backward with create_graph=False
+            # left one without, which a later backward does not pass through.)
+            held.append((v, tr.value_of(x._grad), result_leaf.get(id(x._grad)),
+                         x._grad.creator is not None))
     return held
 
 
