@@ -32,6 +32,13 @@ def returns_held_grad_on_a_branch(x):
     return F.sum(k * 2.0 + h), h.grad, x.grad
 
 
+def returns_held_grad_twice(x):
+    # One object in two places: both are the Variable eager's walk adds at h.
+    h = F.tanh(x @ W)
+    F.sum(F.sin(h * h)).backward(retain_grad=True)
+    return F.sum(h * h * 2.0), h.grad, h.grad
+
+
 def _call(fn, v, retain, preset):
     W.cleargrad()
     x = Variable(v.copy())
@@ -61,7 +68,8 @@ def _call(fn, v, retain, preset):
 @pytest.mark.usefixtures("jit_warnings_are_errors")
 @pytest.mark.parametrize("retain", [False, True], ids=["", "retain"])
 @pytest.mark.parametrize("preset", [False, True], ids=["", "preset"])
-@pytest.mark.parametrize("fn", [returns_held_grad, returns_held_grad_on_a_branch],
+@pytest.mark.parametrize("fn", [returns_held_grad, returns_held_grad_on_a_branch,
+                                returns_held_grad_twice],
                          ids=lambda f: f.__name__)
 def test_second_order_through_a_returned_retained_grad(fn, retain, preset):
     jf = tj.jit(fn)
