@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tracejit as tj
+from numpy_results import assert_same_result
 
 pytestmark = pytest.mark.usefixtures("jit_warnings_are_errors")
 
@@ -44,10 +45,7 @@ def _f(call):
     return f
 
 
-def _same(e, j):
-    assert type(j) is type(e), (type(e), type(j))
-    assert np.asarray(j).dtype == np.asarray(e).dtype
-    np.testing.assert_array_equal(np.asarray(j), np.asarray(e))
+_same = assert_same_result
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
