@@ -32,7 +32,7 @@ from tracejit import core
 from tracejit import functions as F
 from tracejit.core import Variable
 from tracejit.ir import Graph, Lit, Node, Value
-from tracejit.trace import pystate
+from tracejit.trace import pystate, sequences
 from tracejit.trace.values import (_PY_OPS, _PY_UNARY, REDUCE_PRIMS, SCALAR_TYPES, UFUNC_PRIMS,
                               TracedArray, TracedFloat, TracedScalar, is_internal,
                               python_round_to, python_rounding, python_value)
@@ -2155,10 +2155,16 @@ def _np_entry(name):
 
     def entry(a, *args, **kwargs):
         tr = core._state.trace
-        if type(a) is not TracedArray or tr is None or a._trace is not tr \
-                or tr.abstract or is_internal(sys._getframe(1)):
+        if tr is None or tr.abstract:
             return orig(a, *args, **kwargs)
-        return tr.array_constructor(name, orig, a, args, kwargs)
+        if type(a) is TracedArray and a._trace is tr:
+            if is_internal(sys._getframe(1)):
+                return orig(a, *args, **kwargs)
+            return tr.array_constructor(name, orig, a, args, kwargs)
+        if name in ("array", "asarray") and type(a) in (list, tuple) and \
+                sequences.holds_traced(a, tr) and not is_internal(sys._getframe(1)):
+            return sequences.array_of_sequence(tr, orig, a, args, kwargs)
+        return orig(a, *args, **kwargs)
     entry.__name__ = entry.__qualname__ = name
     entry.__doc__ = orig.__doc__
     entry.__wrapped__ = orig
@@ -2168,6 +2174,49 @@ def _np_entry(name):
 for _n in ("asarray", "array", "ascontiguousarray", "asfortranarray", "asarray_chkfinite",
            "frombuffer", "require"):
     _np_entry(_n)
+
+
+# np.stack([float(m), 1.0]), np.full(shape, float(v)): traced numbers that NumPy's C
+# code reads through __array__ (a guard by value each) unless they are traced arrays
+# first (trace/sequences.py).
+def _np_sequence_entry(name):
+    orig = getattr(np, name)
+
+    def entry(seq, *args, **kwargs):
+        tr = core._state.trace
+        if tr is not None and not tr.abstract and type(seq) in (list, tuple) and \
+                sequences.holds_traced(seq, tr) and not is_internal(sys._getframe(1)):
+            items = sequences.as_stack_items(tr, seq)
+            if items is not None:
+                seq = items
+        return orig(seq, *args, **kwargs)
+    entry.__name__ = entry.__qualname__ = name
+    entry.__doc__ = orig.__doc__
+    entry.__wrapped__ = orig
+    _NP_ENTRIES[name] = (orig, entry)
+
+
+for _n in ("stack", "concatenate", "hstack", "vstack", "dstack", "column_stack"):
+    _np_sequence_entry(_n)
+
+
+def _np_fill_entry(name, follow):
+    orig = getattr(np, name)
+
+    def entry(a, fill_value, *args, **kwargs):
+        tr = core._state.trace
+        if tr is not None and not tr.abstract and sequences.holds_traced(fill_value, tr) \
+                and not is_internal(sys._getframe(1)):
+            return follow(tr, orig, a, fill_value, args, kwargs)
+        return orig(a, fill_value, *args, **kwargs)
+    entry.__name__ = entry.__qualname__ = name
+    entry.__doc__ = orig.__doc__
+    entry.__wrapped__ = orig
+    _NP_ENTRIES[name] = (orig, entry)
+
+
+_np_fill_entry("full", sequences.full)
+_np_fill_entry("full_like", sequences.full_like)
 
 
 def _tracing_isscalar(element):

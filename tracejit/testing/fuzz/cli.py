@@ -436,7 +436,9 @@ def main(argv=None):
                     "int64 among them, used as operands, conditions and trip counts); "
                     "numpy_calls (NumPy calls with constant arguments on an input's data: "
                     "np.round(d, 1), d.clip(-0.75, 0.75), np.where(d > 0, d, 0.0), "
-                    "round(d.max(), 2); rarely an out= write into an array made in f); "
+                    "round(d.max(), 2), constructors of traced numbers: np.array([d.mean(), "
+                    "float(d.max())]), np.full(d.shape, float(m)); rarely an out= write "
+                    "into an array made in f); "
                     "rebind_inplace (a user Function of an argument or a captured "
                     "Parameter that f updates in place, before or after it; the "
                     "default of --generator rebind_inplace)")

@@ -2471,7 +2471,17 @@ _NUMPY_CALLS = ["np.round({d}, {k})", "{d}.round({k})", "np.around({d}, {k})",
                 # calls giving several arrays (one node per result)
                 "np.modf({d} * 3)[0]", "np.divmod({d}, 0.7)[1]", "sum(np.divmod({d}, 0.7))",
                 "{d} * len(np.nonzero({d}.ravel() > 0)[0])",
-                "{d} * np.where({d}.ravel() > 0)[0].size"]
+                "{d} * np.where({d}.ravel() > 0)[0].size",
+                # constructors of traced numbers (trace/sequences.py: each number was
+                # guarded by value, so every new input retraced), and of rows of traced
+                # data (copied from their buffers: frozen, caught by the first-call check)
+                "{d} * np.array([{d}.mean(), float({d}.max())]).sum()",
+                "{d} - np.stack([float({d}.min()), 0.5])[0]",
+                "{d} * np.asarray(({d}.std(), 1.0), dtype={d}.dtype)[0]",
+                "{d} + np.hstack((float({d}.sum()), [0.25]))[0]",
+                "np.full({d}.shape, float({d}.mean())) + {d}",
+                "np.full_like({d}, {d}.max()) * {d}",
+                "np.array([{d}, {d} * 0.5]).sum(0)"]
 
 
 def _st_numpy_call(b):
