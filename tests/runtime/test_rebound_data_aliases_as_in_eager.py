@@ -4,7 +4,8 @@ a view of it, `W.data = x.grad.data` the .grad's array (a backward's seed passed
 through, which the graph reads as a constant, or a computed one), `W.data = V.data`
 and `W.data = A` another capture's buffer; a write into one shows in the other. So for
 a captured Variable, a captured Parameter and an argument. A rebind compiled calls
-cannot rebuild (the array the function made, returned too) runs eagerly, warned.
+cannot rebuild (an array the function made, written in place after it is stored, and
+returned) runs eagerly, warned.
 
 Each test runs the jitted function beside the eager one on twin state, 5 calls with new
 values and the captured Parameter changed in place between calls, and compares the
@@ -159,15 +160,42 @@ def test_a_rebind_of_a_rebound_variable_and_the_results_on_it():
     assert fj.cache_info()["hits"] >= 2
 
 
+@pytest.mark.parametrize("made", [True, False], ids=["made", "computed"])
+def test_an_array_the_function_stores_and_returns_is_one_object(made):
+    """`a = np.ones(...) * 2.0` (or `x.data * 2.0`), `W.data = a`, `return ..., a`: the
+    result is W.data itself on every call, compiled too (a computed one came back as
+    another array than W.data, silently; a made one ran eagerly)."""
+    def make(jit):
+        W = tj.Variable(np.ones((3, 2)), name="W")
+
+        def f(x):
+            a = np.ones((3, 2)) * 2.0 if made else x.data * 2.0
+            W.data = a
+            return F.sin(x), a
+
+        return (tj.jit(f) if jit else f), W
+
+    (fe, We), (fj, Wj) = make(False), make(True)
+    for call in range(5):
+        x = tj.Variable(np.random.default_rng(call).uniform(-1.0, 1.0, (3, 2)))
+        (ye, ae), (yj, aj) = fe(x), fj(x)
+        assert (ae is We.data) and (aj is Wj.data), call
+        np.testing.assert_allclose(yj.data, ye.data)
+        np.testing.assert_array_equal(aj, ae)
+    assert fj.cache_info()["hits"] >= 2
+
+
 def test_a_rebind_it_cannot_rebuild_runs_eagerly(record_jit_warnings):
-    """The array the function made, stored and returned: compiled calls would store one
-    copy and return another."""
+    """The array the function made, stored, then written in place and returned:
+    compiled calls would store the value before the write. Eager's result is W.data
+    itself, on the traced call too."""
     def make(jit):
         W = tj.Variable(np.ones((3, 2)), name="W")
 
         def f(x):
             a = np.ones((3, 2)) * 2.0
             W.data = a
+            a += x.data
             return F.sin(x), a
 
         return (tj.jit(f) if jit else f), W
@@ -176,8 +204,9 @@ def test_a_rebind_it_cannot_rebuild_runs_eagerly(record_jit_warnings):
     for call in range(4):
         x = tj.Variable(np.random.default_rng(call).uniform(-1.0, 1.0, (3, 2)))
         (ye, ae), (yj, aj) = fe(x), fj(x)
-        assert (ae is We.data) and (aj is Wj.data)
+        assert (ae is We.data) and (aj is Wj.data), call
         np.testing.assert_allclose(yj.data, ye.data)
+        np.testing.assert_array_equal(Wj.data, We.data)
     assert any("W.data = ...` stores a view" in str(w.message)
                for w in record_jit_warnings)
 

@@ -433,6 +433,16 @@ def test_the_gradients_of_result_variables_are_compared():
     assert any("gradient of result leaf 1" in msg for _, msg in diffs), diffs
 
 
+def test_the_made_arrays_focus_draws_each_form():
+    progs = fuzz.generate(40, seed=3, focus="made_arrays")
+    features = set().union(*(p.features for p in progs))
+    for f in ("made_branch_", "made_operand_", "made_variable_first", "made_temp_mask",
+              "made_mask", "made_input_write"):
+        assert any(g.startswith(f) for g in features), (f, features)
+    for p in progs:
+        compile(p.source, "<program>", "exec")
+
+
 def test_the_rounding_focus_draws_each_rounding_source_and_use():
     progs = fuzz.generate(40, seed=3, focus="rounding")
     features = set().union(*(p.features for p in progs))
@@ -445,7 +455,7 @@ def test_the_rounding_focus_draws_each_rounding_source_and_use():
 
 
 @pytest.mark.parametrize("focus, n", [("made_leaves", 40), ("argument_views", 150),
-                                      ("rounding", 40)])
+                                      ("rounding", 40), ("made_arrays", 40)])
 def test_generated_programs_are_valid_in_eager(focus, n, tmp_path):
     # An invalid program tests nothing: eager must run every call. Found as invalid:
     # `tj.Variable(h.data * 0.5)` of a 0-d h (a NumPy scalar, which Variable rejects),

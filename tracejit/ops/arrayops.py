@@ -496,8 +496,11 @@ def _mask_count(k):
     return int(np.count_nonzero(data))
 
 
-def _split_index(key):
-    """Split an index into a hashable template and the index arrays it uses."""
+def _split_index(key, count_masks=True):
+    """Split an index into a hashable template and the index arrays it uses.
+    count_masks: a boolean mask is a _MaskIndex with its count (the result's shape
+    depends on it: x[mask]), else an _ArrayIndex like an index array (an assignment's
+    shape is the target's, whatever the count)."""
     key = static_value(key, "an index")
     if not isinstance(key, tuple):
         key = (key,)
@@ -509,7 +512,7 @@ def _split_index(key):
             # An ndarray (a traced argument's too) is kept as it is: np.asarray would
             # hand a traced array's buffer to NumPy behind the tracer's back.
             k = k if isinstance(k, (Variable, np.ndarray)) else np.asarray(k)
-            if k.dtype == np.bool_:
+            if k.dtype == np.bool_ and count_masks:
                 template.append(_MaskIndex((len(arrays), _mask_count(k))))
             else:
                 template.append(_ArrayIndex(len(arrays)))

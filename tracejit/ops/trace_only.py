@@ -538,3 +538,34 @@ def _vjp(low, inst, primals, cts):
     if roots:
         backprop(roots, create_graph=create, grads=store)
     return [store.get(leaf) for leaf in leaves]
+
+
+def split_assign_index(key):
+    """An item assignment's key as (template, index arrays): GetItem's template (slices
+    as _Slice, ints, None, Ellipsis), each index array or mask an _ArrayIndex of its
+    position among the arrays. A mask's count is not part of it: an assignment's shape
+    is the target's, whatever the count (NumPy raises where a value does not fit)."""
+    from tracejit.ops.arrayops import _split_index
+    return _split_index(key, count_masks=False)
+
+
+class AssignItem(Function):
+    """`a[key] = value` on traced data, as a value: a copy of a with the assignment done
+    by NumPy itself (its broadcasting, casting and errors). key: split_assign_index's
+    template; the index arrays are inputs after a and value. The tracer writes the
+    result into a's buffer as it writes an in-place ufunc's (record._write_into)."""
+
+    kind = OPAQUE
+    params = ("key",)
+
+    def __init__(self, key):
+        self.key = key
+
+    def forward(self, a, value, *indices):
+        from tracejit.ops.arrayops import _join_index
+        out = np.array(a, copy=True)
+        out[_join_index(self.key, indices)] = value
+        return out
+
+    def shape_rule(self, a, value, *indices):
+        return ShapeDtype(a.shape, a.dtype)

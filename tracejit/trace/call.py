@@ -9,6 +9,7 @@ import numpy as np
 
 from tracejit.core import Config, Constant, Variable
 from tracejit.trace import buffers, opaque, pystate, sites
+from tracejit.trace import made as made_arrays
 from tracejit.trace import record as tracing
 from tracejit.trace.backward import held_grads, mutated_inputs, trace_backward
 from tracejit.trace.pytree import (ARR, FLT, MAX_DEPTH, VAR, arg_at, arg_names,
@@ -84,6 +85,8 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             hook = buffers.install(reached, locs,
                                    list(args) + list(kwargs.values()))
             result = tracing.symbolic_scalars(fn)(*targs, **tkwargs)
+            # The arrays it made are plain ndarrays outside the trace (trace/made.py).
+            result = made_arrays.plain_tree(result)
         finally:
             if hook is not None:
                 buffers.uninstall(hook)
@@ -155,6 +158,17 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
                 f"captured array's, a .grad's or a result's buffer that compiled calls "
                 f"cannot rebuild (they would store an unaliased copy)",
                 tr.rebind_lines.get(unbound[0], def_line)))
+        # A computed array a rebind stored and the call returns (`W.data = a; a += 1;
+        # return a`): eager's result is W.data itself, in this traced call too (where
+        # compiled calls cannot rebuild that, the escape above sends later calls to
+        # eager; the traced call's own result must still be eager's object).
+        for e, t in tr.rebind_tracers.items():
+            arr = tr.rebind_arrays.get(e)
+            if tr.effects[e][1]._data is not arr:
+                continue
+            for i, raw in enumerate(out_leaves_raw):
+                if raw is t and not isinstance(result_objects[i], Variable):
+                    result_objects[i] = arr
         # A .grad that a backward going on into the caller's graph touched after: the
         # one that walk started from (it is repeated at call time, after these).
         grad_of = _grads_before_walks(tr)
@@ -300,7 +314,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         tracing.stop(tr, prev)
         tracing.plain_numbers(locs)
         tr.arg_views = None       # tracers hold the trace: no cycle left behind
-        tr.rebind_owners = tr.rebind_arrays = None    # (nor the call's arrays)
+        tr.rebind_owners = tr.rebind_arrays = tr.rebind_tracers = None  # (nor its arrays)
         tr.made_of_data = None
         tr.scalar_args = None
         tr.arg_containers = None

@@ -1141,8 +1141,10 @@ def state_refusal(loc, old, new):
 def _threadable_array(v):
     """An ndarray (traced, it is a result of the call, aliasing what eager's aliases):
     not a NumPy scalar eager gives (`x.data.sum()`), which the tracer holds as one."""
+    from tracejit.trace.made import MadeArray
     from tracejit.trace.values import TracedArray
-    return type(v) is np.ndarray or (type(v) is TracedArray and not v._numpy_scalar)
+    return type(v) is np.ndarray or type(v) is MadeArray or (
+        type(v) is TracedArray and not v._numpy_scalar)
 
 
 def threaded(fn, locs, labels, name):

@@ -817,8 +817,10 @@ class _ViewRoots:
         e = self.rebind_pos.get(id(v))
         if e is not None and (before is None or e < before):
             # (Its object: the Variable whose .data it stored, `W.data = x.grad.data`.)
+            # (Or the traced array it stored, a computed one: `W.data = a; return a`.)
+            owner = self.tr.rebind_owners.get(e)
             cands.append((("rebind", e), self.tr.rebind_arrays[e],
-                          self.tr.rebind_owners.get(e)))
+                          owner if owner is not None else self.tr.rebind_tracers.get(e)))
         j = self.out_pos.get(id(v))
         if j is not None and j != i:
             cands.append((("leaf", j), _plain(self.raw[j]), None))

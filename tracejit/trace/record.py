@@ -32,11 +32,13 @@ from tracejit import core
 from tracejit import functions as F
 from tracejit.core import Variable
 from tracejit.ir import Graph, Lit, Node, Value
-from tracejit.trace import pystate, sequences
+from tracejit.trace import made, pystate, sequences
 from tracejit.trace.values import (_PY_OPS, _PY_UNARY, REDUCE_PRIMS, SCALAR_TYPES, UFUNC_PRIMS,
                               TracedArray, TracedFloat, TracedScalar, is_internal,
                               python_round_to, python_rounding, python_value)
-from tracejit.ops.trace_only import Guard, NumpyCall, UserBackward, UserCall, UserGrad
+from tracejit.ops.trace_only import (AssignItem, Guard, NumpyCall, UserBackward, UserCall,
+                                     UserGrad)
+from tracejit.ops.trace_only import split_assign_index as AssignItem_split
 
 log = logging.getLogger("tracejit")
 
@@ -192,11 +194,15 @@ class Trace(core.TraceHooks):
         # data may be rebound since: `W.data = ...`)
         self.read_arrays = {}
         self.captured_arrays = {}    # id(ndarray) -> (ndarray, current Value)
+        # id(MadeArray) -> (it, the copy the graph holds, its Value): _made_value
+        self.made_snapshots = {}
+        self._writing = "an in-place write"   # what _write_into's escapes call a write
         self.effects = []            # (kind, target, Value) replayed after a run
         self.grad_writes = {}        # id(Variable) -> Variable, live vars whose .grad was set
         self.rebind_arrays = {}      # rebind effect index -> the array it stored
         self.rebind_lines = {}       # ... -> the user's line
         self.rebind_owners = {}      # ... -> the Variable whose .data it stored
+        self.rebind_tracers = {}     # ... -> the traced array it stored (a computed one)
         # id(Variable) -> (Variable, argument Variable): a captured Variable whose .grad,
         # read before the call set it, is an argument (`S['h'] = W.grad` threaded)
         self.grad_args = {}
@@ -350,6 +356,8 @@ class Trace(core.TraceHooks):
             self.escape("an array derived from traced data by an operation the tracer "
                         "does not follow")
             arr = arr.view(np.ndarray)
+        if type(arr) is made.MadeArray:
+            return self._made_value(arr)
         entry = self.captured_arrays.get(id(arr))
         if entry is not None:
             return entry[1]
@@ -368,6 +376,23 @@ class Trace(core.TraceHooks):
         self.own(arr)      # a plain view of it later is its data leaving the tracer
         return v
 
+    def _made_value(self, arr):
+        """An array f made, as an operand: its values now, a constant of the graph (a
+        copy the graph holds: the array itself may be written after this use, and
+        eager's result is computed from the values it had here). Copied again only
+        where it was written since its last use."""
+        last = self.made_snapshots.get(id(arr))
+        if last is not None and last[0] is arr and last[1].shape == arr.shape and \
+                last[1].dtype == arr.dtype and np.array_equal(last[1], arr, equal_nan=True):
+            return last[2]
+        snap = np.ndarray.view(arr, np.ndarray).copy(order="K")
+        v = self.add_input(snap.shape, snap.dtype, self.name_of(arr))
+        self.captured_arrays[id(snap)] = (snap, v)
+        self.captures.append((v, ("array", snap)))
+        self.own(snap)
+        self.made_snapshots[id(arr)] = (arr, snap, v)
+        return v
+
     def operand(self, x):
         if isinstance(x, Variable):
             return self.value_of(x)
@@ -381,6 +406,14 @@ class Trace(core.TraceHooks):
     # ---- hooks called by core
 
     def new_variable(self, var, data):
+        if type(data) is made.MadeArray:
+            # Variable(buf) of an array f made: eager's Variable holds that buffer, a
+            # leaf the made-leaf machinery follows as the graph input it is (its data
+            # changed by the caller before a backward is what the backward reads). So
+            # the plain array, as eager's, and buf is not followed after this: a write
+            # of traced data into it, which the Variable would show, is an escape.
+            data.hold()
+            data = made.plain_of(data)
         if isinstance(data, TracedArray):
             var._tv = self.array_value(data)
             if data._owner is not None:
@@ -1240,6 +1273,8 @@ class Trace(core.TraceHooks):
 
     def write_data(self, var, value):
         """`var.data = value` for a Variable that exists: a live input is reassigned."""
+        if type(value) is made.MadeArray and not self.follow_made(value):
+            value = made.plain_of(value)              # (as new_variable's)
         if isinstance(value, TracedArray):
             if value._owner is var and _root(value) is _root(var._data):
                 # `var.data -= x` assigns back the array it changed in place: nothing new.
@@ -1265,6 +1300,10 @@ class Trace(core.TraceHooks):
             self.rebind_lines[len(self.effects) - 1] = user_line()
             if owner is not None:
                 self.rebind_owners[len(self.effects) - 1] = owner
+            elif isinstance(value, TracedArray):
+                # A computed array (`a = x.data * 2; W.data = a`): eager's W.data is a,
+                # the very object a result `a` is too (pytree._ViewRoots.candidates).
+                self.rebind_tracers[len(self.effects) - 1] = value
             var._tv = tv
         else:
             var._tv = tv if tv is not None else PENDING
@@ -1417,6 +1456,56 @@ class Trace(core.TraceHooks):
             t._numpy_scalar = True     # a 0-d ufunc or reduction result is a NumPy scalar
         return t
 
+    def follow_made(self, arr):
+        """arr, an array f made (a MadeArray), meets traced data (written into it, a
+        Variable of it, indexed by it): from here on it is traced data itself, its
+        value so far a constant of the graph (array_value's snapshot), so what is
+        computed from it later is recorded. False where it cannot be: a view of
+        another made array, or one with live views (eager's views show a write)."""
+        if type(arr.base) is made.MadeArray or arr.has_views():
+            return False
+        v = self.array_value(arr)
+        arr.__class__ = TracedArray
+        arr._tv, arr._trace, arr._owner, arr._capture = v, self, None, None
+        arr._numpy_scalar = False
+        return True
+
+    def assign_item(self, target, key, value):
+        """target[key] = value with target traced data (an argument's or a Parameter's
+        .data, a value computed in f, an array f made that the tracer now follows):
+        recorded as the whole new array (AssignItem), written into target's buffer as
+        an in-place ufunc's result is (_write_into: an update of an argument's or a
+        Parameter's data is an effect; views and Variables of the buffer follow)."""
+        try:
+            template, arrays = AssignItem_split(key)
+        except TypeError:
+            self.escape("item assignment into traced data with an index the tracer "
+                        "does not follow")
+            target.view(np.ndarray)[_plain_deep(key)] = _plain_deep(value)
+            return
+        if type(value) in (list, tuple):
+            # (NumPy converts the list as np.asarray does, then casts it to the target's
+            # dtype: the same values.) Its traced numbers recorded, not guarded.
+            value = sequences.array_of_sequence(self, _NP_ENTRIES["asarray"][0], value,
+                                                (), {}) \
+                if sequences.holds_traced(value, self) else np.asarray(value)
+        if isinstance(value, Variable) or not isinstance(
+                value, (np.ndarray, np.generic, TracedScalar, bool, int, float)):
+            self.escape(f"item assignment of a {type(value).__name__} into traced data")
+            target.view(np.ndarray)[_plain_deep(key)] = _plain_deep(value)
+            return
+        operands = [target, value] + arrays
+        plain = [np.asarray(x).view(np.ndarray) if isinstance(x, np.ndarray) else
+                 (x._value if isinstance(x, TracedScalar) else x) for x in operands]
+        fn = AssignItem(template)
+        y = fn.forward(*plain)           # raises what eager's assignment raises
+        ins = [self._np_operand(x, target.dtype) for x in operands]
+        self._writing = "item assignment"
+        try:
+            self._emit(fn, ins, y, target)
+        finally:
+            self._writing = "an in-place write"
+
     def _emit(self, fn, ins, y, out):
         y = np.asarray(y)
         self.own(y)
@@ -1429,6 +1518,8 @@ class Trace(core.TraceHooks):
 
     def _write_into(self, target, y, v):
         """An in-place NumPy op (`param.data -= ...`): the target now holds value v."""
+        if type(target) is made.MadeArray and self.follow_made(target):
+            pass          # `buf += x.data` into an array f made: followed from here on
         if isinstance(target, TracedArray):
             owner = target._owner
             base = target.view(np.ndarray)
@@ -1502,7 +1593,7 @@ class Trace(core.TraceHooks):
             self.escape("an out= write of traced data into a NumPy array made inside the "
                         "function (np.empty(...)), which the tracer cannot follow")
         else:
-            self.escape("an in-place write into a value computed inside the function")
+            self.escape(f"{self._writing} into a value computed inside the function")
         if self.buffer_vars:
             self._follow_write(base, v, owner)
         if isinstance(target, TracedArray):
@@ -1669,6 +1760,23 @@ class Trace(core.TraceHooks):
                     "copy", "argmax", "argmin") and args and isinstance(args[0], TracedArray):
             method = {"amax": "max", "amin": "min"}.get(name, name)
             return getattr(args[0], method)(*args[1:], **kwargs)
+        if name == "copyto" and len(args) == 2 and not kwargs and \
+                isinstance(args[0], np.ndarray) and \
+                np.can_cast(np.result_type(args[1]), args[0].dtype, "same_kind"):
+            # np.copyto(buf, x.data) is buf[...] = x.data (its default casting checked
+            # here: same_kind, where item assignment casts unsafely).
+            dst = args[0]
+            if type(dst) is made.MadeArray and self.follow_made(dst) or \
+                    type(dst) is TracedArray and dst._trace is self:
+                self.assign_item(dst, Ellipsis, args[1])
+                return None
+        if name in made.IN_PLACE_WRITERS:
+            # np.copyto(buf, x.data), np.put(...): NumPy writes the first argument in
+            # place, which a graph of values does not follow (a traced destination's
+            # update, or traced values copied as plain data into a plain array).
+            self.escape(f"np.{name} writes traced data, or into traced data, in place")
+            return func._implementation(*[_plain_deep(a) for a in args],
+                                        **{k: _plain_deep(v) for k, v in kwargs.items()})
         flat_ok = all(isinstance(a, (np.ndarray, Variable)) or _holds_operand(a)
                       for a in args)
         if flat_ok:
@@ -2164,7 +2272,11 @@ def _np_entry(name):
         if name in ("array", "asarray") and type(a) in (list, tuple) and \
                 sequences.holds_traced(a, tr) and not is_internal(sys._getframe(1)):
             return sequences.array_of_sequence(tr, orig, a, args, kwargs)
-        return orig(a, *args, **kwargs)
+        if type(a) is made.MadeArray:
+            pv = np.ndarray.view(a, np.ndarray)
+            r = orig(pv, *args, **kwargs)
+            return a if r is pv else made.made(r, sys._getframe(1))   # np.asarray(buf)
+        return made.made(orig(a, *args, **kwargs), sys._getframe(1))
     entry.__name__ = entry.__qualname__ = name
     entry.__doc__ = orig.__doc__
     entry.__wrapped__ = orig
@@ -2174,6 +2286,27 @@ def _np_entry(name):
 for _n in ("asarray", "array", "ascontiguousarray", "asfortranarray", "asarray_chkfinite",
            "frombuffer", "require"):
     _np_entry(_n)
+
+
+def _np_made_entry(name):
+    """A NumPy constructor of constants (np.zeros, np.arange ...): its result a MadeArray
+    when the user's code calls it while this thread traces (trace/made.py)."""
+    orig = getattr(np, name)
+
+    def entry(*args, **kwargs):
+        r = orig(*args, **kwargs)
+        if type(r) is np.ndarray and core._state.trace is not None:
+            return made.made(r, sys._getframe(1))
+        return r
+    entry.__name__ = entry.__qualname__ = name
+    entry.__doc__ = orig.__doc__
+    entry.__wrapped__ = orig
+    _NP_ENTRIES[name] = (orig, entry)
+
+
+for _n in ("zeros", "ones", "empty", "zeros_like", "ones_like", "empty_like", "arange",
+           "linspace", "logspace", "eye", "identity", "copy", "tri"):
+    _np_made_entry(_n)
 
 
 # np.stack([float(m), 1.0]), np.full(shape, float(v)): traced numbers that NumPy's C
@@ -2208,7 +2341,8 @@ def _np_fill_entry(name, follow):
         if tr is not None and not tr.abstract and sequences.holds_traced(fill_value, tr) \
                 and not is_internal(sys._getframe(1)):
             return follow(tr, orig, a, fill_value, args, kwargs)
-        return orig(a, fill_value, *args, **kwargs)
+        r = orig(a, fill_value, *args, **kwargs)
+        return made.made(r, sys._getframe(1)) if tr is not None else r
     entry.__name__ = entry.__qualname__ = name
     entry.__doc__ = orig.__doc__
     entry.__wrapped__ = orig
@@ -2613,19 +2747,32 @@ def _swap_np_aliases(funcs, done):
         g = pystate.probe(f, "__globals__")
         if isinstance(g, dict) and g is not np.__dict__:
             dicts[id(g)] = g
+
+    def swap(key, holder, val, install):
+        entry = _np_alias_swaps.get(key)
+        if entry is None:
+            if id(val) not in originals or originals[id(val)][0] is not val:
+                return
+            orig, new = originals[id(val)]
+            install(new)
+            entry = _np_alias_swaps[key] = [holder, orig, new, 0]
+        entry[3] += 1
+        done.append(key)
+
     with _swap_lock:
         for g in dicts.values():
             for name, val in list(g.items()):
-                key = (id(g), name)
-                swap = _np_alias_swaps.get(key)
-                if swap is None:
-                    if id(val) not in originals or originals[id(val)][0] is not val:
-                        continue
-                    orig, entry = originals[id(val)]
-                    g[name] = entry
-                    swap = _np_alias_swaps[key] = [g, orig, entry, 0]
-                swap[3] += 1
-                done.append(key)
+                swap((id(g), name), g, val, lambda e, g=g, name=name: g.__setitem__(name, e))
+        # A closure cell holding one (`zeros = np.zeros` in the enclosing function):
+        # the same swap, its key (id(cell), None).
+        for f in funcs:
+            for cell in pystate.probe(f, "__closure__") or ():
+                try:
+                    val = cell.cell_contents
+                except ValueError:          # an empty cell
+                    continue
+                swap((id(cell), None), cell, val,
+                     lambda e, cell=cell: setattr(cell, "cell_contents", e))
 
 
 def unswap_scalar_code(done):
@@ -2636,7 +2783,10 @@ def unswap_scalar_code(done):
                 swap[3] -= 1
                 if swap[3] == 0:
                     g, orig, entry, _ = swap
-                    if g.get(f[1]) is entry:     # unless the user rebound the name
+                    if f[1] is None:             # a closure cell
+                        if g.cell_contents is entry:
+                            g.cell_contents = orig
+                    elif g.get(f[1]) is entry:   # unless the user rebound the name
                         g[f[1]] = orig
                     del _np_alias_swaps[f]
                 continue
@@ -2656,7 +2806,7 @@ def plain_numbers(locs):
     seen = set()
     for loc in locs:
         v = loc.read()
-        if isinstance(v, (TracedScalar, TracedArray)):
+        if isinstance(v, (TracedScalar, TracedArray, made.MadeArray)):
             loc.write(_untraced(v))
         else:
             # Items the locations do not list: appended during the trace, past the
@@ -2732,7 +2882,7 @@ def _plain_attrs(o, seen, depth):
 
 def _plain_value(x, seen, depth):
     """x with the traced numbers in it plain (a new tuple where one holds some)."""
-    if isinstance(x, (TracedScalar, TracedArray)):
+    if isinstance(x, (TracedScalar, TracedArray, made.MadeArray)):
         return _untraced(x)
     if type(x) is tuple:
         if any(_holds_tracer(y) for y in x):
@@ -2745,7 +2895,7 @@ def _plain_value(x, seen, depth):
 
 
 def _holds_tracer(x):
-    return isinstance(x, (TracedScalar, TracedArray)) or (
+    return isinstance(x, (TracedScalar, TracedArray, made.MadeArray)) or (
         type(x) is tuple and any(_holds_tracer(y) for y in x))
 
 
@@ -2754,6 +2904,8 @@ def _untraced(x):
     x.data.sum()`): the number, the NumPy scalar, the array (a view of its memory)."""
     if isinstance(x, TracedScalar):
         return x._value
+    if type(x) is made.MadeArray:
+        return made.plain_of(x)                   # an array f made (trace/made.py)
     a = x.view(np.ndarray)
     scalar = x._numpy_scalar
     return a if not scalar else a.item() if scalar == "python" else a[()]

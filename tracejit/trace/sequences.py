@@ -15,6 +15,7 @@ non-numeric dtypes, and keyword arguments these functions do not follow.
 """
 import numpy as np
 
+from tracejit.trace.made import MadeArray
 from tracejit.trace.values import TracedArray, TracedScalar
 
 
@@ -127,7 +128,7 @@ def full_like(tr, orig, a, fill, args, kwargs):
 
 
 def _filled(tr, orig, eager, fill, numpy_own):
-    if type(eager) is not np.ndarray or eager.dtype.kind not in "biuf" or \
+    if type(eager) not in (np.ndarray, MadeArray) or eager.dtype.kind not in "biuf" or \
             not eager.flags.c_contiguous:
         return numpy_own()           # an F-ordered or subclass result: NumPy's own
     try:

@@ -131,9 +131,17 @@ class TracedArray(np.ndarray):
         return self.view(np.ndarray).tolist()
 
     def __setitem__(self, key, value):
-        self._trace.escape("item assignment into traced data")
-        value = value.view(np.ndarray) if isinstance(value, np.ndarray) else value
-        self.view(np.ndarray)[key] = value
+        tr = self._trace
+        if tr is None or tr is not core._state.trace or getattr(tr, "abstract", False) \
+                or is_internal(sys._getframe(1)):
+            # Another thread's or a finished trace's data, or tracejit's own code (a
+            # DeZero utility called on .data) writing it: not followed.
+            if tr is not None:
+                tr.escape("item assignment into traced data")
+            value = value.view(np.ndarray) if isinstance(value, np.ndarray) else value
+            self.view(np.ndarray)[key] = value
+            return
+        tr.assign_item(self, key, value)
 
     def __getitem__(self, key):
         key = core.static_value(key, "an index")   # x[int(...)]: NumPy's scalar, as eager

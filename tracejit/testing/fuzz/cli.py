@@ -382,7 +382,7 @@ def main(argv=None):
                              "scalar_dropout", "backward_into", "retain_grad", "c_state",
                              "hidden_state", "nesting", "rebind_alias", "input_leaves",
                              "grad_grads", "dropped_state", "replay_reads", "gate_sums",
-                             "rounding", "numpy_calls", "rebind_inplace"],
+                             "rounding", "numpy_calls", "rebind_inplace", "made_arrays"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
@@ -439,6 +439,10 @@ def main(argv=None):
                     "round(d.max(), 2), constructors of traced numbers: np.array([d.mean(), "
                     "float(d.max())]), np.full(d.shape, float(m)); rarely an out= write "
                     "into an array made in f); "
+                    "made_arrays (arrays f makes, np.zeros/np.empty/np.full, written "
+                    "with an input's data by item assignment, np.copyto, fill() or +=, "
+                    "a Variable of one before the write, a branch on one; item "
+                    "assignment into a computed array and into an input's data); "
                     "rebind_inplace (a user Function of an argument or a captured "
                     "Parameter that f updates in place, before or after it; the "
                     "default of --generator rebind_inplace)")

@@ -2439,6 +2439,75 @@ ROUNDING_STEPS = [(_st_rounding, 1)]
 # ------------------------------------------------------------------- end of rounding
 
 
+# ------------------------------------------------------------- made arrays (focus)
+# (focus "made_arrays"; in the default profile too, rarely.) Arrays f makes itself
+# (np.zeros, np.empty, np.full) written with an input's data by item assignment,
+# np.copyto, fill() or `+=`, wrapped in a Variable before the write, or indexed by a
+# traced mask; a computed array written by item assignment; an input's own data
+# written in place (x.data[mask] = ...). NumPy copied traced data into a made array as
+# plain values, and a branch on it was frozen on the traced call's side, silently
+# (trace/made.py); item assignment into traced data ran eagerly (AssignItem now).
+
+def _st_made_array(b):
+    ins = [w for w in b.vals if w.signed and w.var and w.name.startswith("x")]
+    if not ins:
+        return b.st_unary()
+    src = b.draw(st.sampled_from(ins))
+    buf, name = b.fresh("buf"), b.fresh()
+    d, dt = src.data, f"{src.data}.dtype"
+    makes = [f"np.zeros({d}.shape, {dt})", f"np.full({d}.shape, 0.5, {dt})"]
+    form = b.draw(st.sampled_from(["branch", "operand", "variable_first", "temp_mask",
+                                   "input_write", "made_mask"]))
+    if form in ("branch", "operand"):
+        writes = {"setitem": "{buf}[...] = {d}", "copyto": "np.copyto({buf}, {d})",
+                  "setitem_product": "{buf}[...] = {d} * 0.5", "iadd": "{buf} += {d}",
+                  "fill": "{buf}.fill({d}.ravel()[0])"}
+        tag = b.draw(st.sampled_from(sorted(writes)))
+        # (np.empty only where the write covers it all: its values are garbage.)
+        if tag != "iadd":
+            makes.append(f"np.empty({d}.shape, {dt})")
+        make = b.draw(st.sampled_from(makes))
+        b.emit(f"{buf} = {make}")
+        b.emit(writes[tag].format(buf=buf, d=d))
+        b.features.add(f"made_{form}_{tag}")
+        if form == "branch":
+            v = b.pick(lambda w: w.var) or src
+            b.emit(f"if {buf}.ravel()[0] > 0:")
+            b.emit(f"    {name} = F.tanh({v.name})")
+            b.emit("else:")
+            b.emit(f"    {name} = F.sin({v.name}) * 0.5")
+            b.add(name, v.shape, v.dtype, 1.0)
+            return
+        b.emit(f"{name} = {src.name} * tj.Variable({buf})")
+    elif form == "variable_first":
+        vb = b.fresh("vb")
+        b.emit(f"{buf} = {b.draw(st.sampled_from(makes))}")
+        b.emit(f"{vb} = tj.Variable({buf})")
+        b.emit(f"{buf}[...] = {d} * 0.5")
+        b.emit(f"{name} = {src.name} * {vb}")
+        b.features.add("made_variable_first")
+    elif form == "temp_mask":
+        b.emit(f"{buf} = {d}.copy()")          # (an array also of a 0-d d; d * 1.0 is not)
+        b.emit(f"{buf}[{buf} > 0] = 0.25")
+        b.emit(f"{name} = {src.name} * tj.Variable({buf})")
+        b.features.add("made_temp_mask")
+    elif form == "made_mask":
+        b.emit(f"{buf} = {b.draw(st.sampled_from(makes))}")
+        b.emit(f"{buf}[{d} > 0] = 1.0")
+        b.emit(f"{name} = {src.name} * tj.Variable({buf})")
+        b.features.add("made_mask")
+    else:
+        # The input's own data, in place (its later readers see the write, in eager).
+        b.emit(f"{d}[{d} < -1.0] = -1.0")
+        b.emit(f"{name} = {src.name} * 1.0")
+        b.features.add("made_input_write")
+    b.add(name, src.shape, src.dtype, src.bound * 1.5 + 1.0)
+
+
+MADE_ARRAY_STEPS = [(_st_made_array, 1)]
+# -------------------------------------------------------------- end of made arrays
+
+
 # ------------------------------------------------------------- numpy calls (focus)
 # (focus "numpy_calls"). NumPy functions and ndarray methods applied to an input's data
 # with Python constants as arguments (np.round(d, 1), d.clip(-0.75, 0.75), np.where(d >
@@ -2558,6 +2627,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     (always one) with retain_grad;
     focus="numpy_calls" mostly NUMPY_CALL_STEPS (NumPy calls with constant arguments
     on an input's data);
+    focus="made_arrays" mostly MADE_ARRAY_STEPS (arrays f makes, written with an
+    input's data, and item assignment into traced data);
     focus="rounding" mostly ROUNDING_STEPS (round/floor/ceil/trunc/int/float/.item() of
     data-derived numbers, float, uint64 and uint32, small and past int64, as operands,
     branch conditions and loop trip counts)."""
@@ -2601,7 +2672,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
             draw(st.sampled_from(["var", "var", "var", "array"])) if i else "var"
         dtype = draw(st.sampled_from(["float64", "float32"]))
         # (focus "rounding": x0 signed, the finite input its steps read.)
-        signed = draw(st.booleans()) or (focus in ("rounding", "numpy_calls") and i == 0)
+        signed = draw(st.booleans()) or (focus in ("rounding", "numpy_calls", "made_arrays")
+                                          and i == 0)
         name = f"x{i}"
         v = b.add(name, shape, dtype, 1.5 if signed else 2.0, var=(kind == "var"),
                   signed=signed)
@@ -2666,6 +2738,9 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
         table += [(lambda g=g: g(b), w * 60) for g, w in ROUNDING_STEPS]
     if focus == "numpy_calls":  # (only then, as unchain)
         table += [(lambda g=g: g(b), w * 60) for g, w in NUMPY_CALL_STEPS]
+    if focus in (None, "made_arrays"):    # (the other focuses draw as they did)
+        table += [(lambda g=g: g(b), w * (40 if focus == "made_arrays" else 1))
+                  for g, w in MADE_ARRAY_STEPS]
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()

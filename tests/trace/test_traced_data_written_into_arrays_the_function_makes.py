@@ -1,0 +1,181 @@
+"""Traced data written into an array the function made itself (np.zeros, np.empty,
+np.array of numbers ...), or into traced data, is recorded: the compiled call gives
+eager's results on every call, a branch on such an array among them.
+
+`buf = np.zeros(n); buf[:] = x.data; if buf.sum() > 0:` was silently wrong: NumPy's
+item assignment copied the traced call's data into the plain array, the branch on it
+was never guarded, and every compiled call took the traced call's branch (the checks
+against eager compare values on that branch, so none saw it). The constructors now
+give a MadeArray while tracing (trace/made.py): written with traced data (item
+assignment, np.copyto, fill(), `+=`), indexed by it, or stored as a Variable's data,
+it is traced data from then on, its values so far a constant of the graph. Item assignment
+into traced data is an AssignItem node (it was an escape). What still cannot be
+followed (a write through a view of a made array, or into one a new Variable holds,
+np.put, np.putmask) is an escape.
+"""
+import copy
+import pickle
+
+import numpy as np
+import pytest
+
+import tracejit as tj
+import tracejit.functions as F
+
+# Each writes x.data (or what it computes) into an array made inside the function,
+# then branches on that array (a plain NumPy value before: nothing the tracer guarded).
+COMPILED = {
+    "buf[:] = d": "buf = np.zeros(d.shape)\n    buf[:] = d",
+    "buf[...] = d * 2": "buf = np.empty(d.shape)\n    buf[...] = d * 2",
+    "buf[0:2] = d[0:2]": "buf = np.ones(4)\n    buf[0:2] = d[0:2]",
+    "buf[0] = d[0] (a NumPy scalar)": "buf = np.zeros(3)\n    buf[0] = d[0]",
+    "buf[1] = float(...)": "buf = np.zeros(3)\n    buf[1] = float(d.sum())",
+    "np.asarray(np.zeros)": "buf = np.asarray(np.zeros(4))\n    buf[:] = d",
+    "np.array(numbers)": "buf = np.array([0.0, 0.0, 0.0, 0.0])\n    buf[:] = d",
+    "a made array's copy": "buf = np.zeros(4).copy()\n    buf[:] = d",
+    "a made array's product, +=": "buf = np.ones(4) * 0.5\n    buf += d",
+    "np.arange, float": "buf = np.arange(4.0)\n    buf[1:] = d[1:]",
+    "np.zeros_like(plain)": "buf = np.zeros_like(np.ones(4))\n    buf[:] = d",
+    "float32 buffer": "buf = np.zeros(4, np.float32)\n    buf[:] = d",
+    "traced mask as the index": "buf = np.zeros(4)\n    buf[d > 0] = 1.0",
+    "np.copyto": "buf = np.zeros(4)\n    np.copyto(buf, d)",
+    "fill()": "buf = np.zeros(4)\n    buf.fill(d.max())",
+    "indexed by traced data": "buf = np.eye(4)[(d > 0).astype(np.int64)][:, 0]",
+}
+ESCAPED = {
+    "a view of buf written": "buf = np.zeros(5)\n    v = buf[1:]\n    v[:] = d",
+    "np.put": "buf = np.zeros(4)\n    np.put(buf, [0, 1, 2, 3], d)",
+    "np.putmask": "buf = np.zeros(4)\n    np.putmask(buf, np.ones(4, bool), d)",
+    # (a made leaf the made-leaf machinery follows as the graph input it is)
+    "a Variable of it, then written": "buf = np.zeros(4)\n    v = tj.Variable(buf)\n"
+                                      "    buf[:] = d\n    buf = v.data",
+}
+
+
+def _program(body):
+    src = (f"def f(x):\n    d = x.data\n    {body}\n"
+           f"    if buf.sum() > 0:\n        return x * 2.0\n    return x * -1.0\n")
+    scope = {"np": np, "tj": tj}
+    exec(compile(src, "<made-array program>", "exec"), scope)
+    return scope["f"]
+
+
+def _drive(f, jf):
+    rng = np.random.default_rng(0)
+    # Thirty calls on one side of the branch, then ten on the other.
+    for call in range(40):
+        a = np.abs(rng.normal(size=4)) + 0.1
+        a = a if call < 30 else -a
+        np.testing.assert_array_equal(jf(tj.Variable(a.copy())).data,
+                                      f(tj.Variable(a.copy())).data)
+
+
+@pytest.mark.parametrize("name", list(COMPILED))
+def test_a_branch_on_traced_data_in_a_made_array_compiles_and_matches_eager(
+        name, jit_warnings_are_errors):
+    f = _program(COMPILED[name])
+    jf = tj.jit(f)
+    _drive(f, jf)
+    info = jf.cache_info()
+    # One variant per side of the branch; the rest are compiled calls.
+    assert info["fallbacks"] == 0 and info["variants"] == 2 and info["hits"] >= 35, info
+
+
+@pytest.mark.parametrize("name", list(ESCAPED))
+def test_what_cannot_be_followed_runs_eagerly_and_says_where(name, record_jit_warnings):
+    f = _program(ESCAPED[name])
+    jf = tj.jit(f)
+    _drive(f, jf)
+    messages = [str(w.message) for w in record_jit_warnings]
+    assert any("runs eagerly" in m and "made-array program" in m for m in messages), \
+        messages
+    assert any(("array made inside the function" in m or "in place" in m) for m in messages)
+
+
+def test_made_arrays_written_with_constants_still_compile(jit_warnings_are_errors):
+    def f(x):
+        buf = np.zeros(x.shape)
+        buf[0] = 1.5
+        buf[1:] = np.arange(x.shape[0] - 1)
+        w = np.ones(x.shape) * 0.5
+        w.fill(0.25)
+        return x * tj.Variable(buf) + F.sum(x * tj.Variable(w))
+
+    jf = tj.jit(f)
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        a = rng.normal(size=4)
+        np.testing.assert_allclose(jf(tj.Variable(a.copy())).data,
+                                   f(tj.Variable(a.copy())).data, rtol=1e-12)
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] >= 3, info
+
+
+def test_a_made_array_beside_traced_data_in_a_numpy_call_is_recorded(
+        jit_warnings_are_errors):
+    # The made array first: NumPy asks it first, and ndarray's own __array_function__
+    # would run np.concatenate on the traced buffer as plain data (frozen).
+    def f(x):
+        head = np.zeros(2)
+        c = np.concatenate([head, x.data])
+        return x * tj.Variable(c[2:] + c[:-2].sum())
+
+    jf = tj.jit(f)
+    rng = np.random.default_rng(2)
+    for _ in range(6):
+        a = rng.normal(size=4)
+        np.testing.assert_allclose(jf(tj.Variable(a.copy())).data,
+                                   f(tj.Variable(a.copy())).data, rtol=1e-12)
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] >= 3, info
+
+
+def test_made_arrays_leave_the_call_as_plain_ndarrays(jit_warnings_are_errors):
+    def f(x):
+        b = np.zeros(3)
+        v = tj.Variable(np.ones(2))
+        return x * 2.0, b, [b, {"b": b}], (b,), v
+
+    jf = tj.jit(f)
+    for _ in range(4):
+        y, b, lst, tup, v = jf(tj.Variable(np.ones(3)))
+        assert type(b) is np.ndarray and type(v.data) is np.ndarray
+        # One array in four places is one object, as eager's is.
+        assert lst[0] is b and lst[1]["b"] is b and tup[0] is b
+        np.testing.assert_array_equal(b, np.zeros(3))
+
+
+def test_a_made_array_pickles_and_copies_as_a_plain_array(jit_warnings_are_errors):
+    def f(x):
+        b = np.arange(3.0)
+        p = pickle.loads(pickle.dumps(b))
+        c = copy.deepcopy(b)
+        assert type(p) is np.ndarray and type(c) is np.ndarray
+        return x * tj.Variable(p + c)
+
+    jf = tj.jit(f)
+    for _ in range(4):
+        np.testing.assert_array_equal(jf(tj.Variable(np.ones(3))).data, [0.0, 2.0, 4.0])
+
+
+def _closure_program():
+    zeros = np.zeros          # bound before any trace: the function's closure cell
+
+    def f(x):
+        buf = zeros(4)
+        buf[:] = x.data
+        return x * 2.0 if buf.sum() > 0 else x * -1.0
+    return f
+
+
+def test_a_constructor_held_in_a_closure_cell_gives_a_made_array_too(
+        jit_warnings_are_errors):
+    f = _closure_program()
+    jf = tj.jit(f)
+    for call in range(12):
+        a = (np.arange(4.0) + 1.0) * (1 if call < 8 else -1)
+        np.testing.assert_array_equal(jf(tj.Variable(a.copy())).data,
+                                      f(tj.Variable(a.copy())).data)
+    assert jf.cache_info()["variants"] == 2, jf.cache_info()
+    # The cell holds NumPy's own function again after the trace.
+    assert f.__closure__[0].cell_contents is np.zeros

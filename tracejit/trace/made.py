@@ -1,0 +1,182 @@
+"""Arrays the traced function makes itself (np.zeros, np.empty, np.array of numbers,
+np.arange ...), and traced data written into them.
+
+Why: NumPy's item assignment copies an array operand straight from its buffer, with
+no Python hook on the value. `buf = np.zeros(n); buf[:] = x.data; if buf.sum() > 0:`
+copied the traced call's data into a plain array, and the branch on it was never
+guarded: every compiled call took the traced call's branch, silently (the checks
+against eager compare values on the traced branch and could not see it).
+
+While a trace runs, NumPy's constructors called from the user's code give a MadeArray
+(an ndarray subclass, a view of NumPy's own result): its item assignment, fill() and
+NumPy's in-place writers (np.copyto, np.put, np.place, np.putmask ...) with traced data
+as the value or the index, and indexing it by traced data (np.eye(3)[t]), are escapes (the call runs eagerly, with a warning naming
+the line). Everything else about it is NumPy's: its arithmetic is a plain array's,
+and it leaves the traced call as a plain ndarray view of the same buffer (results, a
+Variable's data).
+
+Not covered (documented in README): arrays NumPy's C code makes from made arrays
+without subclass propagation (np.concatenate of them), `made.flat[...] = traced`, and
+arrays made by other libraries; the trace's first-call checks still compare their
+values.
+"""
+import weakref
+
+import numpy as np
+
+from tracejit import core
+from tracejit.trace.values import TracedArray, TracedScalar, is_internal
+
+_NP_DIR = __import__("os").path.dirname(np.__file__)
+
+
+def _traced_in(a, tr):
+    """Traced data of trace tr in a (an array, or nested lists and tuples of them)."""
+    if type(a) in (list, tuple):
+        return any(_traced_in(x, tr) for x in a)
+    return type(a) is TracedArray and a._trace is tr
+
+
+def _plain(a):
+    if type(a) in (list, tuple):
+        return type(a)(_plain(x) for x in a)
+    return a.view(np.ndarray) if type(a) is TracedArray else a
+
+
+def _traced_value(a, tr):
+    """A traced array or number of trace tr in a (nested lists and tuples too)."""
+    if type(a) in (list, tuple):
+        return any(_traced_value(x, tr) for x in a)
+    return (type(a) is TracedArray or isinstance(a, TracedScalar)) and a._trace is tr
+
+
+class MadeArray(np.ndarray):
+    """An array the traced function made (see the module docstring)."""
+
+    def __array_finalize__(self, obj):
+        # A view of a made array (buf[1:], buf.T): the tracer cannot follow a write
+        # into buf while it lives (eager's view shows the write), so buf keeps it.
+        if isinstance(obj, MadeArray) and self.base is not None:
+            views = obj.__dict__.setdefault("_views", [])
+            views.append(weakref.ref(self))
+
+    def has_views(self):
+        """Does another object show this buffer (a live view, a Variable holding it)?"""
+        return self.__dict__.get("_held", False) or \
+            any(r() is not None for r in self.__dict__.get("_views", ()))
+
+    def hold(self):
+        """A Variable holds this buffer (tj.Variable(buf)): not followed after this."""
+        self.__dict__["_held"] = True
+
+    def __setitem__(self, key, value):
+        tr = core._state.trace
+        if tr is not None and not tr.abstract and (_traced_value(value, tr) or
+                                                    _traced_in(key, tr)):
+            if tr.follow_made(self):
+                return tr.assign_item(self, key, value)      # self is traced data now
+            tr.escape("item assignment of traced data into an array made inside the "
+                      "function that is a view of another, or has views (buf[1:]) or a "
+                      "Variable holding it (tj.Variable(buf)): "
+                      "NumPy copies it as plain values, which the tracer cannot follow")
+            value, key = _plain(value), _plain(key)
+        np.ndarray.__setitem__(self, key, value)
+
+    def __array_function__(self, func, types, args, kwargs):
+        # NumPy asks the arguments' types in order, and ndarray's own method (which this
+        # class would inherit) runs the function on any mix of ndarray subclasses: a
+        # made array before traced data (np.copyto(buf, x.data), np.concatenate([buf,
+        # x.data])) would read the traced buffers as plain data. The tracer's first.
+        if any(issubclass(t, TracedArray) for t in types):
+            return NotImplemented
+        return super().__array_function__(func, types, args, kwargs)
+
+    def __getitem__(self, key):
+        # np.eye(3)[t] with t traced: NumPy reads the index array in C, so the graph
+        # would hold the traced call's rows. Followed as traced data from here on.
+        tr = core._state.trace
+        if tr is not None and not tr.abstract and _traced_in(key, tr):
+            if tr.follow_made(self):
+                return self[key]                        # TracedArray.__getitem__
+            tr.escape("an array made inside the function indexed by traced data "
+                      "(np.eye(3)[t]) while it has views")
+            key = _plain(key)
+        return np.ndarray.__getitem__(self, key)
+
+    def fill(self, value):
+        tr = core._state.trace
+        if tr is not None and not tr.abstract and _traced_value(value, tr):
+            if tr.follow_made(self):
+                return tr.assign_item(self, Ellipsis, value)
+            tr.escape("fill() of an array made inside the function with traced data, "
+                      "while it has views")
+            value = _plain(value)
+        np.ndarray.fill(self, value)
+
+    def __reduce__(self):
+        # Pickled (and deep-copied by pickle's protocol) as the plain array it stands for.
+        return np.ndarray.view(self, np.ndarray).__reduce__()
+
+    def __deepcopy__(self, memo):
+        return np.ndarray.view(self, np.ndarray).copy()
+
+
+def made(result, frame):
+    """NumPy's result of a constructor the code in frame called: a MadeArray view of it
+    where that is the user's code and the result a plain array, else the result."""
+    if type(result) is not np.ndarray:
+        return result
+    tr = core._state.trace
+    if tr is None or tr.abstract or is_internal(frame) or \
+            frame.f_code.co_filename.startswith(_NP_DIR):
+        return result
+    return result.view(MadeArray)
+
+
+def plain_of(m):
+    """The plain ndarray view that stands for MadeArray m outside the trace: one object
+    wherever m was (a result, state, a Variable's data), as eager's array is one."""
+    v = m.__dict__.get("_plain")
+    if v is None:
+        v = m.__dict__["_plain"] = np.ndarray.view(m, np.ndarray)
+    return v
+
+
+def plain_tree(obj, memo=None, depth=0):
+    """obj (the traced call's result) with each MadeArray its plain_of view (the same
+    array in two places is one object there too). Lists and dicts are changed in place
+    (they are the very objects eager returns, and may be state too); a tuple holding
+    one is rebuilt, once (a result DAG, `r = (r, r)` sixty times, is walked once per
+    object, not per path)."""
+    memo = {} if memo is None else memo
+    t = type(obj)
+    if t is MadeArray:
+        return plain_of(obj)
+    if not (t is list or t is dict or isinstance(obj, tuple)):
+        return obj
+    done = memo.get(id(obj))
+    if done is not None:
+        return done[0]
+    memo[id(obj)] = (obj,)                   # (a list that holds itself: itself)
+    if depth > 200:                           # (past pytree.MAX_DEPTH: an escape)
+        return obj
+    if t is list or t is dict:
+        for k in (range(len(obj)) if t is list else list(obj)):
+            y = plain_tree(obj[k], memo, depth + 1)
+            if y is not obj[k]:
+                obj[k] = y
+        return obj
+    if t is not tuple and not hasattr(t, "_make"):
+        return obj
+    items = [plain_tree(x, memo, depth + 1) for x in obj]
+    if not all(a is b for a, b in zip(items, obj)):
+        new = t(items) if t is tuple else t._make(items)
+        memo[id(obj)] = (new,)
+        return new
+    return obj
+
+
+# NumPy's in-place writers: their first argument is the array written.
+IN_PLACE_WRITERS = frozenset(("copyto", "put", "place", "putmask", "put_along_axis",
+                              "fill_diagonal"))
+
