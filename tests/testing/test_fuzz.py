@@ -437,7 +437,7 @@ def test_the_made_arrays_focus_draws_each_form():
     progs = fuzz.generate(40, seed=3, focus="made_arrays")
     features = set().union(*(p.features for p in progs))
     for f in ("made_branch_", "made_operand_", "made_variable_first", "made_temp_mask",
-              "made_mask", "made_input_write"):
+              "made_mask", "made_input_write", "made_slice_write"):
         assert any(g.startswith(f) for g in features), (f, features)
     for p in progs:
         compile(p.source, "<program>", "exec")

@@ -135,3 +135,46 @@ def test_an_index_from_a_traced_int_matches_eager():
         a = rng.normal(size=4)
         np.testing.assert_array_equal(jf(tj.Variable(a.copy())).data,
                                       f(tj.Variable(a.copy())).data)
+
+
+def test_an_update_through_a_slice_of_a_parameter_is_an_effect():
+    # `W.data[1:3] -= lr * g` (a sparse update, an embedding's rows): the write through
+    # the slice view is W.data[1:3] = the difference.
+    W = tj.Parameter(np.ones(4))
+
+    def f(x):
+        W.data[1:3] -= 0.1 * x.data[:2]
+        W.data[::3] *= 0.5
+        return F.sum(x * W)
+
+    jf = tj.jit(f)
+    rng = np.random.default_rng(9)
+    for call in range(5):
+        start, a = rng.normal(size=4), rng.normal(size=4)
+        W.data[...] = start
+        ye = f(tj.Variable(a.copy()))
+        We = W.data.copy()
+        W.data[...] = start
+        yj = jf(tj.Variable(a.copy()))
+        np.testing.assert_allclose(W.data, We, rtol=1e-12)
+        np.testing.assert_allclose(yj.data, ye.data, rtol=1e-12)
+    assert jf.cache_info()["hits"] >= 3
+
+
+def test_a_written_slice_returned_is_a_view_of_the_argument():
+    def f(x):
+        v = x.data[::2]
+        v += 1.0
+        return x * 2.0, v
+
+    jf = tj.jit(f)
+    rng = np.random.default_rng(10)
+    for _ in range(5):
+        a = rng.normal(size=4)
+        xe, xj = tj.Variable(a.copy()), tj.Variable(a.copy())
+        (ye, ve), (yj, vj) = f(xe), jf(xj)
+        np.testing.assert_array_equal(xj.data, xe.data)
+        np.testing.assert_array_equal(yj.data, ye.data)
+        np.testing.assert_array_equal(vj, ve)
+        assert np.shares_memory(vj, xj.data)       # eager's is a view of x's data
+    assert jf.cache_info()["hits"] >= 3

@@ -1539,6 +1539,15 @@ class Trace(core.TraceHooks):
                                       f"update, and the signature does not hold strides)",
                                       user_line(3)))
         view_line = getattr(target, "_view_line", None)
+        src = getattr(target, "_view_src", None)
+        if view_line is not None and src is not None and src[0]._trace is self and \
+                getattr(src[0], "_stale", None) is None and base.shape == y.shape:
+            # `x.data[1:] *= 2`, `W.data[i] -= lr * g`: a write through a basic slice of
+            # traced data is that slice assigned the written values (x's buffer then
+            # holds them, and this view is rebuilt from x's new value, _refresh_views).
+            target._view_src = None
+            self.assign_item(src[0], src[1], self._wrap(y, v))
+            return target
         if view_line is not None:
             # A NumPy view of an argument's or captured buffer (_view_of), written in
             # place: eager changes that buffer through it; the effects do not.
@@ -1825,6 +1834,9 @@ class Trace(core.TraceHooks):
                 t = self._wrap(numpy_result, tv)
                 t._view_line = user_line(3)
                 fn, args = self._view_call
+                # (x[key] of traced data x: an in-place write through it is x[key] = the
+                # written values, _write_into.)
+                t._view_src = (x, args[0]) if fn is F.get_item else None
                 src = x.view(np.ndarray)
                 self._note_view(t, src, user_line(3), self._data_op_rebuilder(fn, src, args))
                 return t

@@ -2457,7 +2457,8 @@ def _st_made_array(b):
     d, dt = src.data, f"{src.data}.dtype"
     makes = [f"np.zeros({d}.shape, {dt})", f"np.full({d}.shape, 0.5, {dt})"]
     form = b.draw(st.sampled_from(["branch", "operand", "variable_first", "temp_mask",
-                                   "input_write", "made_mask"]))
+                                   "input_write", "made_mask"] +
+                                  (["slice_write"] if src.shape else [])))
     if form in ("branch", "operand"):
         writes = {"setitem": "{buf}[...] = {d}", "copyto": "np.copyto({buf}, {d})",
                   "setitem_product": "{buf}[...] = {d} * 0.5", "iadd": "{buf} += {d}",
@@ -2496,6 +2497,12 @@ def _st_made_array(b):
         b.emit(f"{buf}[{d} > 0] = 1.0")
         b.emit(f"{name} = {src.name} * tj.Variable({buf})")
         b.features.add("made_mask")
+    elif form == "slice_write":
+        # A write through a slice view of the input's data (x.data[..., ::2] *= 0.5).
+        b.emit(f"{buf} = {d}[..., ::2]")
+        b.emit(f"{buf} *= 0.5")
+        b.emit(f"{name} = {src.name} * 1.0")
+        b.features.add("made_slice_write")
     else:
         # The input's own data, in place (its later readers see the write, in eager).
         b.emit(f"{d}[{d} < -1.0] = -1.0")
