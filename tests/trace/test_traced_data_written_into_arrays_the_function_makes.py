@@ -10,8 +10,8 @@ give a MadeArray while tracing (trace/made.py): written with traced data (item
 assignment, np.copyto, fill(), `+=`), indexed by it, or stored as a Variable's data,
 it is traced data from then on, its values so far a constant of the graph. Item assignment
 into traced data is an AssignItem node (it was an escape). What still cannot be
-followed (a write through a view of a made array, or into one a new Variable holds,
-np.put, np.putmask) is an escape.
+followed (a write through a view of a made array, or into one a Variable holds and
+has used, np.put, np.putmask) is an escape.
 """
 import copy
 import pickle
@@ -41,14 +41,17 @@ COMPILED = {
     "np.copyto": "buf = np.zeros(4)\n    np.copyto(buf, d)",
     "fill()": "buf = np.zeros(4)\n    buf.fill(d.max())",
     "indexed by traced data": "buf = np.eye(4)[(d > 0).astype(np.int64)][:, 0]",
+    "a Variable of it, then written": "buf = np.zeros(4)\n    v = tj.Variable(buf)\n"
+                                      "    buf[:] = d\n    buf = v.data",
 }
 ESCAPED = {
     "a view of buf written": "buf = np.zeros(5)\n    v = buf[1:]\n    v[:] = d",
     "np.put": "buf = np.zeros(4)\n    np.put(buf, [0, 1, 2, 3], d)",
     "np.putmask": "buf = np.zeros(4)\n    np.putmask(buf, np.ones(4, bool), d)",
-    # (a made leaf the made-leaf machinery follows as the graph input it is)
-    "a Variable of it, then written": "buf = np.zeros(4)\n    v = tj.Variable(buf)\n"
-                                      "    buf[:] = d\n    buf = v.data",
+    # (the Variable's first use read the values before the write)
+    "a Variable of it used, then written": "buf = np.zeros(4)\n    v = tj.Variable(buf)\n"
+                                           "    w = v * 2.0\n    buf[:] = d\n"
+                                           "    buf = v.data + w.data",
 }
 
 
@@ -179,3 +182,35 @@ def test_a_constructor_held_in_a_closure_cell_gives_a_made_array_too(
     assert jf.cache_info()["variants"] == 2, jf.cache_info()
     # The cell holds NumPy's own function again after the trace.
     assert f.__closure__[0].cell_contents is np.zeros
+
+
+@pytest.mark.parametrize("mode", ["plain", "data_changed"])
+def test_a_variable_of_a_made_array_written_after_holds_the_write(
+        mode, jit_warnings_are_errors):
+    # `v = tj.Variable(buf); buf[:] = x.data * 2`: eager's v.data is buf, so v holds the
+    # written values; v returned, the caller's backward reads v.data as it is then.
+    def f(x):
+        buf = np.zeros(3)
+        v = tj.Variable(buf)
+        buf[:] = x.data * 2.0
+        return F.sum(x * v), v
+
+    jf = tj.jit(f)
+    rng = np.random.default_rng(11)
+    for _ in range(5):
+        a = rng.normal(size=3)
+        outs = []
+        for fn in (f, jf):
+            x = tj.Variable(a.copy())
+            y, v = fn(x)
+            if mode == "data_changed":
+                v.data *= 3.0
+            y.backward()
+            outs.append((y.data.copy(), v.data.copy(), x.grad.data.copy(),
+                         None if v.grad is None else v.grad.data.copy()))
+        for e, j in zip(*outs):
+            assert (e is None) == (j is None)
+            if e is not None:
+                np.testing.assert_allclose(j, e, rtol=1e-12)
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] >= 3, info

@@ -61,23 +61,27 @@ class MadeArray(np.ndarray):
             views.append(weakref.ref(self))
 
     def has_views(self):
-        """Does another object show this buffer (a live view, a Variable holding it)?"""
-        return self.__dict__.get("_held", False) or \
-            any(r() is not None for r in self.__dict__.get("_views", ()))
+        """Does a live NumPy view show this buffer (buf[1:], buf.T)?"""
+        return any(r() is not None for r in self.__dict__.get("_views", ()))
 
-    def hold(self):
-        """A Variable holds this buffer (tj.Variable(buf)): not followed after this."""
-        self.__dict__["_held"] = True
+    def hold(self, var):
+        """Variable var holds this buffer (tj.Variable(buf)): a write into buf is what
+        var shows (Trace.follow_made)."""
+        self.__dict__.setdefault("_holders", []).append(weakref.ref(var))
+
+    def holders(self):
+        return [v for v in (r() for r in self.__dict__.get("_holders", ())) if v is not None]
 
     def __setitem__(self, key, value):
         tr = core._state.trace
         if tr is not None and not tr.abstract and (_traced_value(value, tr) or
                                                     _traced_in(key, tr)):
-            if tr.follow_made(self):
+            if tr.follow_made(self, writing=True):
                 return tr.assign_item(self, key, value)      # self is traced data now
             tr.escape("item assignment of traced data into an array made inside the "
-                      "function that is a view of another, or has views (buf[1:]) or a "
-                      "Variable holding it (tj.Variable(buf)): "
+                      "function that is a view of another, or has views (buf[1:]), or "
+                      "that a Variable holds and has used (tj.Variable(buf) read before "
+                      "the write): "
                       "NumPy copies it as plain values, which the tracer cannot follow")
             value, key = _plain(value), _plain(key)
         np.ndarray.__setitem__(self, key, value)
@@ -99,14 +103,14 @@ class MadeArray(np.ndarray):
             if tr.follow_made(self):
                 return self[key]                        # TracedArray.__getitem__
             tr.escape("an array made inside the function indexed by traced data "
-                      "(np.eye(3)[t]) while it has views")
+                      "(np.eye(3)[t]) while it has views or a Variable holds it")
             key = _plain(key)
         return np.ndarray.__getitem__(self, key)
 
     def fill(self, value):
         tr = core._state.trace
         if tr is not None and not tr.abstract and _traced_value(value, tr):
-            if tr.follow_made(self):
+            if tr.follow_made(self, writing=True):
                 return tr.assign_item(self, Ellipsis, value)
             tr.escape("fill() of an array made inside the function with traced data, "
                       "while it has views")

@@ -410,9 +410,9 @@ class Trace(core.TraceHooks):
             # Variable(buf) of an array f made: eager's Variable holds that buffer, a
             # leaf the made-leaf machinery follows as the graph input it is (its data
             # changed by the caller before a backward is what the backward reads). So
-            # the plain array, as eager's, and buf is not followed after this: a write
-            # of traced data into it, which the Variable would show, is an escape.
-            data.hold()
+            # the plain array, as eager's; a write of traced data into buf before the
+            # Variable's first use makes it hold the written value (follow_made).
+            data.hold(var)
             data = made.plain_of(data)
         if isinstance(data, TracedArray):
             var._tv = self.array_value(data)
@@ -1456,7 +1456,7 @@ class Trace(core.TraceHooks):
             t._numpy_scalar = True     # a 0-d ufunc or reduction result is a NumPy scalar
         return t
 
-    def follow_made(self, arr):
+    def follow_made(self, arr, writing=False):
         """arr, an array f made (a MadeArray), meets traced data (written into it, a
         Variable of it, indexed by it): from here on it is traced data itself, its
         value so far a constant of the graph (array_value's snapshot), so what is
@@ -1464,10 +1464,22 @@ class Trace(core.TraceHooks):
         another made array, or one with live views (eager's views show a write)."""
         if type(arr.base) is made.MadeArray or arr.has_views():
             return False
+        # Variables holding it (`v = tj.Variable(buf)`) show a write into it: followed
+        # only where none of them was used yet (an earlier use read the values before)
+        # and for a write (then each holds the written value, _follow_write, as a
+        # Variable of computed data does, `Variable(x.data * 2)`).
+        holders = arr.holders()
+        if holders and (not writing or any(h._tv is not PENDING for h in holders)):
+            return False
         v = self.array_value(arr)
         arr.__class__ = TracedArray
         arr._tv, arr._trace, arr._owner, arr._capture = v, self, None, None
         arr._numpy_scalar = False
+        for h in holders:
+            h._tv = v
+            root = _root(h._data)
+            self.buffer_vars.setdefault(id(root), []).append(
+                (weakref.ref(h), None if _same_layout(h._data, root) else user_line(3)))
         return True
 
     def assign_item(self, target, key, value):
@@ -1518,7 +1530,7 @@ class Trace(core.TraceHooks):
 
     def _write_into(self, target, y, v):
         """An in-place NumPy op (`param.data -= ...`): the target now holds value v."""
-        if type(target) is made.MadeArray and self.follow_made(target):
+        if type(target) is made.MadeArray and self.follow_made(target, writing=True):
             pass          # `buf += x.data` into an array f made: followed from here on
         if isinstance(target, TracedArray):
             owner = target._owner
@@ -1775,7 +1787,7 @@ class Trace(core.TraceHooks):
             # np.copyto(buf, x.data) is buf[...] = x.data (its default casting checked
             # here: same_kind, where item assignment casts unsafely).
             dst = args[0]
-            if type(dst) is made.MadeArray and self.follow_made(dst) or \
+            if type(dst) is made.MadeArray and self.follow_made(dst, writing=True) or \
                     type(dst) is TracedArray and dst._trace is self:
                 self.assign_item(dst, Ellipsis, args[1])
                 return None
