@@ -43,10 +43,10 @@ def _plain(a):
     return a.view(np.ndarray) if type(a) is TracedArray else a
 
 
-def _traced_value(a, tr):
-    """A traced array or number of trace tr in a (nested lists and tuples too)."""
+def holds_traced(a, tr):
+    """a is (or holds, in nested lists and tuples) a traced array or number of trace tr."""
     if type(a) in (list, tuple):
-        return any(_traced_value(x, tr) for x in a)
+        return any(holds_traced(x, tr) for x in a)
     return (type(a) is TracedArray or isinstance(a, TracedScalar)) and a._trace is tr
 
 
@@ -74,7 +74,7 @@ class MadeArray(np.ndarray):
 
     def __setitem__(self, key, value):
         tr = core._state.trace
-        if tr is not None and not tr.abstract and (_traced_value(value, tr) or
+        if tr is not None and not tr.abstract and (holds_traced(value, tr) or
                                                     _traced_in(key, tr)):
             if tr.follow_made(self, writing=True):
                 return tr.assign_item(self, key, value)      # self is traced data now
@@ -109,7 +109,7 @@ class MadeArray(np.ndarray):
 
     def fill(self, value):
         tr = core._state.trace
-        if tr is not None and not tr.abstract and _traced_value(value, tr):
+        if tr is not None and not tr.abstract and holds_traced(value, tr):
             if tr.follow_made(self, writing=True):
                 return tr.assign_item(self, Ellipsis, value)
             tr.escape("fill() of an array made inside the function with traced data, "

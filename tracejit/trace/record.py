@@ -2282,6 +2282,14 @@ def _tracing_py_seed(*args, **kwargs):
 _NP_ENTRIES = {}
 
 
+def _register(name, orig, entry):
+    """entry stands for NumPy's orig (name) while a trace runs (start() swaps it in)."""
+    entry.__name__ = entry.__qualname__ = name
+    entry.__doc__ = orig.__doc__
+    entry.__wrapped__ = orig
+    _NP_ENTRIES[name] = (orig, entry)
+
+
 def _np_entry(name):
     orig = getattr(np, name)
 
@@ -2301,10 +2309,7 @@ def _np_entry(name):
             r = orig(pv, *args, **kwargs)
             return a if r is pv else made.made(r, sys._getframe(1))   # np.asarray(buf)
         return made.made(orig(a, *args, **kwargs), sys._getframe(1))
-    entry.__name__ = entry.__qualname__ = name
-    entry.__doc__ = orig.__doc__
-    entry.__wrapped__ = orig
-    _NP_ENTRIES[name] = (orig, entry)
+    _register(name, orig, entry)
 
 
 for _n in ("asarray", "array", "ascontiguousarray", "asfortranarray", "asarray_chkfinite",
@@ -2322,10 +2327,7 @@ def _np_made_entry(name):
         if type(r) is np.ndarray and core._state.trace is not None:
             return made.made(r, sys._getframe(1))
         return r
-    entry.__name__ = entry.__qualname__ = name
-    entry.__doc__ = orig.__doc__
-    entry.__wrapped__ = orig
-    _NP_ENTRIES[name] = (orig, entry)
+    _register(name, orig, entry)
 
 
 for _n in ("zeros", "ones", "empty", "zeros_like", "ones_like", "empty_like", "arange",
@@ -2347,10 +2349,7 @@ def _np_sequence_entry(name):
             if items is not None:
                 seq = items
         return orig(seq, *args, **kwargs)
-    entry.__name__ = entry.__qualname__ = name
-    entry.__doc__ = orig.__doc__
-    entry.__wrapped__ = orig
-    _NP_ENTRIES[name] = (orig, entry)
+    _register(name, orig, entry)
 
 
 for _n in ("stack", "concatenate", "hstack", "vstack", "dstack", "column_stack"):
@@ -2367,10 +2366,7 @@ def _np_fill_entry(name, follow):
             return follow(tr, orig, a, fill_value, args, kwargs)
         r = orig(a, fill_value, *args, **kwargs)
         return made.made(r, sys._getframe(1)) if tr is not None else r
-    entry.__name__ = entry.__qualname__ = name
-    entry.__doc__ = orig.__doc__
-    entry.__wrapped__ = orig
-    _NP_ENTRIES[name] = (orig, entry)
+    _register(name, orig, entry)
 
 
 _np_fill_entry("full", sequences.full)

@@ -15,19 +15,12 @@ non-numeric dtypes, and keyword arguments these functions do not follow.
 """
 import numpy as np
 
-from tracejit.trace.made import MadeArray
+from tracejit.trace.made import MadeArray, holds_traced  # noqa: F401 (record uses it here)
 from tracejit.trace.values import TracedArray, TracedScalar
 
 
 class _NotFollowed(Exception):
     """An item this module does not record: NumPy's own coercion runs instead."""
-
-
-def holds_traced(a, tr):
-    """a is (or holds, in nested lists and tuples) a traced array or number of trace tr."""
-    if type(a) in (list, tuple):
-        return any(holds_traced(x, tr) for x in a)
-    return (type(a) is TracedArray or isinstance(a, TracedScalar)) and a._trace is tr
 
 
 def plain_items(a):
