@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 
-from tracejit.core import ELEMENTWISE, OPAQUE, ShapeDtype
+from tracejit.core import ELEMENTWISE, MOVEMENT, OPAQUE, ShapeDtype
 
 
 # An input's printed name: an identifier or a Python path to it (model.l1.W, cfg['k']).
@@ -390,7 +390,24 @@ def check(g):
             if spec.shape != n.out.shape or spec.dtype != n.out.dtype:
                 raise AssertionError(f"node {i} ({n.name}) has {n.out.spec}, shape rule "
                                      f"says {spec}")
+        if n.kind == "fused":
+            _check_fused(i, n)
     for v in g.outputs:
         if isinstance(v, Value) and id(v) not in defined:
             raise AssertionError(f"output {v} is not defined")
     return True
+
+
+def _check_fused(i, n):
+    """A fused group's kernel writes an elementwise or movement output at the loop
+    index: it must have the iteration shape (else the loop writes past its end). A
+    0-d one is an epilogue's (mean = sum / n), written once after the loops."""
+    sub = n.fn.graph
+    check(sub)
+    producer = {id(v): m for m in sub.nodes for v in m.outputs}
+    for v in n.outputs:
+        m = producer.get(id(v))
+        if m is not None and m.kind in (ELEMENTWISE, MOVEMENT) and v.shape != () \
+                and tuple(v.shape) != tuple(n.fn.shape):
+            raise AssertionError(f"node {i} ({n.name}) writes {v} ({m.name}) of another "
+                                 f"shape than its iteration shape {n.fn.shape}")

@@ -261,6 +261,7 @@ def fuse(g, horizontal=True):
         _join_operand_group(g, groups, group_of, deps, closure, gdeps, placement)
     _absorb_loads(g, groups, group_of, deps, closure, gdeps)
     readers = _readers(g)
+    _detach_escaping_loads(groups, group_of, readers, placement)
     fused_nodes = {grp.gid: _make_fused_node(g, grp, readers) for grp in groups if grp.nodes}
     items = []
     for obj, pos in placement:
@@ -683,6 +684,50 @@ def _absorb_loads(g, groups, group_of, deps, closure, gdeps):
         target.nodes.insert(0, n)
         target.values[id(v)] = "load"
         group_of[id(v)] = target
+
+
+def _detach_escaping_loads(groups, group_of, readers, placement):
+    """Take out of its group a load of another shape than the group's that is read
+    outside it (with the loads of its chain): it runs as a NumPy view, and the group
+    reads that view as an input.
+
+    A kernel writes each output at the loop index, so an output must have the
+    group's iteration shape. A load of a size-1-axis value (W.T of a (1, 3) W read
+    broadcast by a (3, 3) group) has not: it joins a group only while every reader
+    is in the group (_sink_into_reader, _absorb_loads), but a later move can take a
+    reader away (a node of the group sunk into a third group), and the load became
+    an output: the (3, 3) loop wrote rows 1 and 2 of a (1, 3) array, past its end
+    (heap corruption: fuzz program 9112). Checked once, here, after every move, so
+    no move needs to keep it.
+    """
+    for grp in list(groups):
+        if len(grp.nodes) < 2:
+            continue
+        members = {id(n) for n in grp.nodes}
+        producer = {id(v): n for n in grp.nodes for v in n.outputs}
+        out = set()
+        for n in grp.nodes:
+            if grp.values.get(id(n.out)) == "load" and n.out.shape != grp.shape \
+                    and not readers.get(id(n.out), set()) <= members:
+                # the load and the links of its index chain down to a group input
+                m = n
+                while m is not None and id(m) not in out:
+                    out.add(id(m))
+                    m = producer.get(id(m.inputs[0]))
+        if not out:
+            continue
+        for n in [m for m in grp.nodes if id(m) in out]:
+            grp.nodes.remove(n)
+            grp.values.pop(id(n.out))
+            vm, ops = _cost(n)
+            grp.vecmath -= vm
+            grp.ops -= ops
+            lone = _Group(len(groups), n.out.shape, grp.first)
+            groups.append(lone)
+            lone.nodes.append(n)
+            lone.values[id(n.out)] = "load"
+            group_of[id(n.out)] = lone
+            placement.append((lone, grp.first))
 
 
 def _schedule(items):

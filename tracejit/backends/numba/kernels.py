@@ -356,6 +356,11 @@ def loop_kernel(fused, parallel, out_blocks=None):
             names[id(n.out)] = f"v{i}"
             body.append(f"v{i} = {load_index(n, ext_index(n.out))}")
     for j, v in enumerate(main_outs):
+        if not flat and tuple(v.shape) != tuple(shape):
+            # Written at the loop index, an output of another shape would be written
+            # past its end (fusion._detach_escaping_loads keeps this from happening).
+            raise AssertionError(f"fused group output {v} is not of the iteration "
+                                 f"shape {shape}")
         idx = [f"i{k}" for k in range(r)]
         if id(v) in out_blocks:
             axis, start = out_blocks[id(v)]
