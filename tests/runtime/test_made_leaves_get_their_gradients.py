@@ -308,6 +308,57 @@ def test_a_made_leaf_keeps_the_grad_a_backward_inside_the_call_gave_it(mode):
     assert jf.cache_info()["hits"] >= 2, jf.cache_info()
 
 
+def grad_also_returned(x):
+    # The made leaf's .grad is also a result: one object in both places.
+    c = Variable(np.full(3, 0.5))
+    F.sum(F.tanh(x * c)).backward()
+    return c.grad, c, F.sin(x * c)
+
+
+def grad_shared_with_the_argument(x):
+    # Add gives both operands one gradient object: c.grad is x.grad, in eager.
+    c = Variable(np.full(3, 0.5))            # (of x's shape: no sum_to between)
+    F.sum(F.tanh(c + x)).backward()
+    return F.sin(x * c), c
+
+
+def grad_of_a_seed(x):
+    # The made leaf is backward's own seed (y.grad after retain_grad), its .grad the
+    # argument's (the second backward's Add).
+    h = x * 2.0
+    y = h + 1.0
+    F.sum(y).backward(retain_grad=True)
+    c = y.grad
+    F.sum(F.tanh(c + x)).backward()
+    return F.sin(x * c), c
+
+
+@pytest.mark.parametrize("fn", [grad_also_returned, grad_shared_with_the_argument,
+                                grad_of_a_seed])
+@pytest.mark.parametrize("mode", ["plain", "create_graph"])
+def test_a_made_leafs_grad_that_is_another_object_of_the_call_stays_that_object(fn, mode):
+    # Compiled calls gave the made leaf no .grad where its .grad was a result or
+    # another Variable's .grad, and the first-call check ran them eagerly (fuzz
+    # program 3247 of a 10,000-program run): now the runner sets that object.
+    jf = tj.jit(fn)
+    for i in range(5):
+        seen = []
+        for f in (fn, jf):
+            x = Variable(np.linspace(-1.0, 1.0, 3) + 0.2 * i)
+            out = f(x)
+            c = out[1]
+            same = tuple(c.grad is o for o in (x.grad,) + tuple(out))
+            inside = _arr(c.grad)
+            F.sum(out[-1] if fn is grad_also_returned else out[0]).backward(
+                create_graph=(mode == "create_graph"))
+            seen.append((same, inside, _arr(c.grad), _arr(x.grad)))
+        assert seen[0][0] == seen[1][0], seen
+        for a, b in zip(seen[0][1:], seen[1][1:]):
+            np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] >= 3, info
+
+
 def test_the_first_call_check_compares_the_gradients_of_made_leaves():
     # The check against eager differentiates both runs' results: a made leaf the
     # compiled run leaves out of its graph (as compiled calls did) is a difference.

@@ -443,6 +443,16 @@ def test_the_made_arrays_focus_draws_each_form():
         compile(p.source, "<program>", "exec")
 
 
+def test_the_broadcast_views_focus_draws_each_view_and_the_second_backward():
+    progs = fuzz.generate(40, seed=3, focus="broadcast_views")
+    features = set().union(*(p.features for p in progs))
+    for f in ("broadcast_view_transpose2", "broadcast_view_reshape2",
+              "broadcast_view_reversed", "broadcast_view_second_backward"):
+        assert f in features, features
+    for p in progs:
+        compile(p.source, "<program>", "exec")
+
+
 def test_the_rounding_focus_draws_each_rounding_source_and_use():
     progs = fuzz.generate(40, seed=3, focus="rounding")
     features = set().union(*(p.features for p in progs))
@@ -455,7 +465,8 @@ def test_the_rounding_focus_draws_each_rounding_source_and_use():
 
 
 @pytest.mark.parametrize("focus, n", [("made_leaves", 40), ("argument_views", 150),
-                                      ("rounding", 40), ("made_arrays", 40)])
+                                      ("rounding", 40), ("made_arrays", 40),
+                                      ("broadcast_views", 40)])
 def test_generated_programs_are_valid_in_eager(focus, n, tmp_path):
     # An invalid program tests nothing: eager must run every call. Found as invalid:
     # `tj.Variable(h.data * 0.5)` of a 0-d h (a NumPy scalar, which Variable rejects),

@@ -835,6 +835,7 @@ class Variant:
             self.made_grads = None
         # The .grad a backward inside the call gave a made leaf it returns: result
         # leaf -> output slot.
+        self.wrap_grad_alias = dict(call.wrap_grad_alias or {})
         self.wrap_grads = {}
         for i, gv in sorted((call.wrap_grads or {}).items()):
             self.wrap_grads[i] = len(user_outs) + len(effect_values)
@@ -1891,7 +1892,7 @@ def build_runner(v, leaf_kinds, key=None):
         return f"o{k}" if call is None else f"outs[{k}]"
 
     if plan is None or v.bwd is not None or v.effects or v.made_grads or v.grad_effects \
-            or v.view_base_slots or v.wrap_grads or v.walks:
+            or v.view_base_slots or v.wrap_grads or v.wrap_grad_alias or v.walks:
         body.append(f"arrays = [{', '.join(names)}]")
         body.append("bwd_arrays = arrays")
 
@@ -2201,7 +2202,10 @@ def build_runner(v, leaf_kinds, key=None):
     # One object in several places (`return y, y`, `return h.data, h.data`): made once.
     late = []
     grad_leaves = {mg[1] for mg in v.made_grads or () if mg is not None and mg[0] == "leaf"}
-    for j in sorted({a for kind, a, b in leaves_ if kind == "same"} | grad_leaves):
+    aliased_leaves = set(v.wrap_grad_alias) | {
+        j for kind, j in v.wrap_grad_alias.values() if kind == "result"}
+    for j in sorted({a for kind, a, b in leaves_ if kind == "same"} | grad_leaves |
+                    aliased_leaves):
         if not exprs[j].isidentifier():
             late.append(f"r{j} = {exprs[j]}")
             exprs[j] = f"r{j}"
@@ -2306,6 +2310,10 @@ def build_runner(v, leaf_kinds, key=None):
         # (A backward event, and the cuts before it, are placed among the effects.)
         for kind, ts in v.late_cuts:
             body.append(f"repeat_cut({kind!r}, [{', '.join(target(*t) for t in ts)}])")
+    for i, (kind, j) in sorted(v.wrap_grad_alias.items()):
+        # (Last: the .grad a grad effect sets is its final object only after the walks.)
+        late_grads.append(f"{exprs[i]}._grad = " + (
+            exprs[j] if kind == "result" else f"{target(*v.grad_effects[j][0])}._grad"))
     body += late + late_grads
     body.append(f"return {structure}")
     # args/kwargs: the call's own, for a result that is an argument's container.

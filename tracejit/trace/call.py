@@ -211,6 +211,25 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             if g is not None and type(g) is not Constant and id(g) not in others \
                     and counted[id(g)] == 1 and isinstance(g._data, np.ndarray):
                 tr.wrap_grads[i] = tr.value_of(g)
+        # A made leaf's .grad that is another object the call returns or leaves as a
+        # .grad (`return v.grad, v`; `F.tanh(v + x).backward()`, where Add gives v and
+        # x one gradient object): that object, set on the runner's new leaf last
+        # (eager's identities, read before _unshare_grads copies any).
+        tr.wrap_grad_alias = {}
+        result_at = {}
+        for j, o in enumerate(out_leaves_raw):
+            result_at.setdefault(id(o), j)
+        for i, (x, leaf) in enumerate(zip(out_leaves_raw, out_leaves)):
+            g = x._grad if leaf[0] == "wrap" and isinstance(x, Variable) else None
+            if g is None or i in tr.wrap_grads:
+                continue
+            if id(g) in result_at and result_at[id(g)] != i:
+                tr.wrap_grad_alias[i] = ("result", result_at[id(g)])
+                continue
+            for gi, (var, _) in enumerate(tr.grad_effects):
+                if grad_of(var) is g:
+                    tr.wrap_grad_alias[i] = ("effect", gi)
+                    break
         copied = _unshare_grads(tr, list(tr.grad_writes.values()) +
                                 [x for x, g, _ in tr.made_grads if g is not None] +
                                 [grad_of(tr.grad_effects[gi][0]) for gi, _, _ in nested] +
@@ -425,6 +444,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     made_grads = tr.made_grads
     tr.made_grads = None          # the trace keeps no result Variable alive
     wrap_grads = tr.wrap_grads if not escapes else {}
+    wrap_grad_alias = tr.wrap_grad_alias if not escapes else {}
     return TracedCall(
         graph=tr.graph, n_inputs=n_inputs, n_nodes=n_nodes, grad_mode=grad_mode,
         leaf_forms=tr.leaf_kinds, out_tree=out_tree, out_leaves=out_leaves,
@@ -434,6 +454,7 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         grad_constant=grad_constant, made_constant=made_constant, grad_reach=grad_reach,
         cut_sets=cut_sets, escapes=escapes, made_leaves=made_leaves,
         made_inputs=made_inputs, leaf_class=leaf_class, wrap_grads=wrap_grads,
+        wrap_grad_alias=wrap_grad_alias,
         side_effects=side_effects, result=result, grads_before=grads_before,
         # (With the arguments': an object argument keys the variant by identity, and
         # what the caller rebinds on it between calls (`m.buf = new`) is guarded.)

@@ -167,6 +167,20 @@ def _hung(s, timeout):
 RECYCLE = 200
 
 
+def with_boundscheck():
+    """Make the workers (spawned: they read os.environ as it is then) compile kernels
+    with numba's bounds checks, into caches of their own (numba's cache does not key
+    on the flag: a kernel cached without checks would be loaded). A kernel that writes
+    past an array's end corrupted the heap silently, or crashed far from the write
+    (fuzz program 9112: `munmap_chunk(): invalid pointer` in a later free); checked,
+    it raises IndexError at the access, and the harness classes that a crash."""
+    from tracejit.backends.numba.cache import cache_dir
+    root = os.path.join(cache_dir(), "boundscheck")
+    os.environ["NUMBA_BOUNDSCHECK"] = "1"
+    os.environ["TRACEJIT_CACHE_DIR"] = os.path.join(root, "kernels")
+    os.environ["NUMBA_CACHE_DIR"] = os.path.join(root, "numba")
+
+
 def run_many(programs, jobs=1, timeout=60.0, plant=None, on_result=None, nice=0,
              recycle=RECYCLE):
     """Run programs in `jobs` worker processes; a list of result dicts in program order.
@@ -373,6 +387,11 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="directory for failing programs")
     ap.add_argument("--nice", type=int, default=0, help="niceness added to the workers")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--no-boundscheck", dest="boundscheck", action="store_false",
+                    help="compile the kernels without numba's bounds checks (by default "
+                    "the workers set NUMBA_BOUNDSCHECK=1, with caches of their own, so an "
+                    "access past an array's end is an IndexError the fuzzer reports as a "
+                    "crash, where it was silent memory corruption)")
     ap.add_argument("--avoid", default="", help="comma-separated constructs to leave out, "
                     "to look past known bugs: " + "; ".join(
                         f"{k}: {v}" for k, v in sorted(AVOIDABLE.items())))
@@ -382,7 +401,8 @@ def main(argv=None):
                              "scalar_dropout", "backward_into", "retain_grad", "c_state",
                              "hidden_state", "nesting", "rebind_alias", "input_leaves",
                              "grad_grads", "dropped_state", "replay_reads", "gate_sums",
-                             "rounding", "numpy_calls", "rebind_inplace", "made_arrays"],
+                             "rounding", "numpy_calls", "rebind_inplace", "made_arrays",
+                             "broadcast_views"],
                     help="draw mostly one family of statements: state (a .grad that is a "
                     "seed passed through, in-place updates of argument views and of "
                     "buffers before a backward, eval_shape of a function that writes); "
@@ -443,6 +463,9 @@ def main(argv=None):
                     "with an input's data by item assignment, np.copyto, fill() or +=, "
                     "a Variable of one before the write, a branch on one; item "
                     "assignment into a computed array and into an input's data); "
+                    "broadcast_views (a captured Parameter with a size-1 axis read "
+                    "through a view, W.T.T, a reshape there and back, W[..., ::-1], by "
+                    "ops of a larger shape, with backwards inside f between the reads); "
                     "rebind_inplace (a user Function of an argument or a captured "
                     "Parameter that f updates in place, before or after it; the "
                     "default of --generator rebind_inplace)")
@@ -473,6 +496,8 @@ def main(argv=None):
             with open(os.path.join(sub, f"prog{idx:05d}.py"), "w") as fh:
                 fh.write(reproducer(programs[idx].source, res))
 
+    if opts.boundscheck:
+        with_boundscheck()
     results = run_many(programs, jobs=opts.jobs, timeout=opts.timeout,
                        on_result=on_result, nice=opts.nice)
     text = format_summary(results, time.monotonic() - t0)

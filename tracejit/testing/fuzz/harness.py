@@ -495,9 +495,19 @@ def compare_sides(jit_side, eager_side, tol):
         return "mismatch", next(iter(diffs.values())), diffs
     if len(jrecs) != len(erecs):    # pragma: no cover - a side stops only when it raises
         return "mismatch", f"jit made {len(jrecs)} calls, eager {len(erecs)}", {}
+    oob = [w for w in warns if OUT_OF_BOUNDS in w]
+    if oob:
+        # numba's bounds check (fuzz cli: NUMBA_BOUNDSCHECK=1) caught a kernel reading
+        # or writing past an array's end: without the check, memory corruption.
+        msg = f"a compiled kernel accessed an array out of bounds: {oob[0]}"
+        return "crash", msg, {"crash": msg}
     if warns:
         return "fallback", None, {}
     return "match", None, {}
+
+
+# numba's IndexError message for an access its bounds check (NUMBA_BOUNDSCHECK) stopped.
+OUT_OF_BOUNDS = "IndexError: index is out of bounds"
 
 
 def float64_twin(source):

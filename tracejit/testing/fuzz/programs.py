@@ -1817,8 +1817,31 @@ def _made_leaves_sharing(b):
         b.features.add("made_leaves_sharing_an_argument")
 
 
+def _made_leaf_grad_inside(b):
+    """A made leaf a backward inside f gives a .grad that is another object of the
+    call: returned beside it (`return c.grad, c`), or the .grad of the value it is
+    added to (Add gives both operands one gradient: c.grad is v.grad). Compiled calls
+    gave c no .grad there, and the first-call check ran them eagerly (program 3247)."""
+    v = b.pick(lambda w: w.var and w.bound <= 10, recent=6)
+    if v is None:
+        return b.st_unary()
+    c = b.fresh("c")
+    b.emit(f"{c} = tj.Variable(np.full({v.name}.shape, 0.5, dtype={v.name}.dtype))")
+    form = b.draw(st.sampled_from(["returned_grad", "shared"]))
+    if form == "returned_grad":
+        b.emit(f"F.sum(F.tanh({v.name} * {c})).backward()")
+        b.returned_views += [c, f"{c}.grad"]
+    else:
+        b.emit(f"F.sum(F.tanh({c} + {v.name})).backward()")
+        b.returned_views.append(c)
+    h = b.fresh()
+    b.emit(f"{h} = F.sin({v.name} * {c})")
+    b.add(h, v.shape, v.dtype, 1.0)
+    b.features.add(f"made_leaf_grad_{form}")
+
+
 MADE_LEAF_STEPS = [(_made_leaf, 1), (_parameter_state, 1), (_made_leaves_sharing, 1),
-                   (_parameter_state_trained, 1)]
+                   (_parameter_state_trained, 1), (_made_leaf_grad_inside, 1)]
 
 
 def _made_leaves_of_an_input(b):
@@ -2512,6 +2535,73 @@ def _st_made_array(b):
 
 
 MADE_ARRAY_STEPS = [(_st_made_array, 1)]
+
+
+# (focus "broadcast_views"; in the default profile too, rarely.) A captured Parameter
+# with a size-1 axis read through a view (W.T.T, a reshape there and back, a reversed
+# slice) by several ops of a larger shape, with backwards inside f between the reads,
+# the second reaching W through the first's result. Fusion put the view into the
+# kernel of one reader; a later move took another reader out, and the view became an
+# output of a kernel of the larger shape, which wrote past the (1, n) array's end:
+# heap corruption (program 9112 of a 10,000-program run; fusion._detach_escaping_loads).
+
+def _st_broadcast_view(b):
+    v = b.pick(lambda w: w.var and w.shape and w.bound <= 10)
+    if v is None:
+        return b.st_unary()
+    nd = b.draw(st.integers(1, min(len(v.shape), 2)))
+    tail = tuple(1 if d == B else d for d in v.shape[len(v.shape) - nd:])
+    shape = (1,) + tail[1:]
+    c = b.capture(shape, "param", reuse=False)
+    W = c[0]
+    b.updated.add(W)
+    forms = {"transpose2": f"F.transpose(F.transpose({W}))",
+             "reshape2": f"F.reshape(F.reshape({W}, (-1,)), {shape!r})",
+             "reversed": f"{W}[..., ::-1]"}
+    form = b.draw(st.sampled_from(sorted(forms)))
+    view, a, loss, h, loss2, name = (b.fresh("view"), b.fresh(), b.fresh("loss"),
+                                     b.fresh(), b.fresh("loss"), b.fresh())
+    u = v.name
+    if b.draw(st.booleans()):
+        # read beside values computed in the readers' kernel (program 9112's exp(tanh(x)))
+        u = b.fresh()
+        b.emit(f"{u} = F.exp(F.tanh({v.name}))")
+        b.features.add("broadcast_view_computed_operand")
+    b.emit(f"{view} = {forms[form]}")
+    b.emit(f"{a} = F.tanh({u} * {view})")
+    b.emit(f"{loss} = F.mean({a} ** 2)")
+    if b.draw(st.booleans()):
+        b.emit(f"{W}.cleargrad()")
+    else:
+        # W.grad goes on from the last call (the gradient is W.grad + the new one: the
+        # sum joins the view's reader's kernel; program 9112 without its cleargrad)
+        b.features.add("broadcast_view_accumulated_grad")
+    b.emit(f"{loss}.backward()")
+    b.emit(f"{W}.data -= 0.1 * {W}.grad.data")
+    b.emit(f"{h} = {a} + F.tanh({u} * {view})")
+    last = view
+    dt = "float64" if "float64" in (c[3], v.dtype) else "float32"      # h's, view's
+    if b.draw(st.booleans()):
+        # A second backward, reaching W through h (its .grad accumulates), through
+        # two captures of their own (the gradient of h then joins another kernel).
+        c1 = b.capture(tail, "param", reuse=False)
+        c2 = b.capture((), "param", reuse=False)
+        b.updated.add(c2[0])
+        g = b.fresh()
+        b.emit(f"{g} = F.tanh({h} * {c1[0]})")
+        b.emit(f"{loss2} = F.mean(F.tanh({g} * {c2[0]}) ** 2)")
+        b.emit(f"{loss2}.backward()")
+        if b.draw(st.booleans()):
+            b.emit(f"{W}.data -= 0.1 * {W}.grad.data")
+        last = g
+        dt = "float64" if "float64" in (dt, c1[3]) else "float32"        # g's
+        b.features.add("broadcast_view_second_backward")
+    b.emit(f"{name} = F.tanh({h} * {last})")
+    b.features.add(f"broadcast_view_{form}")
+    b.add(name, v.shape, dt, 1.0)
+
+
+BROADCAST_VIEW_STEPS = [(_st_broadcast_view, 1)]
 # -------------------------------------------------------------- end of made arrays
 
 
@@ -2636,6 +2726,9 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     on an input's data);
     focus="made_arrays" mostly MADE_ARRAY_STEPS (arrays f makes, written with an
     input's data, and item assignment into traced data);
+    focus="broadcast_views" mostly BROADCAST_VIEW_STEPS (a captured Parameter with a
+    size-1 axis read through a view by ops of a larger shape, backwards inside f
+    between the reads);
     focus="rounding" mostly ROUNDING_STEPS (round/floor/ceil/trunc/int/float/.item() of
     data-derived numbers, float, uint64 and uint32, small and past int64, as operands,
     branch conditions and loop trip counts)."""
@@ -2748,6 +2841,9 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     if focus in (None, "made_arrays"):    # (the other focuses draw as they did)
         table += [(lambda g=g: g(b), w * (40 if focus == "made_arrays" else 1))
                   for g, w in MADE_ARRAY_STEPS]
+    if focus in (None, "broadcast_views"):   # (the other focuses draw as they did)
+        table += [(lambda g=g: g(b), w * (40 if focus == "broadcast_views" else 1))
+                  for g, w in BROADCAST_VIEW_STEPS]
     weighted = [fn for fn, w in table for _ in range(w)]
     for _ in range(steps):
         draw(st.sampled_from(weighted))()
