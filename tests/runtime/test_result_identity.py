@@ -92,6 +92,26 @@ def test_an_argument_returned_beside_a_value_computed_from_it():
     compare_with_eager(f, var_arg())
 
 
+def _two_equal_views(x):
+    m = x * x - 0.5
+    return F.tanh(m), m.data[..., 1:], m.data[..., 1:]
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_two_equal_views_of_a_value_are_two_objects_also_when_empty(n):
+    # Of a (1,) value both views are empty: no memory, so not rebuilt as views, and
+    # the passes merged them into one array, returned twice (fuzz program 3298: the
+    # first-call check ran it eagerly). Eager's are two objects; so are compiled ones.
+    rng = np.random.default_rng(n)
+    info = assert_jit_matches_eager(
+        _two_equal_views, make_args=lambda k: (Variable(rng.standard_normal(n)),), calls=4)
+    assert info["fallbacks"] == 0, info
+    jf = tj.jit(_two_equal_views)
+    for _ in range(3):
+        _, a, b = jf(Variable(rng.standard_normal(n)))
+        assert a is not b and a.shape == (n - 1,)
+
+
 def test_repeated_python_and_numpy_scalars_are_one_object():
     def f(x, lr):
         h = F.tanh(x) * lr

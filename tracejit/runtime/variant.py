@@ -1543,6 +1543,7 @@ def fresh_copies(g, exe, slots):
         claimed.update((id(x), x) for x in opt.inputs)
     inputs = {id(x) for x in g.inputs}
     copies, copied = [], {}
+    handed = {}         # id(value that runs) -> id(the traced value its array is)
     for s in sorted(slots):
         traced, x = g.outputs[s], outs[s]
         if isinstance(x, Lit) or isinstance(traced, Lit):
@@ -1552,8 +1553,12 @@ def fresh_copies(g, exe, slots):
             continue
         origin = base(traced, traced_producer)
         owner = claimed.setdefault(id(base(x, run_producer)), origin)
+        # Two traced values the passes merged into one array object (two equal empty
+        # views `m.data[..., 1:]`: no memory, so no view to rebuild, and CSE made one
+        # of them) are two objects in eager: the second is a copy.
+        twice = handed.setdefault(id(x), id(traced)) != id(traced)
         # (A graph run without its graph, opt None, may return an input array itself.)
-        if owner is not origin or (opt is None and id(x) in inputs):
+        if owner is not origin or twice or (opt is None and id(x) in inputs):
             copied[id(traced)] = s
             copies.append((s, None))
     return copies

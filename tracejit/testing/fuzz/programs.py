@@ -1061,6 +1061,13 @@ def _views_returned(b):
     name = b.fresh("view")
     b.emit(f"{name} = {form}")
     b.returned_views.append(name)
+    if b.draw(st.integers(0, 3)) == 0:
+        # The same view twice (two objects in eager; empty of a size-1 batch, so no
+        # memory to rebuild them on: the passes merged them, program 3298).
+        twin = b.fresh("view")
+        b.emit(f"{twin} = {form}")
+        b.returned_views.append(twin)
+        b.features.add("returned_view_twice")
     b.features.add("returned_view_capture" if cap is not None else
                    "returned_view_" + ("variable" if form.startswith("F.") else "array"))
 
