@@ -102,6 +102,10 @@ def _op_class(name):
     from tracejit.ops.primitive import PRIMITIVES
     if name == "NumpyCall":
         return trace_only.NumpyCall       # its function by name (_numpy_params)
+    if name == "AssignItem":
+        # Opaque to the passes (kept in order), but pure: a copy with `a[key] = value`
+        # done by NumPy, its key an index template of ints, slices and index slots.
+        return trace_only.AssignItem
     cls = PRIMITIVES.get(name)
     if cls is None:
         for module in (trace_only, conv):
@@ -176,8 +180,9 @@ def _document(ex, prefix):
         try:
             _op_class(n.op.__name__)      # only ops a loading process can rebuild
         except ValueError:
-            raise ExportError(f"save: {what} is no primitive (a user Function the "
-                              f"tracer kept as is): a file cannot hold it") from None
+            raise ExportError(f"save: {what} is an op a loading process cannot "
+                              f"rebuild (a user Function or a Python call the tracer "
+                              f"kept as is): a file cannot hold it") from None
         if n.op.__name__ != "Guard" and getattr(n.op, "params", None) is None:
             raise ExportError(f"save: {what} declares no params")
         nodes.append({"op": n.op.__name__,

@@ -179,8 +179,56 @@ def _onnx_ones_like(call, b, node):
     b.bind(node, b.const(np.ones(tuple(out.shape), out.dtype), "ones"))
 
 
+def _onnx_copy(call, b, node):
+    # np.positive(x) (the tracer's record of x.copy(), of np.copy: a new array of the
+    # same values; ONNX has no memory to share): the value itself.
+    if call.kwargs or call.consts or call.seqs or len(node.inputs) != 1 \
+            or node.inputs[0].dtype != node.out.dtype:
+        raise b.unsupported(node, f"{call.op_name} with arguments")
+    b.bind(node, b.op("Identity", [b.x(node, 0)]))
+
+
+def _onnx_joined(stack):
+    def lower(call, b, node):
+        # np.stack / np.concatenate of one flat sequence of operands and Python
+        # constants (np.array([m, s]) of traced numbers is recorded as np.stack):
+        # each cast to the result's dtype (NumPy's promotion, done at trace time), a
+        # constant as an array of an operand's shape; Unsqueeze for stack; Concat.
+        kw = dict(call.kwargs)
+        seqs = dict(call.seqs)
+        if set(kw) - {"axis", "dtype"} or call.consts or list(seqs) != [0] \
+                or any(e is not None and e[0] != "c" for e in seqs[0][1]):
+            raise b.unsupported(node, f"{call.op_name} with {sorted(kw)} or a nested "
+                                      f"sequence")
+        out = node.outputs[0]
+        dtype = out.dtype
+        if not node.inputs:
+            raise b.unsupported(node, f"{call.op_name} of constants only")
+        item_shape = tuple(node.inputs[0].shape)
+        consts = any(e is not None for e in seqs[0][1])
+        if consts and not all(isinstance(d, (int, np.integer))
+                              for d in b.dims(node.inputs[0])):
+            raise b.unsupported(node, f"{call.op_name} of a constant beside operands of "
+                                      f"a dynamic shape")
+        if kw.get("axis", 0) is None:
+            raise b.unsupported(node, f"{call.op_name} with axis=None")
+        rank = len(out.shape)
+        axis = int(kw.get("axis", 0)) % rank
+        parts, k = [], 0
+        for e in seqs[0][1]:
+            if e is None:
+                x = b.x(node, k, dtype)
+                k += 1
+            else:
+                x = b.const(np.full(item_shape, e[1], dtype=dtype), "c")
+            parts.append(b.op("Unsqueeze", [x, b.ints([axis])]) if stack else x)
+        b.bind(node, b.op("Concat", parts, axis=axis))
+    return lower
+
+
 _ONNX_CALLS = {np.argmax: _onnx_arg_reduce("ArgMax"), np.argmin: _onnx_arg_reduce("ArgMin"),
-               np.ones_like: _onnx_ones_like}
+               np.ones_like: _onnx_ones_like, np.positive: _onnx_copy,
+               np.stack: _onnx_joined(True), np.concatenate: _onnx_joined(False)}
 
 
 # ------------------------------------------------------------ user Functions with state
@@ -569,3 +617,42 @@ class AssignItem(Function):
 
     def shape_rule(self, a, value, *indices):
         return ShapeDtype(a.shape, a.dtype)
+
+    def to_onnx(self, b, node):
+        # `a[key] = value` as ONNX: a boolean mask over all of a's axes with a value of
+        # one element is Where(mask, value, a); otherwise the flat positions a[key]
+        # selects (a Range of a's size read at [key], as GetItemGrad's export finds
+        # them) get the value broadcast to a[key]'s shape, by ScatterElements. Index
+        # arrays that repeat a position: NumPy's last write wins, ONNX leaves it
+        # undefined (an index array's repeats are data, unknown here).
+        from tracejit.ir import Node
+        from tracejit.ops.arrayops import _ArrayIndex, _onnx_index
+        a, value, indices = node.inputs[0], node.inputs[1], node.inputs[2:]
+        key = b.params(node)[0]
+        dtype = node.out.dtype
+        av, val = b.x(node, 0), b.x(node, 1, dtype)
+        if (len(key) == 1 and isinstance(key[0], _ArrayIndex) and len(indices) == 1
+                and indices[0].dtype == np.bool_ and b.dims(indices[0]) == b.dims(a)
+                and int(np.prod(value.shape, dtype=np.int64)) == 1):
+            one = b.op("Reshape", [val, b.ints([])]) if value.shape else val
+            b.bind(node, b.op("Where", [b.x(node, 2), one, av]))
+            return
+        if any(v.dtype == np.bool_ for v in indices):
+            raise b.unsupported(node, "a boolean mask index with a value of more than one "
+                                      "element, or not over all axes (the positions it "
+                                      "selects depend on the data)")
+        shape = b.shape(b.dims(a))
+        count = b.op("ReduceProd", [shape], keepdims=0)
+        pos = b.op("Range", [b.const(np.array(0, np.int64)), count,
+                             b.const(np.array(1, np.int64))])
+        pos = b.op("Reshape", [pos, shape])
+        # (_onnx_index reads index array k as input 1 + k: a node of a's positions
+        # and the index arrays, not added to any graph.)
+        shim = Node(self, [a] + list(indices), node.outputs, node.line)
+        where = _onnx_index(b, shim, pos, key, len(a.shape))
+        flat = b.ints([-1])
+        updates = b.op("Expand", [val, b.op("Shape", [where])])
+        out = b.op("ScatterElements", [b.op("Reshape", [av, flat]),
+                                       b.op("Reshape", [where, flat]),
+                                       b.op("Reshape", [updates, flat])], axis=0)
+        b.bind(node, b.op("Reshape", [out, shape]))
