@@ -429,19 +429,8 @@ def _join_operand_group(g, groups, group_of, deps, closure, gdeps, placement):
         for n in [m for m in t.nodes if id(m) in detach]:
             # A broadcast scalar read by a moved part: its own lone movement group (a
             # NumPy view), so G does not depend on t; t reads it as an input.
-            t.nodes.remove(n)
-            t.values.pop(id(n.out))
-            vm, ops = _cost(n)
-            t.vecmath -= vm
-            t.ops -= ops
-            grp = _Group(len(groups), n.out.shape, pos[id(n)])
-            groups.append(grp)
+            grp = _detach_load(n, t, groups, group_of, placement, pos[id(n)])
             gdeps.append(inv[id(n)])
-            placement.append((grp, pos[id(n)]))
-            grp.nodes.append(n)
-            grp.vecmath, grp.ops = vm, ops
-            grp.values[id(n.out)] = "load"
-            group_of[id(n.out)] = grp
             deps[id(n.out)] = inv[id(n)] | (1 << grp.gid)
             # Its readers (t, the groups the parts moved into) depend on the new group
             # (and so on a group _absorb_loads may move it into).
@@ -717,17 +706,25 @@ def _detach_escaping_loads(groups, group_of, readers, placement):
         if not out:
             continue
         for n in [m for m in grp.nodes if id(m) in out]:
-            grp.nodes.remove(n)
-            grp.values.pop(id(n.out))
-            vm, ops = _cost(n)
-            grp.vecmath -= vm
-            grp.ops -= ops
-            lone = _Group(len(groups), n.out.shape, grp.first)
-            groups.append(lone)
-            lone.nodes.append(n)
-            lone.values[id(n.out)] = "load"
-            group_of[id(n.out)] = lone
-            placement.append((lone, grp.first))
+            _detach_load(n, grp, groups, group_of, placement, grp.first)
+
+
+def _detach_load(n, grp, groups, group_of, placement, first):
+    """Move load node n out of grp into a lone movement group of its own (a NumPy
+    view), placed at position `first`; grp then reads its value as an input."""
+    grp.nodes.remove(n)
+    grp.values.pop(id(n.out))
+    vm, ops = _cost(n)
+    grp.vecmath -= vm
+    grp.ops -= ops
+    lone = _Group(len(groups), n.out.shape, first)
+    groups.append(lone)
+    lone.nodes.append(n)
+    lone.vecmath, lone.ops = vm, ops
+    lone.values[id(n.out)] = "load"
+    group_of[id(n.out)] = lone
+    placement.append((lone, first))
+    return lone
 
 
 def _schedule(items):
