@@ -214,3 +214,31 @@ def test_a_variable_of_a_made_array_written_after_holds_the_write(
                 np.testing.assert_allclose(j, e, rtol=1e-12)
     info = jf.cache_info()
     assert info["fallbacks"] == 0 and info["hits"] >= 3, info
+
+
+@pytest.mark.parametrize("order", ["variable_first", "array_first"])
+def test_a_made_array_returned_beside_the_variable_holding_it_is_its_data(
+        order, jit_warnings_are_errors):
+    # `v = tj.Variable(a); a[:] = x.data; return v, a`: eager's a is v.data, one object
+    # (compiled calls returned two and the first-call check ran them eagerly).
+    def f(x):
+        a = np.zeros(x.shape)
+        v = tj.Variable(a)
+        a[:] = x.data * 2.0
+        y = F.tanh(x) * v
+        return (y, v, a) if order == "variable_first" else (y, a, v)
+
+    jf = tj.jit(f)
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        xv = rng.normal(size=3)
+        got = []
+        for fn in (f, jf):
+            y, p, q = fn(tj.Variable(xv.copy()))
+            v, a = (p, q) if order == "variable_first" else (q, p)
+            assert v.data is a
+            got.append((y.data, a))
+        for e, j in zip(*got):
+            np.testing.assert_allclose(j, e, rtol=1e-12)
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] >= 3, info

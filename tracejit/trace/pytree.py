@@ -490,6 +490,15 @@ def _eager_object(tr, x, var_pos, grad_owner, raw):
             if j is not None:
                 return raw[j]._data, ("vardata", j, None)
             return owner._data, None    # computed; `h.data` twice is one object
+        held = [r() for r in getattr(x, "__dict__", {}).get("_holders", ())]
+        for j in var_pos.values():
+            # (made.MadeArray.hold's record, which x keeps as traced data; the
+            # Variable's array is a plain view of x by now: made.plain_of)
+            if any(raw[j] is h for h in held) and raw[j]._tv is x._tv \
+                    and _same_array(raw[j]._data, x):
+                # An array f made that a Variable result holds (`v = Variable(a);
+                # a[:] = x.data; return v, a`): eager's a is v.data.
+                return x, ("vardata", j, None)
         return x, None
     if isinstance(x, TracedScalar):
         view = tr.arg_views.get(id(x))

@@ -2517,6 +2517,10 @@ def _st_made_array(b):
         b.emit(f"{buf}[...] = {d} * 0.5")
         b.emit(f"{name} = {src.name} * {vb}")
         b.features.add("made_variable_first")
+        if b.draw(st.booleans()):
+            # returned beside the Variable: eager's buf is vb.data, one object
+            b.returned_views += [vb, buf]
+            b.features.add("made_variable_first_returned")
     elif form == "temp_mask":
         b.emit(f"{buf} = {d}.copy()")          # (an array also of a 0-d d; d * 1.0 is not)
         b.emit(f"{buf}[{buf} > 0] = 0.25")
