@@ -625,7 +625,8 @@ class AssignItem(Function):
         # them) get the value broadcast to a[key]'s shape, by ScatterElements. Index
         # arrays that repeat a position: NumPy's last write wins, ONNX leaves it
         # undefined (an index array's repeats are data, unknown here).
-        from tracejit.ir import Node
+        import types
+
         from tracejit.ops.arrayops import _ArrayIndex, _onnx_index
         a, value, indices = node.inputs[0], node.inputs[1], node.inputs[2:]
         key = b.params(node)[0]
@@ -646,9 +647,11 @@ class AssignItem(Function):
         pos = b.op("Range", [b.const(np.array(0, np.int64)), count,
                              b.const(np.array(1, np.int64))])
         pos = b.op("Reshape", [pos, shape])
-        # (_onnx_index reads index array k as input 1 + k: a node of a's positions
-        # and the index arrays, not added to any graph.)
-        shim = Node(self, [a] + list(indices), node.outputs, node.line)
+        # (_onnx_index reads index array k as input 1 + k: a stand-in for the node
+        # with a's positions and the index arrays as its inputs; ops cannot import
+        # the IR's Node, a stage above them.)
+        shim = types.SimpleNamespace(inputs=[a] + list(indices), outputs=node.outputs,
+                                     name=node.name, line=node.line)
         where = _onnx_index(b, shim, pos, key, len(a.shape))
         flat = b.ints([-1])
         updates = b.op("Expand", [val, b.op("Shape", [where])])
