@@ -112,6 +112,23 @@ def test_two_equal_views_of_a_value_are_two_objects_also_when_empty(n):
         assert a is not b and a.shape == (n - 1,)
 
 
+def _two_equal_views_of_an_argument(x, a):
+    return F.tanh(x), a[..., 1:], a[..., 1:]
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_two_equal_views_of_an_ndarray_argument_are_two_objects_also_when_empty(n):
+    # Rebuilt on the argument at return: an empty replay shares no memory, and was
+    # taken for a copy, so the graph's one array came back twice (fuzz program 297 of
+    # a 400-program run, found by the view-returned-twice statement).
+    rng = np.random.default_rng(n)
+    info = assert_jit_matches_eager(
+        _two_equal_views_of_an_argument,
+        make_args=lambda k: (Variable(rng.standard_normal(3)), rng.standard_normal((2, n))),
+        calls=4)
+    assert info["fallbacks"] == 0, info
+
+
 def test_repeated_python_and_numpy_scalars_are_one_object():
     def f(x, lr):
         h = F.tanh(x) * lr

@@ -1028,7 +1028,9 @@ def replay_view(base, steps):
     y = base
     for step in steps:
         y = step(y)
-    if not isinstance(y, np.ndarray) or not np.may_share_memory(y, base):
+    # (An empty result shares no memory, view or not; it is a new object all the same,
+    # as eager's: two equal empty views x[..., 1:] of a size-1 axis are two objects.)
+    if not isinstance(y, np.ndarray) or (y.size and not np.may_share_memory(y, base)):
         return None
     return y
 
