@@ -50,6 +50,13 @@ def holds_traced(a, tr):
     return (type(a) is TracedArray or isinstance(a, TracedScalar)) and a._trace is tr
 
 
+def held_by(arr):
+    """The live Variables MadeArray.hold recorded as holding arr's buffer (arr a made
+    array, or the traced data one became: follow_made keeps the record)."""
+    refs = getattr(arr, "__dict__", {}).get("_holders", ())
+    return [v for v in (r() for r in refs) if v is not None]
+
+
 class MadeArray(np.ndarray):
     """An array the traced function made (see the module docstring)."""
 
@@ -70,7 +77,7 @@ class MadeArray(np.ndarray):
         self.__dict__.setdefault("_holders", []).append(weakref.ref(var))
 
     def holders(self):
-        return [v for v in (r() for r in self.__dict__.get("_holders", ())) if v is not None]
+        return held_by(self)
 
     def __setitem__(self, key, value):
         tr = core._state.trace

@@ -10,7 +10,7 @@ import weakref
 import numpy as np
 
 from tracejit.core import MOVEMENT, NoDataError, Parameter, Variable
-from tracejit.trace import pystate
+from tracejit.trace import made, pystate
 from tracejit.trace.record import TracedArray, TracedScalar
 from tracejit.trace.records import Form, Leaf
 
@@ -490,10 +490,9 @@ def _eager_object(tr, x, var_pos, grad_owner, raw):
             if j is not None:
                 return raw[j]._data, ("vardata", j, None)
             return owner._data, None    # computed; `h.data` twice is one object
-        held = [r() for r in getattr(x, "__dict__", {}).get("_holders", ())]
+        held = made.held_by(x)
         for j in var_pos.values():
-            # (made.MadeArray.hold's record, which x keeps as traced data; the
-            # Variable's array is a plain view of x by now: made.plain_of)
+            # (the Variable's array is a plain view of x by now: made.plain_of)
             if any(raw[j] is h for h in held) and raw[j]._tv is x._tv \
                     and _same_array(raw[j]._data, x):
                 # An array f made that a Variable result holds (`v = Variable(a);
