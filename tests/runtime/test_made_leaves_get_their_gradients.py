@@ -333,8 +333,23 @@ def grad_of_a_seed(x):
     return F.sin(x * c), c
 
 
+W = Parameter(np.array([0.3, -0.6, 0.9]))
+
+
+def grad_of_a_returned_grad(x):
+    # The made leaf's .grad is the .grad of a computed .grad the call returns (g =
+    # W.grad, then Add gives c and g one gradient: c.grad is W.grad.grad; fuzz programs
+    # 1809 and 2519).
+    W.cleargrad()
+    F.sum(F.tanh(W) * W).backward()
+    g = W.grad
+    c = Variable(np.full(3, 0.5))
+    F.sum(F.tanh(c + g)).backward()
+    return F.sin(x * c * g), c, g
+
+
 @pytest.mark.parametrize("fn", [grad_also_returned, grad_shared_with_the_argument,
-                                grad_of_a_seed])
+                                grad_of_a_seed, grad_of_a_returned_grad])
 @pytest.mark.parametrize("mode", ["plain", "create_graph"])
 def test_a_made_leafs_grad_that_is_another_object_of_the_call_stays_that_object(fn, mode):
     # Compiled calls gave the made leaf no .grad where its .grad was a result or
@@ -345,9 +360,11 @@ def test_a_made_leafs_grad_that_is_another_object_of_the_call_stays_that_object(
         seen = []
         for f in (fn, jf):
             x = Variable(np.linspace(-1.0, 1.0, 3) + 0.2 * i)
+            W.data = np.array([0.3, -0.6, 0.9]) * (1.0 + 0.5 * i)  # (captured, changed)
             out = f(x)
             c = out[1]
-            same = tuple(c.grad is o for o in (x.grad,) + tuple(out))
+            same = tuple(c.grad is o for o in (x.grad,) + tuple(out)) + \
+                tuple(c.grad is o.grad for o in out)
             inside = _arr(c.grad)
             F.sum(out[-1] if fn is grad_also_returned else out[0]).backward(
                 create_graph=(mode == "create_graph"))

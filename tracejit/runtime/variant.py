@@ -2318,7 +2318,8 @@ def build_runner(v, leaf_kinds, key=None):
     for i, (kind, j) in sorted(v.wrap_grad_alias.items()):
         # (Last: the .grad a grad effect sets is its final object only after the walks.)
         late_grads.append(f"{exprs[i]}._grad = " + (
-            exprs[j] if kind == "result" else f"{target(*v.grad_effects[j][0])}._grad"))
+            exprs[j] if kind == "result" else f"{made[j][0]}._grad" if kind == "made"
+            else f"{target(*v.grad_effects[j][0])}._grad"))
     body += late + late_grads
     body.append(f"return {structure}")
     # args/kwargs: the call's own, for a result that is an argument's container.

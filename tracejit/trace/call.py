@@ -230,6 +230,13 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
                 if grad_of(var) is g:
                     tr.wrap_grad_alias[i] = ("effect", gi)
                     break
+            else:
+                # A computed result's .grad (`F.tanh(c + g).backward()` with g = w.grad
+                # returned: c.grad is w.grad.grad, set as made result m's .grad).
+                for m, (_, xg, _) in enumerate(tr.made_grads):
+                    if xg is g:
+                        tr.wrap_grad_alias[i] = ("made", m)
+                        break
         copied = _unshare_grads(tr, list(tr.grad_writes.values()) +
                                 [x for x, g, _ in tr.made_grads if g is not None] +
                                 [grad_of(tr.grad_effects[gi][0]) for gi, _, _ in nested] +

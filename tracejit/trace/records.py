@@ -219,9 +219,10 @@ class TracedCall:
                               # makes, where it is not a plain unnamed Variable
     wrap_grads: dict = None   # "wrap" result leaf -> the Value of the .grad a backward
                               # inside the call gave it (set on the runner's new leaf)
-    wrap_grad_alias: dict = None  # "wrap" result leaf -> ("result", j) or ("effect",
-                              # gi): its .grad is result leaf j, or the .grad grad
-                              # effect gi sets (one object in eager)
+    wrap_grad_alias: dict = None  # "wrap" result leaf -> ("result", j), ("effect",
+                              # gi) or ("made", m): its .grad is result leaf j, the
+                              # .grad grad effect gi sets, or made result m's .grad
+                              # (one object in eager)
     walk_untouched: list = ()  # (Target, n): a .grad the function touches after the
                                # first n such backwards, which they did not touch:
                                # the variant holds while they leave it

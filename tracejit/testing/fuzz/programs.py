@@ -1827,14 +1827,30 @@ def _made_leaves_sharing(b):
 def _made_leaf_grad_inside(b):
     """A made leaf a backward inside f gives a .grad that is another object of the
     call: returned beside it (`return c.grad, c`), or the .grad of the value it is
-    added to (Add gives both operands one gradient: c.grad is v.grad). Compiled calls
-    gave c no .grad there, and the first-call check ran them eagerly (program 3247)."""
+    added to (Add gives both operands one gradient: c.grad is v.grad), that value maybe
+    a captured Parameter's .grad computed by an earlier backward and returned (c.grad
+    is W.grad.grad). Compiled calls gave c no .grad there, and the first-call check ran
+    them eagerly (programs 3247, 1809)."""
     v = b.pick(lambda w: w.var and w.bound <= 10, recent=6)
     if v is None:
         return b.st_unary()
+    form = b.draw(st.sampled_from(["returned_grad", "shared", "grad_of_grad"]))
+    if form == "grad_of_grad":
+        # v becomes W.grad (of v's trailing shape), returned: c + v gives both one
+        # gradient, so c.grad is W.grad.grad.
+        nd = b.draw(st.integers(0, min(len(v.shape), 2)))
+        p = b.capture(tuple(1 if d == B else d for d in v.shape[len(v.shape) - nd:]),
+                      "param", reuse=False)
+        b.updated.add(p[0])
+        g = b.fresh("g")
+        b.emit(f"{p[0]}.cleargrad()")
+        b.emit(f"F.sum(F.tanh({p[0]}) * {p[0]}).backward()")
+        b.emit(f"{g} = {p[0]}.grad")
+        b.add(g, p[2], p[3], 2.0)
+        b.returned_views.append(g)
+        v = b.vals[-1]
     c = b.fresh("c")
     b.emit(f"{c} = tj.Variable(np.full({v.name}.shape, 0.5, dtype={v.name}.dtype))")
-    form = b.draw(st.sampled_from(["returned_grad", "shared"]))
     if form == "returned_grad":
         b.emit(f"F.sum(F.tanh({v.name} * {c})).backward()")
         b.returned_views += [c, f"{c}.grad"]
