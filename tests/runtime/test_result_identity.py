@@ -129,6 +129,37 @@ def test_two_equal_views_of_an_ndarray_argument_are_two_objects_also_when_empty(
     assert info["fallbacks"] == 0, info
 
 
+def _two_reshapes_copied(x):
+    m = x * 1.5
+    c = Variable(m.data)
+    return F.tanh(m), [c], m.data.reshape(-1), m.data.reshape(-1)
+
+
+@pytest.mark.parametrize("order", ["F", "gathered"])
+def test_two_equal_reshapes_that_numpy_copies_are_two_new_arrays(order):
+    # m is not C-contiguous (a transposed argument's layout, or a gather's), so NumPy
+    # answers each reshape(-1) with a copy: eager returns two new arrays. Compiled
+    # calls kept the graph's value where the replay copied, one array for both (CSE
+    # merged them; fuzz program 254: the first-call check ran it eagerly).
+    rng = np.random.default_rng(4)
+
+    def make(k):
+        a = rng.standard_normal((3, 2 + k % 2))
+        a = a.T if order == "F" else a[:, [1, 0, 1]]
+        return (Variable(a),)
+    info = assert_jit_matches_eager(_two_reshapes_copied, make_args=make, calls=5)
+    assert info["fallbacks"] == 0, info
+    jf = tj.jit(_two_reshapes_copied)
+    for k in range(4):
+        (x,) = make(k)
+        _, (c,), a, b = jf(x)
+        assert a is not b and not np.shares_memory(a, b), k
+        assert not np.shares_memory(a, c.data) and not np.shares_memory(b, c.data), k
+        np.testing.assert_array_equal(a, (x.data * 1.5).reshape(-1))
+        np.testing.assert_array_equal(b, a)
+    assert jf.cache_info()["fallbacks"] == 0, jf.cache_info()
+
+
 def test_repeated_python_and_numpy_scalars_are_one_object():
     def f(x, lr):
         h = F.tanh(x) * lr

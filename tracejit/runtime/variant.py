@@ -2432,7 +2432,9 @@ def _view_lines(v, out, names, dest, const, env, listed, target, made_grad_array
     effects and grad effects, so it aliases that buffer as eager's does and holds what
     it holds. A replay NumPy answers with a copy (a reshape of a non-contiguous
     argument, as eager copies it) keeps the graph's value, computed from the inputs
-    before the effects (as eager's copy was)."""
+    before the effects (as eager's copy was), in an array of its own: eager's copy is
+    a new C-ordered array, and the graph's may be one array for two such views (CSE
+    merged `h.data.reshape(-1)` twice; fuzz program 254) or a view of its buffer."""
     slot, k = {}, 0
     for i, (kind, _, _) in enumerate(v.out_leaves):
         if kind == "out":
@@ -2478,7 +2480,7 @@ def _view_lines(v, out, names, dest, const, env, listed, target, made_grad_array
             base = out(slot[r])
         dst = out(slot[i])
         lines.append(f"val = replay_view({base}, {const(steps)})")
-        lines.append(f"if val is not None: {dst} = val")
+        lines.append(f"{dst} = val if val is not None else {dst}.copy()")
     return lines
 
 

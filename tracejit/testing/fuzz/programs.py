@@ -1049,6 +1049,10 @@ def _views_returned(b):
     forms = [f"{data}.T", f"{data}.reshape(-1)"]
     if nd >= 1:
         forms += [f"{data}[::-1]", f"{data}[..., 1:]", f"{data}[None]"]
+    if nd >= 2:
+        # A reshape NumPy answers with a copy (of a transposed view): a new array each
+        # time, twice two (program 254: the graph's one array came back for both).
+        forms += [f"{data}.T.reshape(-1)"]
     if v.var:
         forms += [f"F.reshape({v.name}, (-1,))", f"F.transpose({v.name})"]
     cap = None
