@@ -19,6 +19,8 @@ import tracejit.functions as F
 from tracejit.models import MLP
 from tracejit.testing.strategies import source_programs
 
+from test_export_saved import _made_from_the_size
+
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
@@ -367,6 +369,23 @@ def test_sizes_a_symbolic_dimension_cannot_follow_are_refused():
         tj.export(diff, np.arange(5.0), dynamic={"y": {0: "n"}})
     with pytest.raises(tj.ExportError, match="axis 1 out of range"):
         tj.export(diff, np.arange(5.0), dynamic={"x": {1: "n"}})
+
+
+def test_arrays_made_from_a_symbolic_size_are_built_from_it():
+    rng = np.random.default_rng(3)
+    ex = tj.export(_made_from_the_size, rng.random((4, 3)), dynamic={"x": {0: "n"}})
+    assert str(ex.input_specs[0]["shape"][0]) == "n"
+    _check(_made_from_the_size, ex, [(rng.random((n, 3)),) for n in (7, 1, 4)])
+
+    def grows(x):              # the value follows the size: not one array at any size
+        return tj.Variable(x) * np.full(x.shape, float(x.shape[0]))
+
+    def spaced(x):
+        return tj.Variable(x) * np.linspace(0.0, 1.0, x.shape[0])
+
+    for f in (grows, spaced):
+        with pytest.raises(tj.ExportError, match="changes with the size"):
+            tj.export(f, rng.random(4), dynamic={"x": {0: "n"}})
 
 
 def test_reading_a_live_grad_is_refused():
@@ -854,6 +873,31 @@ def test_item_assignment_with_a_symbolic_batch_in_onnx_runtime():
     rng = np.random.default_rng(1)
     ex = tj.export(f, rng.random((4, 3)), dynamic={"x": {0: "batch"}})
     _check(f, ex, [(rng.random((n, 3)),) for n in (2, 7, 4)])
+
+
+def _scattered(x, rows, cols):
+    y = x * 0.5
+    y[rows] = x[: len(rows)] * 10.0            # rows repeat: NumPy's last write wins
+    z = np.zeros((4, 3))
+    z[rows[:3], cols] = x[:3, 0] - 2.0         # two index arrays, repeated pairs
+    return F.tanh(tj.Variable(y)) + F.sum(tj.Variable(z))
+
+
+def test_assignment_through_repeated_indices_keeps_the_last_write_in_onnx_runtime():
+    rng = np.random.default_rng(2)
+
+    def args(n):
+        return (rng.random((n, 3)), rng.integers(0, 2, 6) * 2 + rng.integers(0, 2),
+                np.array([1, 1, 1]))
+    ex = tj.export(_scattered, *args(6), dynamic={"x": {0: "n"}})
+    _check(_scattered, ex, [args(n) for n in (6, 9, 7)])
+    # (ONNX Runtime happens to keep the last of repeats; the spec leaves them undefined:
+    # every scatter of the model is one whose repeats are defined)
+    scatters = [n for n in ex.to_onnx().graph.node if n.op_type == "ScatterElements"]
+    assert scatters and all({a.name: a.s for a in n.attribute}.get("reduction", b"none")
+                            != b"none" for n in scatters)
+    with pytest.raises(tj.ExportError, match="needs opset >= 18"):
+        ex.to_onnx(opset=17)
 
 
 def test_a_mask_assignment_not_over_all_axes_is_refused_clearly():

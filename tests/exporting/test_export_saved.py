@@ -252,6 +252,28 @@ def test_a_saved_file_of_several_paths_runs_each_and_converts_to_an_if_tree(tmp_
         m(np.array([9.0, 0.0]))
 
 
+def _made_from_the_size(x):
+    # Arrays the function makes from x's shape: one value each (a fill) and a range.
+    v = tj.Variable(x)
+    zeros = np.zeros(x.shape)
+    ones = np.ones((x.shape[0], 1), np.float32)
+    half = np.full(x.shape[:1], -0.5)
+    return F.sum(v * ones + zeros, axis=1) * half + np.arange(x.shape[0])
+
+
+def test_arrays_made_from_a_symbolic_size_save_and_run_at_new_sizes(tmp_path):
+    rng = np.random.default_rng(4)
+    ex = tj.export(_made_from_the_size, rng.random((4, 3)), dynamic={"x": {0: "n"}})
+    path = str(tmp_path / "made.npz")
+    ex.save(path)
+    m = tj.load(path)
+    for n in (7, 1, 4):
+        x = rng.random((n, 3))
+        _close(m(x), _flat(_made_from_the_size(x)))
+    with zipfile.ZipFile(path) as z:        # the oldest tracejit that reads it: 2
+        assert json.loads(np.load(z.open("__graph__.npy")).item())["version"] == 2
+
+
 def test_numpy_calls_the_tracer_kept_save_by_name(tmp_path):
     # accuracy()'s argmax and a cumsum are NumPy calls in the graph: saved as the names
     # of numpy functions with their keyword arguments, run and converted when loaded.

@@ -28,7 +28,10 @@ from tracejit.core import Variable
 from tracejit.exporting.symbolic import GraphMismatch, Sym, flatten, merge
 from tracejit.ir import Lit, Value
 
-FORMAT_VERSION = 1
+# The newest format this tracejit writes and reads. A file says the oldest that reads
+# it: 1 unless it holds a constant of kind "fill" (2), so files older tracejits read
+# stay readable by them.
+FORMAT_VERSION = 2
 
 
 class ExportError(ValueError):
@@ -39,7 +42,7 @@ class Exported:
     """One exported graph: specs, initializers, flat op-level nodes, symbolic dims.
 
     Attributes: name; inputs (graph inputs, in order), input_kinds ("input", "init",
-    "const" or "range"), input_names; arrays (name -> ndarray of an initializer or
+    "const", "range" or "fill"), input_names; arrays (name -> ndarray of an initializer or
     constant); nodes (op-level Nodes, fused groups inlined); outputs, output_names;
     shape_of(v) (dims: ints and Syms); node_params(n) (params with Syms); lit(n, i);
     symbols (name -> the example's size); guards ([(text, line)]); graph (the
@@ -441,6 +444,9 @@ def _compare(base, others, sizes):
                     np.array_equal(b, np.arange(len(b))) for b in [a] + obs):
                 kinds[i] = "range"        # np.arange(N): built from N in the model
                 continue
+            if id(v) in shapes and _filled(a, obs):
+                kinds[i] = "fill"         # np.zeros(x.shape), np.full(...): one value
+                continue                  # expanded to the symbolic shape in the model
             raise GraphMismatch(f"the constant {nm} (an array the function made) "
                                 f"changes with the size")
         elif base["kinds"][i] == "init" and id(v) in shapes:
@@ -465,6 +471,16 @@ def _compare(base, others, sizes):
         for k, v in enumerate(n.outputs):
             value(v, [m.outputs[k] for m in ons], f"the result of {what}")
     return shapes, params, lits, kinds
+
+
+def _filled(a, obs):
+    """Every element of a and of the other sizes' arrays is one value (bitwise: -0.0
+    and NaN stay what they are), so the array is that value at the symbolic shape."""
+    if a.size == 0:
+        return False
+    one = a.reshape(-1)[:1]
+    return all(b.size > 0 and (b.reshape(-1).view(np.uint8).reshape(b.size, -1)
+                               == one.view(np.uint8)).all() for b in [a] + obs)
 
 
 def _num(x):

@@ -13,7 +13,7 @@ from tracejit.exporting.exported import ExportError
 from tracejit.exporting.symbolic import Sym
 from tracejit.ir import Lit
 
-DEFAULT_OPSET = 17
+DEFAULT_OPSET = 18  # (18: ScatterElements' reduction "max", item assignment's repeats)
 MIN_OPSET = 16       # ScatterElements with reduction="add" (the gradient of indexing)
 INT64_MAX = np.iinfo(np.int64).max
 INT64_MIN = np.iinfo(np.int64).min
@@ -300,7 +300,7 @@ def _declare_inputs(b, ex, prefix=""):
         elif kind == "const" and prefix and nm in b.declared and \
                 _same_param(np.asarray(b.declared[nm]), np.asarray(ex.arrays[nm])):
             pass                          # the same constant as the first path's
-        elif kind != "range":
+        elif kind not in ("range", "fill"):
             b.names[id(v)] = prefix + nm
             b.declared[prefix + nm] = ex.arrays[nm]
             b.initializers.append(numpy_helper.from_array(
@@ -311,6 +311,9 @@ def _declare_inputs(b, ex, prefix=""):
             r = b.op("Range", [b.const(np.array(0, np.int64)), n,
                                b.const(np.array(1, np.int64))])
             b.names[id(v)] = b.cast(r, np.int64, v.dtype)
+        elif kind == "fill":            # one value, expanded to the symbolic shape
+            one = np.array(ex.arrays[nm].reshape(-1)[0], v.dtype)
+            b.names[id(v)] = b.op("Expand", [b.const(one), b.shape(ex.shape_of(v))])
     return graph_inputs
 
 

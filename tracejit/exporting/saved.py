@@ -192,7 +192,8 @@ def _document(ex, prefix):
                       "outputs": [val(v) for v in n.outputs], "line": n.line})
     outputs = [({"lit": _enc(o.value, "an output"), "dtype": o.dtype.str}
                 if isinstance(o, Lit) else {"v": val(o)}) for o in ex.outputs]
-    doc = {"format": _MAGIC, "version": FORMAT_VERSION, "name": ex.name,
+    version = 2 if "fill" in ex.input_kinds else 1       # (exported.FORMAT_VERSION)
+    doc = {"format": _MAGIC, "version": version, "name": ex.name,
            "symbols": ex.symbols, "values": values, "inputs": inputs, "nodes": nodes,
            "outputs": outputs, "output_names": ex.output_names,
            "guards": [list(g) for g in ex.guards]}
@@ -268,7 +269,7 @@ def _rebuild(doc, arrays):
             lits[(id(n), i)] = lv
         nodes.append(n)
     inputs = [values[x["v"]] for x in doc["inputs"]]
-    missing = [x["name"] for x in doc["inputs"] if x["kind"] in ("init", "const")
+    missing = [x["name"] for x in doc["inputs"] if x["kind"] in ("init", "const", "fill")
                and x["name"] not in arrays]
     if missing:
         raise KeyError(f"arrays {missing} missing")
@@ -335,6 +336,9 @@ def instantiate(ex, sizes):
         elif kind == "range":
             feeds.append(("array", np.arange(substitute(ex.shape_of(v), sizes)[0],
                                              dtype=v.dtype)))
+        elif kind == "fill":
+            feeds.append(("array", np.full(substitute(ex.shape_of(v), sizes),
+                                           ex.arrays[nm].reshape(-1)[0], v.dtype)))
         else:
             feeds.append(("array", ex.arrays[nm]))
     nodes = []

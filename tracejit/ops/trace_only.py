@@ -622,9 +622,11 @@ class AssignItem(Function):
         # `a[key] = value` as ONNX: a boolean mask over all of a's axes with a value of
         # one element is Where(mask, value, a); otherwise the flat positions a[key]
         # selects (a Range of a's size read at [key], as GetItemGrad's export finds
-        # them) get the value broadcast to a[key]'s shape, by ScatterElements. Index
-        # arrays that repeat a position: NumPy's last write wins, ONNX leaves it
-        # undefined (an index array's repeats are data, unknown here).
+        # them) get the value broadcast to a[key]'s shape. Index arrays may repeat a
+        # position (data, unknown here): NumPy's last write wins, ScatterElements
+        # leaves repeats undefined, so with index arrays the last writer of each
+        # position is found first (a scatter-max of the writes' order, opset 18) and
+        # the result reads each written position from its last write.
         import types
 
         from tracejit.ops.arrayops import _ArrayIndex, _onnx_index
@@ -642,6 +644,12 @@ class AssignItem(Function):
             raise b.unsupported(node, "a boolean mask index with a value of more than one "
                                       "element, or not over all axes (the positions it "
                                       "selects depend on the data)")
+        repeats = any(isinstance(k, _ArrayIndex) for k in key)
+        if repeats and b.opset < 18:
+            raise b.unsupported(node, f"an assignment through index arrays needs opset "
+                                      f">= 18 (ScatterElements' reduction 'max': the "
+                                      f"last of repeated positions wins, as in NumPy), "
+                                      f"this export is opset {b.opset}")
         shape = b.shape(b.dims(a))
         count = b.op("ReduceProd", [shape], keepdims=0)
         pos = b.op("Range", [b.const(np.array(0, np.int64)), count,
@@ -654,8 +662,23 @@ class AssignItem(Function):
                                      name=node.name, line=node.line)
         where = _onnx_index(b, shim, pos, key, len(a.shape))
         flat = b.ints([-1])
-        updates = b.op("Expand", [val, b.op("Shape", [where])])
-        out = b.op("ScatterElements", [b.op("Reshape", [av, flat]),
-                                       b.op("Reshape", [where, flat]),
-                                       b.op("Reshape", [updates, flat])], axis=0)
+        updates = b.op("Reshape", [b.op("Expand", [val, b.op("Shape", [where])]), flat])
+        a_flat, where = b.op("Reshape", [av, flat]), b.op("Reshape", [where, flat])
+        if not repeats:
+            out = b.op("ScatterElements", [a_flat, where, updates], axis=0)
+        else:
+            zero, one = b.const(np.array(0, np.int64)), b.const(np.array(1, np.int64))
+            m = b.op("ReduceProd", [b.op("Shape", [where])], keepdims=0)
+            order = b.op("Range", [zero, m, one])
+            none = b.op("Expand", [b.const(np.array(-1, np.int64)),
+                                   b.op("Shape", [a_flat])])
+            last = b.op("ScatterElements", [none, where, order], axis=0, reduction="max")
+            # (one element more, so that reading at 0 is in range when nothing is
+            # written: Where then takes a's element)
+            padded = b.op("Concat", [updates, b.op("Slice", [a_flat, b.ints([0]),
+                                                             b.ints([1])])], axis=0)
+            out = b.op("Where", [b.op("GreaterOrEqual", [last, zero]),
+                                 b.op("Gather", [padded, b.op("Max", [last, zero])],
+                                      axis=0),
+                                 a_flat])
         b.bind(node, b.op("Reshape", [out, shape]))
