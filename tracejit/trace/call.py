@@ -62,12 +62,13 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
     # (a user __getattr__ our probes meet, the function itself): a trace left active,
     # or a user array left swapped for a traced view, would run every later call of
     # every function, eager or jitted, under this dead trace.
-    swaps, code_swaps, hook, probe_swaps, reached = [], [], None, [], []
+    swaps, code_swaps, hook, probe_swaps, reached, unswapped = [], [], None, [], [], []
     try:
         try:
             # (An argument's arrays too: an in-place update of `m.buf` is an effect of
             # the call.)
-            swaps = pystate.swap_arrays(locs + arg_locs, tr.capture_view)
+            swaps = pystate.swap_arrays(locs + arg_locs, tr.capture_view, unswapped)
+            tr.unswapped = {id(a): loc for loc, a, _ in unswapped}
             probe_swaps = opaque.swap_probes(locs + arg_locs)
             # float()/int() in the function's own code, and in the user functions it
             # reads (helpers, a Model's forward), give traced Python numbers.
@@ -93,6 +94,12 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             tracing.unswap_scalar_code(code_swaps)
             pystate.unswap(probe_swaps)
             pystate.unswap(swaps)
+        written = pystate.written_unswapped(unswapped)
+        if written is not None:
+            tr.escapes.append((f"the function writes into {written.describe()}, an array "
+                               f"held where the tracer cannot put a traced view (a "
+                               f"tuple's item, a partial's argument): compiled calls "
+                               f"would not repeat the write", def_line))
         out_leaves_raw = []
         # An argument's list, dict or tuple returned as the call got it is that
         # object (eager returns the caller's), not a new one of its contents.

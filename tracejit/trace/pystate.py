@@ -144,7 +144,16 @@ class Location:
         elif self.kind == "ctxvar":
             # (In the current context, the call's: a trace's swap, undone after it.)
             self.container.set(value)
-        elif self.kind in ("default", "deref", "call", "contents", "member") or \
+        elif self.kind == "default":
+            # A new tuple with value at key: how swap_arrays puts a traced view in
+            # place of an ndarray default (`def f(x, buf=BUF): buf[...] = x`), whose
+            # writes would otherwise go to the real array, unrecorded. (fn's own code
+            # reads its defaults when called: the copy symbolic_scalars makes after the
+            # swap takes the swapped tuple.)
+            d = list(self.container.__defaults__)
+            d[self.key] = value
+            self.container.__defaults__ = tuple(d)
+        elif self.kind in ("deref", "call", "contents", "member") or \
                 isinstance(self.container, tuple):
             raise TypeError("immutable location")
         else:
@@ -365,8 +374,14 @@ def _roots(fn, seen_functions):
         return _roots(inner, seen_functions)
     if isinstance(fn, functools.partial):
         out = _roots(fn.func, seen_functions)
-        for a in list(fn.args) + list(fn.keywords.values()):
-            if not _is_scalar_config(a):
+        for k, a in list(enumerate(fn.args)) + list(fn.keywords.items()):
+            if type(a) is np.ndarray:
+                # A location, as an array in a tuple's item is: the keywords' dict can
+                # hold a traced view, the args tuple cannot (a write is then seen by
+                # written_unswapped).
+                out.append((Location("item", fn.args if type(k) is int else fn.keywords,
+                                     k, f"partial argument {k}"), None, None))
+            elif not _is_scalar_config(a):
                 out.append((None, a, "an argument bound by functools.partial"))
         return out
     if not isinstance(fn, (types.FunctionType, types.MethodType, types.BuiltinFunctionType,
@@ -413,6 +428,11 @@ def _roots(fn, seen_functions):
             out.append((Location("global", glb, name, name), None, name))
     for i, _ in enumerate(probe(target, "__defaults__") or ()):
         out.append((Location("default", target, i, f"default argument {i}"), None, None))
+    kwdefaults = probe(target, "__kwdefaults__")
+    if type(kwdefaults) is dict:     # (keyword-only: a dict, the function reads per call)
+        for name in kwdefaults:
+            out.append((Location("item", kwdefaults, name, f"default argument {name}"),
+                        None, None))
     return out
 
 
@@ -1058,8 +1078,12 @@ def grown(size_snap):
     return None
 
 
-def swap_arrays(locs, make_view):
-    """Put a traced view in place of each plain ndarray; return what to undo."""
+def swap_arrays(locs, make_view, unswapped=None):
+    """Put a traced view in place of each plain ndarray; return what to undo. An array
+    at a location no view can be put in (an item of a tuple or namedtuple, a partial's
+    argument, an attribute the user's class guards) stays plain: its writes would go to
+    the array unrecorded, so unswapped (a list) gets (location, array, a copy) for
+    written_unswapped to compare after the trace."""
     swaps = []
     for loc in locs:
         v = loc.read()
@@ -1067,10 +1091,20 @@ def swap_arrays(locs, make_view):
             view = make_view(v)
             try:
                 loc.write(view)
-            except Exception:  # noqa: BLE001 - a location the user's class guards
+            except Exception:  # noqa: BLE001 - immutable, or a class that guards it
+                if unswapped is not None:
+                    unswapped.append((loc, v, v.copy()))
                 continue
             swaps.append((loc, v, view))
     return swaps
+
+
+def written_unswapped(unswapped):
+    """The first location of unswapped whose array the trace wrote into, or None."""
+    for loc, arr, before in unswapped:
+        if arr.shape != before.shape or arr.tobytes() != before.tobytes():
+            return loc
+    return None
 
 
 def unswap(swaps):

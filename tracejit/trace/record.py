@@ -213,6 +213,9 @@ class Trace(core.TraceHooks):
         self.made_grad_lines = {}    # id(Variable made in the call) -> line its .grad was set
         self.random_nodes = []
         self.arg_arrays = {}         # id(ndarray arg) -> (array, input Value)
+        # id(ndarray) -> its Location, for captured arrays no traced view could replace
+        # (a tuple's item: pystate.swap_arrays), named when traced data is written there
+        self.unswapped = {}
         self.arg_vars = {}           # id(Variable arg) -> (Variable, input Value)
         self.owned = {}              # id(ndarray) -> ndarray, buffers computed in the trace
         self.line_of = {}            # Function -> the user line that called it
@@ -1611,8 +1614,15 @@ class Trace(core.TraceHooks):
             # (`buf = np.empty(n); np.multiply(x.data, 2, out=buf)`, or NumPy's C code's
             # own). NumPy reads and writes it later with no traced operand, which the
             # tracer never sees (`buf += 1` was lost: 3.2 for eager's 4.2).
-            self.escape("an out= write of traced data into a NumPy array made inside the "
-                        "function (np.empty(...)), which the tracer cannot follow")
+            held = self.unswapped.get(id(target)) or self.unswapped.get(id(root))
+            if held is not None:
+                self.escape(f"a write of traced data into {held.describe()}, an array "
+                            f"held where the tracer cannot put a traced view (a tuple's "
+                            f"item, a partial's argument): compiled calls would not "
+                            f"repeat the write")
+            else:
+                self.escape("an out= write of traced data into a NumPy array made inside "
+                            "the function (np.empty(...)), which the tracer cannot follow")
         else:
             self.escape(f"{self._writing} into a value computed inside the function")
         if self.buffer_vars:
