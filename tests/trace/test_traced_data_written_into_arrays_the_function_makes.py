@@ -11,7 +11,7 @@ assignment, np.copyto, fill(), `+=`), indexed by it, or stored as a Variable's d
 it is traced data from then on, its values so far a constant of the graph. Item assignment
 into traced data is an AssignItem node (it was an escape). What still cannot be
 followed (a write through a view of a made array, or into one a Variable holds and
-has used, np.put, np.putmask) is an escape.
+has used, of traced data or plain values, np.put, np.putmask) is an escape.
 """
 import copy
 import pickle
@@ -52,6 +52,13 @@ ESCAPED = {
     "a Variable of it used, then written": "buf = np.zeros(4)\n    v = tj.Variable(buf)\n"
                                            "    w = v * 2.0\n    buf[:] = d\n"
                                            "    buf = v.data + w.data",
+    # Written with plain values after the Variable's use: eager's use read the values
+    # before (the graph read the buffer after the trace: compiled 15.0 for eager's 11.0)
+    "a Variable of it used, then a constant written": "buf = np.ones(4)\n"
+        "    v = tj.Variable(buf)\n    w = v * x\n    buf[0] = 5.0\n"
+        "    buf = (w + v * 2.0).data",
+    "a Variable of it used, then +=": "buf = np.ones(4)\n    v = tj.Variable(buf)\n"
+        "    w = v * x\n    buf += 1.0\n    buf = (w + v).data",
 }
 
 

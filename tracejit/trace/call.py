@@ -100,6 +100,14 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
                                f"held where the tracer cannot put a traced view (a "
                                f"tuple's item, a partial's argument): compiled calls "
                                f"would not repeat the write", def_line))
+        for data, before, line in tr.made_leaf_uses:
+            if data.tobytes() != before.tobytes():
+                tr.escapes.append(("an array made inside the function that a Variable "
+                                   "holds (tj.Variable(buf)) is written after the "
+                                   "Variable's use here (buf[...] = ..., buf += ...): "
+                                   "eager's use read the values before the write, a "
+                                   "compiled call's would read them after", line))
+                break
         out_leaves_raw = []
         # An argument's list, dict or tuple returned as the call got it is that
         # object (eager returns the caller's), not a new one of its contents.

@@ -196,6 +196,12 @@ class Trace(core.TraceHooks):
         self.captured_arrays = {}    # id(ndarray) -> (ndarray, current Value)
         # id(MadeArray) -> (it, the copy the graph holds, its Value): _made_value
         self.made_snapshots = {}
+        # Variables of an array f made (tj.Variable(buf)), at their first use: (the
+        # buffer, a copy of it then, the line). The graph reads that buffer as it is
+        # after the trace, eager's uses read it as it was: a plain write into it after
+        # the use (buf[0] = 5.0, buf += 1, v.data[0] = 5.0) is an escape (call.py).
+        self.made_leaf_uses = []
+        self.made_holders = set()    # ids of those Variables (they live while f traces)
         self._writing = "an in-place write"   # what _write_into's escapes call a write
         self.effects = []            # (kind, target, Value) replayed after a run
         self.grad_writes = {}        # id(Variable) -> Variable, live vars whose .grad was set
@@ -328,6 +334,8 @@ class Trace(core.TraceHooks):
             # Made inside the function from a plain array: capture the array itself.
             tv = self.array_value(var._data)
             var._tv = tv
+            if id(var) in self.made_holders:
+                self.made_leaf_uses.append((var._data, var._data.copy(), user_line(3)))
             return tv
         if self.is_mine(tv):
             return tv
@@ -416,6 +424,7 @@ class Trace(core.TraceHooks):
             # the plain array, as eager's; a write of traced data into buf before the
             # Variable's first use makes it hold the written value (follow_made).
             data.hold(var)
+            self.made_holders.add(id(var))
             data = made.plain_of(data)
         if isinstance(data, TracedArray):
             var._tv = self.array_value(data)
