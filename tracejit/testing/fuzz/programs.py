@@ -248,7 +248,12 @@ class Builder:
                 return c
         kind = kind or self.draw(st.sampled_from(self.capture_kinds))
         dtype = dtype or self.draw(st.sampled_from(["float64", "float32"]))
-        where = self.draw(st.sampled_from(["global", "closure"]))
+        # (Also, rarely, held where a trace reaches it differently: a default argument
+        # of f, a keyword-only default, an item of a tuple in the closure. A write into
+        # a default used to be skipped by compiled calls; one into a tuple's item runs
+        # eagerly, warned: trace/pystate.swap_arrays.)
+        where = self.draw(st.sampled_from(["global", "closure"] * 6
+                                          + ["default", "kwdefault", "tuple"]))
         name = ("W" if kind == "param" else "K") + str(len(self.captures))
         c = (name, kind, tuple(shape), dtype, where)
         self.captures.append(c)
@@ -2507,7 +2512,7 @@ def _st_made_array(b):
     d, dt = src.data, f"{src.data}.dtype"
     makes = [f"np.zeros({d}.shape, {dt})", f"np.full({d}.shape, 0.5, {dt})"]
     form = b.draw(st.sampled_from(["branch", "operand", "variable_first", "temp_mask",
-                                   "input_write", "made_mask"] +
+                                   "input_write", "made_mask", "variable_used_first"] +
                                   (["slice_write"] if src.shape else [])))
     if form in ("branch", "operand"):
         writes = {"setitem": "{buf}[...] = {d}", "copyto": "np.copyto({buf}, {d})",
@@ -2541,6 +2546,18 @@ def _st_made_array(b):
             # returned beside the Variable: eager's buf is vb.data, one object
             b.returned_views += [vb, buf]
             b.features.add("made_variable_first_returned")
+    elif form == "variable_used_first":
+        # A plain write after the Variable's use: eager's use read the values before
+        # it, the graph read the buffer after the trace (compiled 15.0 for eager's
+        # 11.0, no warning until the first-call check). An escape now, warned.
+        vb, w = b.fresh("vb"), b.fresh()
+        b.emit(f"{buf} = {b.draw(st.sampled_from(makes))}")
+        b.emit(f"{vb} = tj.Variable({buf})")
+        b.emit(f"{w} = {src.name} * {vb}")
+        b.emit(b.draw(st.sampled_from([f"{buf}[...] = 0.25", f"{buf} += 1.0",
+                                       f"{buf}.reshape(-1)[:1] = -0.5"])))
+        b.emit(f"{name} = {w} + {vb}")
+        b.features.add("made_variable_used_first")
     elif form == "temp_mask":
         b.emit(f"{buf} = {d}.copy()")          # (an array also of a 0-d d; d * 1.0 is not)
         b.emit(f"{buf}[{buf} > 0] = 0.25")
@@ -3019,7 +3036,11 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=Fal
     for k in sorted(b.classes):
         out += [USER_FUNCTIONS[k], ""]
     glob = [c for c in b.captures if c[4] == "global"]
-    clos = [c for c in b.captures if c[4] == "closure"]
+    clos = [c for c in b.captures if c[4] != "global"]   # (and the ones f's defaults,
+    held = {}                                            # or a tuple, hold: made there)
+    for c in clos:
+        # A capture f rebinds is read through the closure (nonlocal), whatever was drawn.
+        held[c[0]] = "closure" if c[0] in b.rebinds else c[4]
 
     def cap_line(c, k):
         name, kind, shape, dtype, _ = c
@@ -3041,11 +3062,17 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=Fal
         out.append("    # captured state, read through the closure")
     for c in clos:
         out.append("    " + cap_line(c, b.captures.index(c)))
+        if held[c[0]] == "tuple":
+            out.append(f"    hold_{c[0]} = ({c[0]}, 'held')")
     out.append("")
-    out.append(f"    def f({', '.join(params)}):")
+    defaults = [f"{n}={n}" for n, w in held.items() if w == "default"]
+    kwdefaults = [f"{n}={n}" for n, w in held.items() if w == "kwdefault"]
+    signature = params + defaults + (["*"] + kwdefaults if kwdefaults else [])
+    out.append(f"    def f({', '.join(signature)}):")
     for c in b.captures:
         if c[0] in b.rebinds:
             out.append(f"        {'global' if c[4] == 'global' else 'nonlocal'} {c[0]}")
+    out += [f"        {n} = hold_{n}[0]" for n, w in held.items() if w == "tuple"]
     out += [f"        global {g}" for g in _state_globals(b)]
     for line in b.lines:
         out.append("    " + line)
