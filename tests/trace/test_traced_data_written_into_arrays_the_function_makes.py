@@ -14,6 +14,7 @@ followed (a write through a view of a made array, or into one a Variable holds a
 has used, of traced data or plain values, np.put, np.putmask) is an escape.
 """
 import copy
+import functools
 import pickle
 
 import numpy as np
@@ -43,11 +44,20 @@ COMPILED = {
     "indexed by traced data": "buf = np.eye(4)[(d > 0).astype(np.int64)][:, 0]",
     "a Variable of it, then written": "buf = np.zeros(4)\n    v = tj.Variable(buf)\n"
                                       "    buf[:] = d\n    buf = v.data",
+    # (NumPy's C code made these from made arrays as plain ones: the write was frozen)
+    "np.concatenate of made arrays": "buf = np.concatenate([np.zeros(2), np.ones(2)])\n"
+                                     "    buf[:] = d",
+    "np.stack of made arrays": "buf = np.stack([np.zeros(4), np.ones(4)])\n"
+                               "    buf[1] = d",
 }
 ESCAPED = {
     "a view of buf written": "buf = np.zeros(5)\n    v = buf[1:]\n    v[:] = d",
     "np.put": "buf = np.zeros(4)\n    np.put(buf, [0, 1, 2, 3], d)",
     "np.putmask": "buf = np.zeros(4)\n    np.putmask(buf, np.ones(4, bool), d)",
+    # (these three copied the traced values as plain ones, silently: frozen branches)
+    "buf.put": "buf = np.zeros(4)\n    buf.put(np.arange(4), d)",
+    "buf.flat[:] = d": "buf = np.zeros(4)\n    buf.flat[:] = d",
+    "buf.flat = d": "buf = np.zeros(4)\n    buf.flat = d",
     # (the Variable's first use read the values before the write)
     "a Variable of it used, then written": "buf = np.zeros(4)\n    v = tj.Variable(buf)\n"
                                            "    w = v * 2.0\n    buf[:] = d\n"
@@ -189,6 +199,67 @@ def test_a_constructor_held_in_a_closure_cell_gives_a_made_array_too(
     assert jf.cache_info()["variants"] == 2, jf.cache_info()
     # The cell holds NumPy's own function again after the trace.
     assert f.__closure__[0].cell_contents is np.zeros
+
+
+def _held_constructors():
+    """(name, f, where NumPy's own function must be again after the trace) for np.zeros
+    held where the module's attribute swap does not reach: each gave plain arrays, the
+    write of traced data and the branch on it frozen (silently, 0 fallbacks)."""
+    def body(buf, x):
+        buf[:] = x.data
+        return x * 2.0 if buf.sum() > 0 else x * -1.0
+
+    def default(x, zeros=np.zeros):
+        return body(zeros(x.shape), x)
+
+    def kwonly(x, *, zeros=np.zeros):
+        return body(zeros(x.shape), x)
+
+    table = {"zeros": np.zeros}
+
+    def in_a_dict(x):
+        return body(table["zeros"](x.shape), x)
+
+    def step(x, zeros):
+        return body(zeros(x.shape), x)
+    keyword = functools.partial(step, zeros=np.zeros)
+    return [("default", default, lambda: default.__defaults__[0]),
+            ("keyword-only default", kwonly, lambda: kwonly.__kwdefaults__["zeros"]),
+            ("a dict's item", in_a_dict, lambda: table["zeros"]),
+            ("a partial's keyword", keyword, lambda: keyword.keywords["zeros"])]
+
+
+@pytest.mark.parametrize("case", _held_constructors(), ids=lambda c: c[0])
+def test_a_constructor_held_in_a_default_a_dict_or_a_partial_gives_a_made_array_too(
+        case, jit_warnings_are_errors):
+    _, f, held = case
+    jf = tj.jit(f)
+    for call in range(12):
+        a = (np.arange(4.0) + 1.0) * (1 if call < 8 else -1)
+        np.testing.assert_array_equal(jf(tj.Variable(a.copy())).data,
+                                      f(tj.Variable(a.copy())).data)
+    info = jf.cache_info()
+    assert info["variants"] == 2 and info["fallbacks"] == 0, info
+    assert held() is np.zeros
+
+
+def test_a_constructor_held_where_it_cannot_be_swapped_runs_eagerly_naming_it(
+        record_jit_warnings):
+    T = (np.zeros, "config")
+
+    def f(x):
+        buf = T[0](x.shape)
+        buf[:] = x.data
+        return x * 2.0 if buf.sum() > 0 else x * -1.0
+
+    jf = tj.jit(f)
+    for call in range(6):
+        a = (np.arange(4.0) + 1.0) * (1 if call < 3 else -1)
+        np.testing.assert_array_equal(jf(tj.Variable(a.copy())).data,
+                                      f(tj.Variable(a.copy())).data)
+    messages = [str(w.message) for w in record_jit_warnings]
+    assert any("np.zeros is held at T[0]" in m for m in messages), messages
+    assert jf.cache_info()["hits"] == 0
 
 
 @pytest.mark.parametrize("mode", ["plain", "data_changed"])

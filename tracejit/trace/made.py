@@ -16,8 +16,9 @@ and it leaves the traced call as a plain ndarray view of the same buffer (result
 Variable's data).
 
 Not covered (documented in README): arrays NumPy's C code makes from made arrays
-without subclass propagation (np.concatenate of them), `made.flat[...] = traced`, and
-arrays made by other libraries; the trace's first-call checks still compare their
+without subclass propagation beyond the ones recorded here (np.stack, np.concatenate
+and their kin give made arrays), constructors reached only through a class attribute,
+and arrays made by other libraries; the trace's first-call checks still compare their
 values.
 """
 import weakref
@@ -114,6 +115,29 @@ class MadeArray(np.ndarray):
             key = _plain(key)
         return np.ndarray.__getitem__(self, key)
 
+    def put(self, indices, values, mode="raise"):
+        # (NumPy's C code reads traced values or indices as plain data, as np.put's)
+        tr = core._state.trace
+        if tr is not None and not tr.abstract and (holds_traced(values, tr) or
+                                                    _traced_in(indices, tr)):
+            tr.escape("put() of traced data into an array made inside the function: "
+                      "NumPy copies it as plain values, which the tracer cannot follow")
+            values, indices = _plain(values), _plain(indices)
+        np.ndarray.put(self, indices, values, mode)
+
+    @property
+    def flat(self):
+        # buf.flat[k] = x.data copies traced values in C (np.flatiter's assignment):
+        # while a trace runs, a stand-in that sees the assignment.
+        it = np.ndarray.flat.__get__(self)
+        tr = core._state.trace
+        return it if tr is None or tr.abstract else _MadeFlat(it, tr)
+
+    @flat.setter
+    def flat(self, value):
+        # `buf.flat = x.data`: ndarray's setter copies in C, as the item assignment
+        self.flat[...] = value
+
     def fill(self, value):
         tr = core._state.trace
         if tr is not None and not tr.abstract and holds_traced(value, tr):
@@ -130,6 +154,39 @@ class MadeArray(np.ndarray):
 
     def __deepcopy__(self, memo):
         return np.ndarray.view(self, np.ndarray).copy()
+
+
+class _MadeFlat:
+    """A made array's .flat while a trace runs: np.flatiter, except that assigning
+    traced data (or by a traced index) is an escape, warned, not a plain copy."""
+
+    __slots__ = ("_it", "_tr")
+
+    def __init__(self, it, tr):
+        self._it, self._tr = it, tr
+
+    def __setitem__(self, key, value):
+        if holds_traced(value, self._tr) or _traced_in(key, self._tr):
+            self._tr.escape(".flat[...] = traced data, into an array made inside the "
+                            "function: NumPy copies it as plain values, which the tracer "
+                            "cannot follow")
+            value, key = _plain(value), _plain(key)
+        self._it[key] = value
+
+    def __getitem__(self, key):
+        return self._it[key]
+
+    def __iter__(self):
+        return iter(self._it)
+
+    def __len__(self):
+        return len(self._it)
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self._it.copy() if dtype is None else self._it.copy().astype(dtype))
+
+    def __getattr__(self, name):
+        return getattr(self._it, name)      # base, coords, index, copy()
 
 
 def made(result, frame):

@@ -375,10 +375,12 @@ def _roots(fn, seen_functions):
     if isinstance(fn, functools.partial):
         out = _roots(fn.func, seen_functions)
         for k, a in list(enumerate(fn.args)) + list(fn.keywords.items()):
-            if type(a) is np.ndarray:
+            if type(a) is np.ndarray or callable(a) and not isinstance(a, type) and \
+                    str(probe(a, "__module__") or "").startswith("numpy"):
                 # A location, as an array in a tuple's item is: the keywords' dict can
                 # hold a traced view, the args tuple cannot (a write is then seen by
-                # written_unswapped).
+                # written_unswapped). (A C function too: np.zeros, swapped for the
+                # tracer's stand-in where it can be, trace.record.)
                 out.append((Location("item", fn.args if type(k) is int else fn.keywords,
                                      k, f"partial argument {k}"), None, None))
             elif not _is_scalar_config(a):

@@ -2367,7 +2367,11 @@ def _np_sequence_entry(name):
             items = sequences.as_stack_items(tr, seq)
             if items is not None:
                 seq = items
-        return orig(seq, *args, **kwargs)
+        r = orig(seq, *args, **kwargs)
+        # Of constants only (made arrays among them: NumPy's C code makes a plain
+        # result): an array f made, as np.zeros's is (a write of traced data into
+        # it, then a branch on it, was frozen).
+        return made.made(r, sys._getframe(1)) if tr is not None else r
     _register(name, orig, entry)
 
 
@@ -2751,6 +2755,7 @@ def swap_scalar_code(locs, fn=None):
     _reach_helpers(funcs, roots)
     done = []
     _swap_np_aliases(list(funcs.values()) + list(roots.values()), done)
+    _swap_np_at_locations(locs, done)
     with _swap_lock:
         for f in funcs.values():
             entry = _swapped.get(id(f))
@@ -2787,16 +2792,26 @@ def _swap_np_aliases(funcs, done):
         if isinstance(g, dict) and g is not np.__dict__:
             dicts[id(g)] = g
 
-    def swap(key, holder, val, install):
+    def swap(key, holder, val, install, restore=None):
         entry = _np_alias_swaps.get(key)
         if entry is None:
             if id(val) not in originals or originals[id(val)][0] is not val:
                 return
             orig, new = originals[id(val)]
             install(new)
-            entry = _np_alias_swaps[key] = [holder, orig, new, 0]
+            entry = _np_alias_swaps[key] = [holder, orig, new, 0, restore]
         entry[3] += 1
         done.append(key)
+
+    def set_default(f, i, value):
+        d = list(f.__defaults__)
+        d[i] = value
+        f.__defaults__ = tuple(d)
+
+    def restore_default(f, i, orig, new):
+        d = f.__defaults__
+        if d is not None and i < len(d) and d[i] is new:
+            set_default(f, i, orig)
 
     with _swap_lock:
         for g in dicts.values():
@@ -2812,6 +2827,65 @@ def _swap_np_aliases(funcs, done):
                     continue
                 swap((id(cell), None), cell, val,
                      lambda e, cell=cell: setattr(cell, "cell_contents", e))
+        # A default argument (`def f(x, zeros=np.zeros)`): a new defaults tuple with
+        # the entry (fn's copy for the trace, symbolic_scalars, is made after this);
+        # a keyword-only one is an item of the __kwdefaults__ dict.
+        for f in funcs:
+            for i, val in enumerate(pystate.probe(f, "__defaults__") or ()):
+                swap((id(f), ("default", i)), f, val,
+                     lambda e, f=f, i=i: set_default(f, i, e),
+                     lambda orig, new, f=f, i=i: restore_default(f, i, orig, new))
+            kwd = pystate.probe(f, "__kwdefaults__")
+            if type(kwd) is dict:
+                for name, val in list(kwd.items()):
+                    swap((id(kwd), name), kwd, val,
+                         lambda e, kwd=kwd, name=name: kwd.__setitem__(name, e))
+
+
+def _swap_np_at_locations(locs, done):
+    """The same swap for a NumPy constructor the state walk reached elsewhere: a dict's
+    or a list's item (`{"z": np.zeros}`), a class attribute (`make = staticmethod(
+    np.zeros)`), a partial's keyword. One held where nothing can be put (a tuple's
+    item, a partial's positional argument) would make plain arrays the tracer cannot
+    follow: the trace is an escape, naming it."""
+    originals = {id(orig): (orig, entry) for orig, entry in _NP_ENTRIES.values()}
+    for loc in locs:
+        val = loc.read()
+        hit = originals.get(id(val))
+        if hit is None or hit[0] is not val:
+            continue
+        key = (id(loc.container), ("loc", loc.kind, loc.key))
+        with _swap_lock:
+            entry = _np_alias_swaps.get(key)
+            if entry is None:
+                orig, new = hit
+                container, k = loc.container, loc.key
+                if loc.kind == "attr" and isinstance(container, type):
+                    # (The raw class attribute back as it was: a staticmethod or not.)
+                    raw = container.__dict__.get(k)
+                    if raw is None:
+                        continue             # inherited: the defining class's own
+                    install = lambda c=container, k=k, new=new: setattr(
+                        c, k, staticmethod(new))
+                    restore = lambda orig, new, c=container, k=k, raw=raw: (
+                        setattr(c, k, raw) if getattr(c, k, None) is new else None)
+                else:
+                    install = loc.write
+                    restore = lambda orig, new, loc=loc: (
+                        loc.write(orig) if loc.read() is new else None)
+                try:
+                    install(new)
+                except Exception:  # noqa: BLE001 - immutable (a tuple) or guarded
+                    tr = core._state.trace
+                    if tr is not None:
+                        tr.escape(f"np.{orig.__name__} is held at {loc.describe()}, "
+                                  f"where the tracer cannot put its recording stand-in "
+                                  f"(a tuple's item, a partial's argument): the arrays "
+                                  f"it makes would take traced data as plain values")
+                    continue
+                entry = _np_alias_swaps[key] = [loc.container, orig, new, 0, restore]
+            entry[3] += 1
+            done.append(key)
 
 
 def unswap_scalar_code(done):
@@ -2821,8 +2895,10 @@ def unswap_scalar_code(done):
                 swap = _np_alias_swaps[f]
                 swap[3] -= 1
                 if swap[3] == 0:
-                    g, orig, entry, _ = swap
-                    if f[1] is None:             # a closure cell
+                    g, orig, entry, _, restore = swap
+                    if restore is not None:      # a default argument
+                        restore(orig, entry)
+                    elif f[1] is None:           # a closure cell
                         if g.cell_contents is entry:
                             g.cell_contents = orig
                     elif g.get(f[1]) is entry:   # unless the user rebound the name
