@@ -437,10 +437,32 @@ def test_the_made_arrays_focus_draws_each_form():
     progs = fuzz.generate(40, seed=3, focus="made_arrays")
     features = set().union(*(p.features for p in progs))
     for f in ("made_branch_", "made_operand_", "made_variable_first", "made_temp_mask",
-              "made_mask", "made_input_write", "made_slice_write"):
+              "made_mask", "made_input_write", "made_slice_write",
+              "made_variable_used_first", "made_via_dict", "made_branch_flat",
+              "made_operand_put"):
         assert any(g.startswith(f) for g in features), (f, features)
     for p in progs:
         compile(p.source, "<program>", "exec")
+
+
+def test_captures_are_held_as_defaults_keyword_defaults_and_tuple_items():
+    progs = fuzz.generate(60, seed=4)
+    features = set().union(*(p.features for p in progs))
+    for where in ("default", "kwdefault", "tuple"):
+        assert any(f.startswith("capture_") and f.endswith("_" + where)
+                   for f in features), (where, features)
+    for p in progs:
+        compile(p.source, "<program>", "exec")
+
+
+def test_skip_runs_the_rest_of_a_run_numbered_as_in_the_whole(tmp_path):
+    import json
+    from tracejit.testing.fuzz.cli import main
+    out = tmp_path / "out"
+    main(["--programs", "3", "--skip", "2", "--seed", "0", "--quiet", "--out", str(out)])
+    ran = json.loads((out / "results.json").read_text())
+    assert [r["program"] for r in ran] == [2]
+    assert ran[0]["features"] == fuzz.generate(3, seed=0)[2].features
 
 
 def test_the_broadcast_views_focus_draws_each_view_and_the_second_backward():

@@ -386,6 +386,9 @@ def main(argv=None):
                     "is neither runnable nor using CPU")
     ap.add_argument("--out", default=None, help="directory for failing programs")
     ap.add_argument("--nice", type=int, default=0, help="niceness added to the workers")
+    ap.add_argument("--skip", type=int, default=0,
+                    help="run programs SKIP.. of the --programs the seed generates (the "
+                         "rest of a stopped run; numbered as in the whole run)")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--no-boundscheck", dest="boundscheck", action="store_false",
                     help="compile the kernels without numba's bounds checks (by default "
@@ -479,14 +482,16 @@ def main(argv=None):
     t0 = time.monotonic()
     avoid = [a for a in opts.avoid.split(",") if a]
     programs = generate(opts.programs, opts.seed, avoid, opts.focus, opts.generator)
+    skip = max(0, min(opts.skip, len(programs)))
     if opts.out:
         os.makedirs(opts.out, exist_ok=True)
     done = [0]
 
     def on_result(idx, res):
+        idx += skip
         done[0] += 1
         if not opts.quiet:
-            print(f"[{done[0]}/{len(programs)}] program {idx}: {res['cls']} "
+            print(f"[{done[0]}/{len(programs) - skip}] program {idx}: {res['cls']} "
                   f"({res['seconds']:.1f} s)"
                   + (f"  {res['detail'].splitlines()[0][:150]}" if res.get("detail") else ""),
                   flush=True)
@@ -498,7 +503,7 @@ def main(argv=None):
 
     if opts.boundscheck:
         with_boundscheck()
-    results = run_many(programs, jobs=opts.jobs, timeout=opts.timeout,
+    results = run_many(programs[skip:], jobs=opts.jobs, timeout=opts.timeout,
                        on_result=on_result, nice=opts.nice)
     text = format_summary(results, time.monotonic() - t0)
     print(text)
@@ -508,7 +513,7 @@ def main(argv=None):
         import json
         with open(os.path.join(opts.out, "results.json"), "w") as fh:
             json.dump([dict(r, program=i, features=programs[i].features)
-                       for i, r in enumerate(results)], fh, indent=1, default=str)
+                       for i, r in enumerate(results, skip)], fh, indent=1, default=str)
     counts, _ = summarize(results)
     return 1 if any(counts.get(c) for c in FAILING) else 0
 

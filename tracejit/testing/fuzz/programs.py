@@ -2517,12 +2517,20 @@ def _st_made_array(b):
     if form in ("branch", "operand"):
         writes = {"setitem": "{buf}[...] = {d}", "copyto": "np.copyto({buf}, {d})",
                   "setitem_product": "{buf}[...] = {d} * 0.5", "iadd": "{buf} += {d}",
-                  "fill": "{buf}.fill({d}.ravel()[0])"}
+                  "fill": "{buf}.fill({d}.ravel()[0])",
+                  # (escapes, warned: these copied traced values as plain ones)
+                  "flat": "{buf}.flat[:] = {d}", "put": "{buf}.put(np.arange({buf}.size), {d})"}
         tag = b.draw(st.sampled_from(sorted(writes)))
         # (np.empty only where the write covers it all: its values are garbage.)
         if tag != "iadd":
             makes.append(f"np.empty({d}.shape, {dt})")
+        # np.zeros reached through a dict (not the module's attribute the trace swaps),
+        # and NumPy's C code making a plain array of made ones: frozen writes before.
+        makes.append(f"NP_MAKERS['zeros']({d}.shape, {dt})")
+        makes.append(f"np.concatenate([np.zeros({d}.shape, {dt})[None]])[0] * 1.0")
         make = b.draw(st.sampled_from(makes))
+        if "NP_MAKERS" in make:
+            b.features.add("made_via_dict")
         b.emit(f"{buf} = {make}")
         b.emit(writes[tag].format(buf=buf, d=d))
         b.features.add(f"made_{form}_{tag}")
@@ -3035,6 +3043,8 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=Fal
         out.insert(0, "import math")
     for k in sorted(b.classes):
         out += [USER_FUNCTIONS[k], ""]
+    if "made_via_dict" in b.features:
+        out += ["NP_MAKERS = {'zeros': np.zeros}", "", ""]
     glob = [c for c in b.captures if c[4] == "global"]
     clos = [c for c in b.captures if c[4] != "global"]   # (and the ones f's defaults,
     held = {}                                            # or a tuple, hold: made there)
