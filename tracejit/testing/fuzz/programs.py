@@ -2527,7 +2527,9 @@ def _st_made_array(b):
         # np.zeros reached through a dict (not the module's attribute the trace swaps),
         # and NumPy's C code making a plain array of made ones: frozen writes before.
         makes.append(f"NP_MAKERS['zeros']({d}.shape, {dt})")
-        makes.append(f"np.concatenate([np.zeros({d}.shape, {dt})[None]])[0] * 1.0")
+        if src.shape:     # (of d's shape: two slices of a made array joined again)
+            makes.append(f"np.concatenate([np.zeros({d}.shape, {dt})[:1], "
+                         f"np.zeros({d}.shape, {dt})[1:]])")
         make = b.draw(st.sampled_from(makes))
         if "NP_MAKERS" in make:
             b.features.add("made_via_dict")
