@@ -75,3 +75,26 @@ def test_a_print_through_a_library_is_the_users_at_the_users_line(record_jit_war
     assert len(msgs) == 1, msgs
     assert re.search(r"print\(\) runs only while tracing.*at "
                      r"test_side_effects_are_the_users\.py:\d+  dis\.dis\(_noop", msgs[0]), msgs
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_change_stored_in_either_branch_is_named_at_the_branch_that_ran(
+        sign, record_jit_warnings):
+    # Two statements store to one place, one per side of an `if` on traced data: the
+    # warning names the one the traced call ran (it named the first in the source).
+    log = []
+
+    def f(x):
+        if x.data.sum() > 0:
+            log.append("positive")
+        else:
+            log.append("negative")
+        return x * 2.0
+
+    jf = tj.jit(f)
+    for _ in range(3):
+        x = np.abs(np.random.default_rng(2).standard_normal(3)) * sign
+        np.testing.assert_allclose(jf(tj.Variable(x)).data, x * 2.0)
+    msgs = [str(w.message) for w in record_jit_warnings]
+    ran = "positive" if sign > 0 else "negative"
+    assert msgs and all(f'log.append("{ran}")' in m for m in msgs), msgs

@@ -372,7 +372,8 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         if stream is not None:
             line = sites.draw_line(fn, args, kwargs, reached, stream, skip)
         else:
-            line = sites.change_line(fn, args, kwargs, reached, loc, container)
+            line = sites.change_line(fn, args, kwargs, reached, loc, container,
+                                     sites.branch_outcomes(tr.graph))
         return line or def_line
     _check_rng(tr, rng_before, site)
     if random.getstate() != py_rng_before:

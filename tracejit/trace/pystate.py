@@ -1208,7 +1208,8 @@ def threaded(fn, locs, labels, name):
                 if v is _MISSING or why is not None:
                     # (fn has returned: the line is its statement that rebinds loc.)
                     from tracejit.trace import record, sites
-                    line = sites.change_line(fn, args[n:], kwargs, (), loc)
+                    line = sites.change_line(fn, args[n:], kwargs, (), loc,
+                                             outcomes=sites.branch_outcomes(tr.graph))
                     tr.escape(f"the function rebinds {loc.describe()}, state it "
                               f"threads, to {'nothing (deleted)' if v is _MISSING else why}"
                               f"; compiled calls could not write that back",

@@ -17,6 +17,7 @@ import ast
 import functools
 import inspect
 import os
+import re
 import random
 import textwrap
 import types
@@ -167,12 +168,42 @@ def _targets(tree):
                 yield n, None, f.id, "call"
 
 
-def _search(functions, match, skip=frozenset()):
+def branch_outcomes(graph):
+    """{("file.py", line): {outcomes}} of the graph's bool guards: which side of an `if`
+    on traced data the trace took (a loop's test: both, over its trips)."""
+    out = {}
+    for n in getattr(graph, "nodes", ()):
+        fn = n.fn
+        if getattr(fn, "conv", None) == "bool" and type(fn).__name__ == "Guard" and n.line:
+            m = re.match(r"(.*?):(\d+)", n.line)
+            if m:
+                out.setdefault((os.path.basename(m.group(1)), int(m.group(2))),
+                               set()).add(bool(fn.expected))
+    return out
+
+
+def _not_taken(node, parents, start, filename, outcomes):
+    """Is node inside a side of an `if` the trace did not take (outcomes: of its test's
+    guard)? Then another statement storing to the same place is the one that ran."""
+    child, p = node, parents.get(node)
+    while p is not None:
+        if isinstance(p, ast.If):
+            seen = outcomes.get((filename, start + p.test.lineno - 1))
+            if seen is not None and child is not p.test:
+                side = any(child is c for c in p.body)
+                if side not in seen:
+                    return True
+        child, p = p, parents.get(p)
+    return False
+
+
+def _search(functions, match, skip=frozenset(), outcomes=None):
     """The best line over functions [(func, env, strict)]: match(node, base, key, how,
     env, fresh) scores a target, (score, certain) or 0 (not it); certain: its object
-    resolved to the one that changed (a strict function's others are not taken). The
-    highest score, then the first function, then the first line. skip: lines
-    ("file.py:12") not to name."""
+    resolved to the one that changed (a strict function's others are not taken). A
+    line the trace ran before one on a side of an `if` it did not take (outcomes:
+    branch_outcomes), then the highest score, then the first function, then the first
+    line. skip: lines ("file.py:12") not to name."""
     from tracejit.trace.record import source_line
     best = None
     for rank, (func, env, strict) in enumerate(functions):
@@ -181,13 +212,17 @@ def _search(functions, match, skip=frozenset()):
             continue
         tree, start = parsed
         fresh = _fresh_names(tree)
+        filename = os.path.basename(func.__code__.co_filename)
+        parents = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)} \
+            if outcomes else {}
         for node, base, key, how in _targets(tree):
             lineno = start + node.lineno - 1
-            if skip and f"{os.path.basename(func.__code__.co_filename)}:{lineno}" in skip:
+            if skip and f"{filename}:{lineno}" in skip:
                 continue
             m = match(node, base, key, how, env, fresh)
             if m and m[0] and (m[1] or not strict):
-                k = (-m[0], rank, lineno)
+                k = (bool(outcomes) and _not_taken(node, parents, start, filename,
+                                                   outcomes), -m[0], rank, lineno)
                 if best is None or k < best[0]:
                     best = (k, func.__code__.co_filename, lineno)
     return None if best is None else source_line(best[1], best[2])
@@ -267,9 +302,11 @@ def _functions(fn, args, kwargs, helpers):
     return out
 
 
-def change_line(fn, args, kwargs, helpers, loc, container=None):
+def change_line(fn, args, kwargs, helpers, loc, container=None, outcomes=None):
     """The line that changed the value at loc (container given: the line that changed
-    that container's size or items), or None."""
+    that container's size or items), or None. outcomes (branch_outcomes of the trace's
+    graph): a statement on the side of an `if` that ran is named before one on the
+    other side."""
     def match(node, base, key, how, env, fresh):
         def on(obj, key_score=1):
             b = _base_score(base, env, fresh, obj)
@@ -297,7 +334,7 @@ def change_line(fn, args, kwargs, helpers, loc, container=None):
             return (4, True)
         return 0
     try:
-        return _search(_functions(fn, args, kwargs, helpers), match)
+        return _search(_functions(fn, args, kwargs, helpers), match, outcomes=outcomes)
     except Exception:  # noqa: BLE001 - only a better line for a warning
         return None
 
