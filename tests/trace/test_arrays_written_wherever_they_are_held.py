@@ -1,10 +1,11 @@
-"""An ndarray the function writes in place is written by compiled calls, wherever the
-function reaches it from: a default argument (`def f(x, buf=BUF)`), a keyword-only
-default, a functools.partial's bound argument. Held where no traced view can stand in
-for it during a trace (a tuple's or namedtuple's item, a partial's positional
-argument), its writes are seen after the trace and the function runs eagerly, with a
-warning naming the array: never a compiled call that skips the write (each of these
-used to skip it silently, 0 fallbacks).
+"""An ndarray the function writes in place (or computes on with plain NumPy) is
+written by compiled calls, wherever the function reaches it from: a default argument
+(`def f(x, buf=BUF)`), a keyword-only default, a functools.partial's keyword, a tuple's
+or namedtuple's item (the tuple, held at a writable place, is rebuilt with the traced
+view in it while the trace runs). Where no view can stand in for it (a partial's
+positional argument), its writes are seen after the trace and the function runs
+eagerly, with a warning naming the array: never a compiled call that skips the write
+(each of these used to skip it silently, 0 fallbacks).
 
 Every case runs twice from fresh state, eagerly and jitted, called 4 times with new
 values; the results and the arrays it writes are compared after each call.
@@ -51,7 +52,6 @@ def _partial_keyword():
     return f, lambda: f.keywords["buf"]
 
 
-# Held where a trace cannot put a view: these run eagerly, warned.
 def _tuple_item():
     T = (np.zeros(3), 1)
 
@@ -87,9 +87,23 @@ def _partial_positional():
     return f, lambda: f.args[0]
 
 
-COMPILED = [_default, _default_read_and_updated, _kwonly_default, _partial_keyword]
-REFUSED = {_tuple_item: r"T\[0\]", _namedtuple_field: r"p\[0\]",
-           _tuple_in_a_dict: r"d\['a'\]\[0\]", _partial_positional: "partial argument 0"}
+def _tuple_item_computed_on_and_returned_as_a_view():
+    # Plain NumPy on it (no traced operand) was unseen: `T[0] * 0.5` frozen at the
+    # traced call's values, `T[0].T` returned as a copy (fuzz program 891 of seed 77).
+    T = (np.zeros(3), "config")
+
+    def f(x):
+        T[0][...] = T[0] * 0.5 + x
+        return tj.Variable(x) * (T[0] * 2.0), T[0].T
+    return f, lambda: T[0]
+
+
+# A tuple held at a writable place (a global, a cell, a dict's item) holds a rebuilt
+# tuple with the traced view while the trace runs.
+COMPILED = [_default, _default_read_and_updated, _kwonly_default, _partial_keyword,
+            _tuple_item, _namedtuple_field, _tuple_in_a_dict,
+            _tuple_item_computed_on_and_returned_as_a_view]
+REFUSED = {_partial_positional: "partial argument 0"}
 
 
 def _compare(make):
@@ -100,6 +114,11 @@ def _compare(make):
     for _ in range(4):
         x = rng.standard_normal(3)
         want, got = f(x), jg(x)
+        if isinstance(want, tuple):             # (a result, a view of the held array)
+            want, view = want
+            got, view_g = got
+            assert np.shares_memory(view, held()) and np.shares_memory(view_g, held_g())
+            np.testing.assert_array_equal(view_g, view)
         np.testing.assert_allclose(got.data, want.data, rtol=1e-12)
         np.testing.assert_array_equal(held_g(), held())
     return jg.cache_info()

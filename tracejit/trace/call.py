@@ -98,7 +98,8 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         if written is not None:
             tr.escapes.append((f"the function writes into {written.describe()}, an array "
                                f"held where the tracer cannot put a traced view (a "
-                               f"tuple's item, a partial's argument): compiled calls "
+                               f"partial's positional argument, a tuple in a tuple): "
+                               f"compiled calls "
                                f"would not repeat the write", def_line))
         for data, before, line in tr.made_leaf_uses:
             if data.tobytes() != before.tobytes():

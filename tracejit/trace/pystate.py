@@ -1094,11 +1094,36 @@ def swap_arrays(locs, make_view, unswapped=None):
             try:
                 loc.write(view)
             except Exception:  # noqa: BLE001 - immutable, or a class that guards it
-                if unswapped is not None:
+                if not _swap_in_tuple(loc, view, swaps) and unswapped is not None:
                     unswapped.append((loc, v, v.copy()))
                 continue
             swaps.append((loc, v, view))
     return swaps
+
+
+def _swap_in_tuple(loc, view, swaps):
+    """An array in a tuple (or namedtuple) held at a writable location (`T = (K, 1)` a
+    global, a closure cell, an attribute): that location holds a tuple with the view in
+    its place while the trace runs (NumPy computed on the plain array unseen: `T[0] *
+    2.0` was frozen, `T[0].T` returned a copy). Built from the tuple there now (a
+    sibling swapped before is kept); unswap puts each back in reverse order."""
+    parent = loc.parent
+    if loc.kind != "item" or not isinstance(loc.container, tuple) or parent is None \
+            or parent.kind not in ("global", "cell", "attr", "item"):
+        return False
+    current = parent.read()
+    if not isinstance(current, tuple) or not (-len(current) <= loc.key < len(current)) \
+            or current[loc.key] is not loc.container[loc.key]:
+        return False
+    items = list(current)
+    items[loc.key] = view
+    try:
+        new = type(current)(items) if type(current) is tuple else type(current)._make(items)
+        parent.write(new)
+    except Exception:  # noqa: BLE001 - a tuple subclass that cannot be rebuilt, a guard
+        return False
+    swaps.append((parent, current, new))
+    return True
 
 
 def written_unswapped(unswapped):

@@ -1626,8 +1626,9 @@ class Trace(core.TraceHooks):
             held = self.unswapped.get(id(target)) or self.unswapped.get(id(root))
             if held is not None:
                 self.escape(f"a write of traced data into {held.describe()}, an array "
-                            f"held where the tracer cannot put a traced view (a tuple's "
-                            f"item, a partial's argument): compiled calls would not "
+                            f"held where the tracer cannot put a traced view (a "
+                            f"partial's positional argument, a tuple in a tuple): "
+                            f"compiled calls would not "
                             f"repeat the write")
             else:
                 self.escape("an out= write of traced data into a NumPy array made inside "

@@ -250,8 +250,8 @@ class Builder:
         dtype = dtype or self.draw(st.sampled_from(["float64", "float32"]))
         # (Also, rarely, held where a trace reaches it differently: a default argument
         # of f, a keyword-only default, an item of a tuple in the closure. A write into
-        # a default used to be skipped by compiled calls; one into a tuple's item runs
-        # eagerly, warned: trace/pystate.swap_arrays.)
+        # a default used to be skipped by compiled calls, and plain NumPy on a tuple's
+        # item frozen (program 891 of seed 77): trace/pystate.swap_arrays.)
         where = self.draw(st.sampled_from(["global", "closure"] * 6
                                           + ["default", "kwdefault", "tuple"]))
         name = ("W" if kind == "param" else "K") + str(len(self.captures))
