@@ -96,11 +96,9 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             pystate.unswap(swaps)
         written = pystate.written_unswapped(unswapped)
         if written is not None:
-            tr.escapes.append((f"the function writes into {written.describe()}, an array "
-                               f"held where the tracer cannot put a traced view (a "
-                               f"partial's positional argument, a tuple in a tuple): "
-                               f"compiled calls "
-                               f"would not repeat the write", def_line))
+            tr.escapes.append((f"the function writes into {written.describe()}, "
+                               f"{pystate.UNSWAPPED}: compiled calls would not repeat "
+                               f"the write", def_line))
         for data, before, line in tr.made_leaf_uses:
             if data.tobytes() != before.tobytes():
                 tr.escapes.append(("an array made inside the function that a Variable "

@@ -183,7 +183,8 @@ class _MadeFlat:
         return len(self._it)
 
     def __array__(self, dtype=None, copy=None):
-        return np.asarray(self._it.copy() if dtype is None else self._it.copy().astype(dtype))
+        a = self._it.copy()                 # (np.flatiter's: a new 1-d array)
+        return a if dtype is None else a.astype(dtype)
 
     def __getattr__(self, name):
         return getattr(self._it, name)      # base, coords, index, copy()

@@ -1080,12 +1080,18 @@ def grown(size_snap):
     return None
 
 
+# What an array swap_arrays could not swap is, in the warnings that name one.
+UNSWAPPED = ("an array held where the tracer cannot put a traced view (a partial's "
+             "positional argument, a tuple in a tuple)")
+
+
 def swap_arrays(locs, make_view, unswapped=None):
-    """Put a traced view in place of each plain ndarray; return what to undo. An array
-    at a location no view can be put in (an item of a tuple or namedtuple, a partial's
-    argument, an attribute the user's class guards) stays plain: its writes would go to
-    the array unrecorded, so unswapped (a list) gets (location, array, a copy) for
-    written_unswapped to compare after the trace."""
+    """Put a traced view in place of each plain ndarray; return what to undo. An item
+    of a tuple or namedtuple held at a writable place is swapped by rebuilding the
+    tuple there (_swap_in_tuple). An array no view can be put in place of (a partial's
+    positional argument, a tuple in a tuple, an attribute the user's class guards)
+    stays plain: its writes would go to the array unrecorded, so unswapped (a list)
+    gets (location, array, a copy) for written_unswapped to compare after the trace."""
     swaps = []
     for loc in locs:
         v = loc.read()

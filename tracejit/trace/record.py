@@ -1625,11 +1625,9 @@ class Trace(core.TraceHooks):
             # tracer never sees (`buf += 1` was lost: 3.2 for eager's 4.2).
             held = self.unswapped.get(id(target)) or self.unswapped.get(id(root))
             if held is not None:
-                self.escape(f"a write of traced data into {held.describe()}, an array "
-                            f"held where the tracer cannot put a traced view (a "
-                            f"partial's positional argument, a tuple in a tuple): "
-                            f"compiled calls would not "
-                            f"repeat the write")
+                self.escape(f"a write of traced data into {held.describe()}, "
+                            f"{pystate.UNSWAPPED}: compiled calls would not repeat the "
+                            f"write")
             else:
                 self.escape("an out= write of traced data into a NumPy array made inside "
                             "the function (np.empty(...)), which the tracer cannot follow")
@@ -2793,26 +2791,16 @@ def _swap_np_aliases(funcs, done):
         if isinstance(g, dict) and g is not np.__dict__:
             dicts[id(g)] = g
 
-    def swap(key, holder, val, install, restore=None):
+    def swap(key, holder, val, install):
         entry = _np_alias_swaps.get(key)
         if entry is None:
             if id(val) not in originals or originals[id(val)][0] is not val:
                 return
             orig, new = originals[id(val)]
             install(new)
-            entry = _np_alias_swaps[key] = [holder, orig, new, 0, restore]
+            entry = _np_alias_swaps[key] = [holder, orig, new, 0, None]
         entry[3] += 1
         done.append(key)
-
-    def set_default(f, i, value):
-        d = list(f.__defaults__)
-        d[i] = value
-        f.__defaults__ = tuple(d)
-
-    def restore_default(f, i, orig, new):
-        d = f.__defaults__
-        if d is not None and i < len(d) and d[i] is new:
-            set_default(f, i, orig)
 
     with _swap_lock:
         for g in dicts.values():
@@ -2828,25 +2816,14 @@ def _swap_np_aliases(funcs, done):
                     continue
                 swap((id(cell), None), cell, val,
                      lambda e, cell=cell: setattr(cell, "cell_contents", e))
-        # A default argument (`def f(x, zeros=np.zeros)`): a new defaults tuple with
-        # the entry (fn's copy for the trace, symbolic_scalars, is made after this);
-        # a keyword-only one is an item of the __kwdefaults__ dict.
-        for f in funcs:
-            for i, val in enumerate(pystate.probe(f, "__defaults__") or ()):
-                swap((id(f), ("default", i)), f, val,
-                     lambda e, f=f, i=i: set_default(f, i, e),
-                     lambda orig, new, f=f, i=i: restore_default(f, i, orig, new))
-            kwd = pystate.probe(f, "__kwdefaults__")
-            if type(kwd) is dict:
-                for name, val in list(kwd.items()):
-                    swap((id(kwd), name), kwd, val,
-                         lambda e, kwd=kwd, name=name: kwd.__setitem__(name, e))
 
 
 def _swap_np_at_locations(locs, done):
-    """The same swap for a NumPy constructor the state walk reached elsewhere: a dict's
-    or a list's item (`{"z": np.zeros}`), a class attribute (`make = staticmethod(
-    np.zeros)`), a partial's keyword. One held where nothing can be put (a tuple's
+    """The same swap for a NumPy constructor the state walk reached elsewhere: a default
+    or keyword-only default argument (`def f(x, zeros=np.zeros)`, a new defaults tuple:
+    fn's copy for the trace, symbolic_scalars, is made after this), a dict's or a list's
+    item (`{"z": np.zeros}`), a class attribute (`make = staticmethod(np.zeros)`), a
+    partial's keyword. One held where nothing can be put (a tuple's
     item, a partial's positional argument) would make plain arrays the tracer cannot
     follow: the trace is an escape, naming it."""
     originals = {id(orig): (orig, entry) for orig, entry in _NP_ENTRIES.values()}
@@ -2897,7 +2874,7 @@ def unswap_scalar_code(done):
                 swap[3] -= 1
                 if swap[3] == 0:
                     g, orig, entry, _, restore = swap
-                    if restore is not None:      # a default argument
+                    if restore is not None:      # _swap_np_at_locations' own
                         restore(orig, entry)
                     elif f[1] is None:           # a closure cell
                         if g.cell_contents is entry:

@@ -17,13 +17,14 @@ import ast
 import functools
 import inspect
 import os
-import re
 import random
+import re
 import textwrap
 import types
 
 import numpy as np
 
+from tracejit.ops.trace_only import Guard
 from tracejit.trace import pystate
 
 _UNKNOWN = object()
@@ -174,7 +175,7 @@ def branch_outcomes(graph):
     out = {}
     for n in getattr(graph, "nodes", ()):
         fn = n.fn
-        if getattr(fn, "conv", None) == "bool" and type(fn).__name__ == "Guard" and n.line:
+        if isinstance(fn, Guard) and fn.conv == "bool" and n.line:
             m = re.match(r"(.*?):(\d+)", n.line)
             if m:
                 out.setdefault((os.path.basename(m.group(1)), int(m.group(2))),
