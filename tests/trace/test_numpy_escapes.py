@@ -60,6 +60,12 @@ RECORDED = [
     lambda d: np.float32(float(d.mean())) > 0,
     lambda d: np.float16(d).sum() > 0,
     lambda d: np.int64(d.argmax()) == np.argmax(np.abs(d)) and d.sum() > 0,
+    # Lists of traced floats where no argument is traced data: NumPy's C code read each
+    # value (a guard by value: every new value retraced); the traced array now.
+    lambda d: np.mean([d[0], d[1]]) > 0,
+    lambda d: np.median([d.sum(), d[0], d[1]]) > 0,
+    lambda d: np.polyval([d[0], 0.0], 2.0) > 0,
+    lambda d: np.sum((float(d[0]), float(d[1]))) > 0,
 ]
 
 
@@ -69,7 +75,8 @@ RECORDED = [
     "asarray-of-scalar", "array-of-scalar", "copy.copy", "copy.deepcopy", "astype",
     "mean-of-asarray", "ascontiguousarray-0d", "asfortranarray-strided", "np.float32",
     "float-of-np.float32", "np.float64-of-float32", "np.float32-of-float", "np.float16-array",
-    "np.int64-of-int"])
+    "np.int64-of-int", "np.mean-of-a-list", "np.median-of-a-list", "np.polyval-of-a-list",
+    "np.sum-of-a-tuple-of-floats"])
 def test_numpy_constructors_of_traced_data_are_recorded(use):
     jf = run(use)
     info = jf.cache_info()
@@ -95,13 +102,25 @@ ESCAPES = [
     # (d.ravel() was one: it is np.ravel now, recorded; ndarray.compress's C code is not)
     (lambda d: d.compress([True, False, True]).sum() > 0, "an array derived from traced data"),
     (lambda d: xp.float32(d).sum() > 0, "an array derived from traced data"),
+    # NumPy's C iterators read the buffer (a sum over np.nditer was frozen, silently)
+    (lambda d: sum(float(v) for v in np.nditer(d)) > 0, "np.nditer(...) of traced data"),
+    (lambda d: sum(float(a) for a, _ in np.broadcast(d, 1.0)) > 0,
+     "np.broadcast(...) of traced data"),
+    (lambda d: sum(float(v) for v in np.nested_iters(d.reshape(-1, 1), [[0], [1]])[1]) > 0,
+     "np.nested_iters(...) of traced data"),
+    # (np.interp does not coerce a list of traced arrays first: frozen, silently)
+    (lambda d: np.interp(0.5, [0.0, 1.0], [d[0], d[1]]) > 0, "np.interp applied to traced"),
+    # (the tracer raised its own AttributeError on the None np.add.at gives)
+    (lambda d: [np.add.at(b, np.argmax(d) * 0, 1.0) for b in [np.zeros(3)]] and
+     d.sum() > 0, "np.add.at(...) with traced data writes in place"),
 ]
 
 
 @pytest.mark.parametrize("use,cause", ESCAPES, ids=[
     "xp.float32", "np.int64-of-float", "from-numpy-import-float32", "view", "base", "tobytes",
     "frombuffer", "memoryview", "bytes", "data", "array_interface", "ctypes", "flat",
-    "__array__", "compress", "xp.float32-of-array"])
+    "__array__", "compress", "xp.float32-of-array", "nditer", "broadcast", "nested_iters",
+    "interp-of-a-list", "ufunc.at"])
 def test_traced_data_read_past_the_tracer_is_an_escape(use, cause):
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always", tj.JitWarning)

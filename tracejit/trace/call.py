@@ -3,6 +3,7 @@ under a Trace, its backward traced, and everything the runtime needs read off th
 into a TracedCall (trace.records). The one writer of a Trace's call-level fields; the
 runtime (runtime.jitted) decides what to do with the record and never touches a Trace.
 """
+import functools
 import random
 
 import numpy as np
@@ -72,7 +73,11 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
             probe_swaps = opaque.swap_probes(locs + arg_locs)
             # float()/int() in the function's own code, and in the user functions it
             # reads (helpers, a Model's forward), give traced Python numbers.
-            code_swaps = tracing.swap_scalar_code(locs, fn)
+            # (The call's arguments and what they reach, and a partial's own, for the
+            # classes that may hold NumPy's constructors: `self.make(...)`.)
+            code_swaps = tracing.swap_scalar_code(
+                locs, fn, list(args) + list(kwargs.values()) + _partial_values(fn) +
+                [v for _, v, _ in arg_snap])
             for label, t in buffers.reachable_buffer_types(locs):
                 tr.escapes.append((f"{t.__name__} is reachable as {label}: a call of it "
                                    f"reads traced data through the buffer protocol, past "
@@ -986,3 +991,10 @@ def _unreturned_grad_graph(tr, results, grad_of):
                 id(g) not in returned:
             return True
     return False
+
+
+def _partial_values(fn, depth=0):
+    """The arguments a functools.partial (nested ones too) holds for fn."""
+    if not isinstance(fn, functools.partial) or depth > 8:
+        return []
+    return list(fn.args) + list(fn.keywords.values()) + _partial_values(fn.func, depth + 1)

@@ -15,11 +15,15 @@ the line). Everything else about it is NumPy's: its arithmetic is a plain array'
 and it leaves the traced call as a plain ndarray view of the same buffer (results, a
 Variable's data).
 
-Not covered (documented in README): arrays NumPy's C code makes from made arrays
-without subclass propagation beyond the ones recorded here (np.stack, np.concatenate
-and their kin give made arrays), constructors reached only through a class attribute,
-and arrays made by other libraries; the trace's first-call checks still compare their
-values.
+The constructors are found wherever the function reaches them (trace/record.py swaps
+its stand-ins into NumPy's namespace, the user's globals, cells, defaults, containers,
+class attributes and modules' attributes for the trace), and every other public NumPy
+function's fresh plain result is made too (made_result: NumPy's C code makes its
+results of made operands without subclass propagation, or of Python lists).
+
+Not covered (documented in README): arrays made by other libraries, and arrays NumPy's
+own Python code hands out past its public functions; the trace's first-call checks
+still compare their values.
 """
 import weakref
 
@@ -71,6 +75,10 @@ class MadeArray(np.ndarray):
     def has_views(self):
         """Does a live NumPy view show this buffer (buf[1:], buf.T)?"""
         return any(r() is not None for r in self.__dict__.get("_views", ()))
+
+    def is_view(self):
+        """Is this a view of another made array (buf[1:], np.broadcast_to(buf, s))?"""
+        return type(self.base) is MadeArray or "_view_of_made" in self.__dict__
 
     def hold(self, var):
         """Variable var holds this buffer (tj.Variable(buf)): a write into buf is what
@@ -200,6 +208,49 @@ def made(result, frame):
             frame.f_code.co_filename.startswith(_NP_DIR):
         return result
     return result.view(MadeArray)
+
+
+def made_result(r, args, kwargs, frame):
+    """A NumPy function's plain ndarray result r, given to the code in frame (any NumPy
+    function but the constructors above: np.where, np.pad, np.outer, np.fromfunction,
+    np.resize ...): an array f made, as np.zeros's is, where that is the user's code.
+    Those gave plain arrays (NumPy's C code makes its results of made operands without
+    subclass propagation, or of Python lists), and `buf[:] = x.data; if buf.sum() > 0:`
+    on one froze the traced call's branch, silently. r itself where it is an argument
+    (np.atleast_1d(a) is a), or a view of a plain argument (that array's own business,
+    as before); a view of a made argument is one of its views (a write into either is
+    then an escape, as for buf[1:])."""
+    tr = core._state.trace
+    if tr is None or tr.abstract or is_internal(frame) or \
+            frame.f_code.co_filename.startswith(_NP_DIR):
+        return r
+    flat = _operands(args, kwargs)
+    if any(a is r for a in flat):
+        return r
+    owners = []
+    if r.base is not None:
+        for a in flat:
+            if isinstance(a, np.ndarray) and np.may_share_memory(a, r):
+                if type(a) is not MadeArray:
+                    return r
+                owners.append(a)
+    v = r.view(MadeArray)
+    if owners:
+        v.__dict__["_view_of_made"] = True
+        for m in owners:
+            m.__dict__.setdefault("_views", []).append(weakref.ref(v))
+    return v
+
+
+def _operands(args, kwargs, depth=0):
+    """The arrays among a call's arguments (in lists and tuples, two levels deep)."""
+    out = []
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, np.ndarray):
+            out.append(a)
+        elif type(a) in (list, tuple) and depth < 2:
+            out += _operands(a, {}, depth + 1)
+    return out
 
 
 def plain_of(m):

@@ -1437,6 +1437,12 @@ class Trace(core.TraceHooks):
         if kwargs.get("where", True) is not True:
             return self._escaped_ufunc(f"np.{ufunc.__name__} with where=", ufunc, method,
                                        plain, kwargs, out)
+        if method == "at":
+            # np.add.at(buf, idx, v): an unbuffered in-place write into its first operand
+            # (the tracer's NumPy call recorded a value and failed on the None NumPy gives).
+            self.escape(f"np.{ufunc.__name__}.at(...) with traced data writes in place")
+            return getattr(ufunc, method)(*[_plain_deep(x) for x in inputs],
+                                          **{k: _plain_deep(v) for k, v in kwargs.items()})
         kw = {k: v for k, v in kwargs.items() if k not in ("casting", "subok")}
         if method == "__call__" and ufunc is np.square and not kw \
                 and isinstance(inputs[0], np.ndarray) and inputs[0].dtype.kind in "iuf":
@@ -1474,7 +1480,7 @@ class Trace(core.TraceHooks):
         value so far a constant of the graph (array_value's snapshot), so what is
         computed from it later is recorded. False where it cannot be: a view of
         another made array, or one with live views (eager's views show a write)."""
-        if type(arr.base) is made.MadeArray or arr.has_views():
+        if arr.is_view() or arr.has_views():
             return False
         # Variables holding it (`v = tj.Variable(buf)`) show a write into it: followed
         # only where none of them was used yet (an earlier use read the values before)
@@ -1669,6 +1675,12 @@ class Trace(core.TraceHooks):
                     self.stale_vars[id(var)] = (ref, stale)
 
     def numpy_call(self, func, args, kwargs, method=None, out=None):
+        # (NumPy's own function, not the stand-in a trace puts in its namespace: tracejit
+        # code that names np.argmax while a trace runs gets the stand-in, and the graph
+        # keeps, exports and saves NumPy's.)
+        hit = _ENTRY_ORIGINALS.get(id(func))
+        if hit is not None and hit[0] is func:
+            func = hit[1]
         name = getattr(func, "__name__", func)
         plain = [_plain(a) for a in args]
         if out is not None:
@@ -2298,6 +2310,7 @@ def _tracing_py_seed(*args, **kwargs):
 # tracejit, the NumPy semantics recorded (np.asarray is the array itself, np.array a
 # copy, a dtype= a cast), or an escape.
 _NP_ENTRIES = {}
+_ENTRY_ORIGINALS = {}      # id(entry) -> (entry, NumPy's function)
 
 
 def _register(name, orig, entry):
@@ -2306,6 +2319,7 @@ def _register(name, orig, entry):
     entry.__doc__ = orig.__doc__
     entry.__wrapped__ = orig
     _NP_ENTRIES[name] = (orig, entry)
+    _ENTRY_ORIGINALS[id(entry)] = (entry, orig)
 
 
 def _np_entry(name):
@@ -2393,6 +2407,162 @@ def _np_fill_entry(name, follow):
 
 _np_fill_entry("full", sequences.full)
 _np_fill_entry("full_like", sequences.full_like)
+
+
+# Every other public NumPy function (np.where, np.pad, np.outer, np.resize, np.kron,
+# np.fromfunction, np.indices ...): a fresh plain array it gives the user's code is an
+# array f made (made.made_result). NumPy's C code makes these of made operands without
+# subclass propagation, or of Python lists and shapes, and traced data written into one
+# then branched on was frozen, silently. (Ufuncs propagate the subclass themselves;
+# types, np.ndarray among them, are not swapped: trace/record's code rewrite calls
+# np.ndarray(...) through _np_ndarray.)
+def _made_results(r, args, kwargs, frame):
+    """r (a NumPy function's result) with each fresh plain array in it made (one level:
+    a tuple, list or namedtuple of them, np.meshgrid, np.linalg.eig)."""
+    t = type(r)
+    if t is np.ndarray:
+        return made.made_result(r, args, kwargs, frame)
+    if isinstance(r, (tuple, list)) and (t is tuple or t is list or hasattr(t, "_make")) \
+            and any(type(a) is np.ndarray for a in r):
+        items = [made.made_result(a, args, kwargs, frame) if type(a) is np.ndarray else a
+                 for a in r]
+        return t(items) if t is tuple or t is list else t._make(items)
+    return r
+
+
+def _float_sequence(a, tr):
+    """a is a list or tuple holding tr's traced values, every one of a float dtype."""
+    if type(a) not in (list, tuple) or not sequences.holds_traced(a, tr):
+        return False
+
+    def floats(x):
+        if type(x) in (list, tuple):
+            return all(floats(y) for y in x)
+        if (type(x) is TracedArray or isinstance(x, TracedScalar)) and x._trace is tr:
+            return x.dtype.kind == "f"
+        return True
+    return floats(a)
+
+
+def _traced_sequences(tr, args, kwargs):
+    """np.mean([a.sum(), b.sum()]), np.interp(t, xp, [d[0], d[1]]): a list of traced
+    values where no argument is traced data does not dispatch to the tracer, and NumPy's
+    C code read each value (a guard by value: every new value retraced, or, for traced
+    arrays in an argument the function does not coerce first, the traced call's values
+    frozen). Such a list of floats is the traced array np.asarray makes of it (recorded),
+    so the call dispatches. (Float lists only: an int list may be a shape or a width,
+    which the graph must not read as data.)"""
+    vals = list(args) + list(kwargs.values())
+    if any((type(a) is TracedArray and a._trace is tr) or isinstance(a, Variable)
+           for a in vals):
+        return args, kwargs              # dispatched: the tracer takes the lists itself
+    asarray = _NP_ENTRIES["asarray"][0]
+
+    def conv(a):
+        if _float_sequence(a, tr):
+            try:
+                t = sequences.array_of_sequence(tr, asarray, a, (), {})
+            except (ValueError, TypeError):      # ragged: the function's own business
+                return a
+            if type(t) is TracedArray:
+                return t
+        return a
+    return tuple(conv(a) for a in args), {k: conv(v) for k, v in kwargs.items()}
+
+
+_RESULT_ENTRIES = set()     # ids of _np_result_entry's stand-ins
+
+
+# Functions whose list argument is a sequence of arrays, not one array_like: np.block,
+# np.einsum's operands, np.meshgrid ... (np.block(asarray(list)) is another array).
+_SEQUENCE_TAKERS = frozenset("""block concat concatenate stack hstack vstack dstack
+    column_stack row_stack unstack einsum einsum_path meshgrid broadcast_arrays select
+    choose piecewise ix_ histogramdd savez savez_compressed save savetxt multi_dot
+    apply_along_axis apply_over_axes""".split())
+
+
+def _np_result_entry(orig, name, module=None):
+    takes_arrays = name not in _SEQUENCE_TAKERS
+
+    def entry(*args, **kwargs):
+        tr = core._state.trace
+        if tr is None or tr.abstract:
+            return orig(*args, **kwargs)
+        frame = sys._getframe(1)
+        if is_internal(frame) or frame.f_code.co_filename.startswith(_NP_DIR):
+            return orig(*args, **kwargs)     # tracejit's own calls, NumPy's: as they are
+        if takes_arrays and (any(type(a) in (list, tuple) for a in args) or
+                             any(type(a) in (list, tuple) for a in kwargs.values())):
+            args, kwargs = _traced_sequences(tr, args, kwargs)
+        return _made_results(orig(*args, **kwargs), args, kwargs, frame)
+    _RESULT_ENTRIES.add(id(entry))
+    if module is None:
+        _register(name, orig, entry)
+    else:
+        entry.__name__ = entry.__qualname__ = name
+        entry.__doc__, entry.__wrapped__ = orig.__doc__, orig
+        _SUB_ENTRIES.append((module, name, orig, entry))
+        _ENTRY_ORIGINALS[id(entry)] = (entry, orig)
+
+
+class _GridEntry:
+    """np.mgrid, np.ogrid, np.r_, np.c_ while a trace runs: their arrays, made (NumPy's
+    own Python code makes them, past the constructors' stand-ins)."""
+
+    def __init__(self, orig):
+        self._orig = orig
+
+    def __getitem__(self, key):
+        r = self._orig[key]
+        if core._state.trace is None:
+            return r
+        return _made_results(r, (), {}, sys._getframe(1))
+
+    def __len__(self):
+        return len(self._orig)
+
+    def __getattr__(self, name):
+        return getattr(self._orig, name)
+
+
+def _np_nested_iters(*args, **kwargs):
+    """np.nested_iters: NumPy's C iterators over its operands' buffers (np.nditer's,
+    below): of traced data, an escape."""
+    tr = core._state.trace
+    if tr is not None and not tr.abstract and (
+            any(made.holds_traced(a, tr) for a in args) or
+            any(made.holds_traced(a, tr) for a in kwargs.values())):
+        tr.escape("np.nested_iters(...) of traced data: NumPy's C iterators read its "
+                  "buffer past the tracer")
+        args = tuple(_plain_deep(a) for a in args)
+        kwargs = {k: _plain_deep(v) for k, v in kwargs.items()}
+    return _NP_ENTRIES["nested_iters"][0](*args, **kwargs)
+
+
+_register("nested_iters", np.nested_iters, _np_nested_iters)
+
+
+# The same for NumPy's public submodules of array functions (np.linalg.inv of a list,
+# np.fft.fft), by (module, name): start() swaps these in too.
+_SUB_ENTRIES = []
+_DISPATCHER = type(np.zeros_like)   # numpy._ArrayFunctionDispatcher (a function in 1.x)
+for _mod in (np, np.linalg, np.fft, np.emath):
+    for _n in sorted(dir(_mod)):
+        _f = getattr(_mod, _n)
+        if not _n.startswith("_") and not (_mod is np and _n in _NP_ENTRIES) and \
+                isinstance(_f, (types.FunctionType, _DISPATCHER, types.BuiltinFunctionType)) \
+                and (getattr(_f, "__module__", None) or "").startswith("numpy"):
+            _np_result_entry(_f, _n, None if _mod is np else _mod)
+for _n in ("mgrid", "ogrid", "r_", "c_"):
+    _NP_ENTRIES[_n] = (getattr(np, _n), _GridEntry(getattr(np, _n)))
+
+
+def _entry_originals():
+    """id(NumPy's object) -> (it, its stand-in), for the stand-ins at other names."""
+    out = {id(orig): (orig, entry) for orig, entry in _NP_ENTRIES.values()}
+    for _, _, orig, entry in _SUB_ENTRIES:
+        out.setdefault(id(orig), (orig, entry))
+    return out
 
 
 def _tracing_isscalar(element):
@@ -2566,6 +2736,55 @@ def _numpy_scalar_type(t):
 
 for _n in _NP_SCALAR_NAMES:
     setattr(np, f"__tracejit_{_n}__", _numpy_scalar_type(getattr(np, _n)))
+
+
+def _np_ndarray(*args, **kwargs):
+    """np.ndarray(shape, ...) as the traced code calls it: an array f made, as np.empty's
+    is (a plain one took traced data as plain values). Over another object's buffer
+    (buffer=), what the tracer follows is not that object's memory: traced data or an
+    array f made there is an escape; any other buffer gives NumPy's plain array."""
+    tr = core._state.trace
+    buf = kwargs.get("buffer", args[2] if len(args) > 2 else None)
+    if tr is not None and not tr.abstract and buf is not None and (
+            isinstance(buf, (TracedArray, made.MadeArray)) or
+            isinstance(buf, TracedScalar)):
+        tr.escape("np.ndarray(..., buffer=...) over traced data or an array the function "
+                  "made: NumPy reads that buffer past the tracer")
+        args = tuple(_plain_deep(a) for a in args)
+        kwargs = {k: _plain_deep(v) for k, v in kwargs.items()}
+    r = np.ndarray(*args, **kwargs)
+    if tr is None or buf is not None:
+        return r
+    return made.made(r, sys._getframe(1))
+
+
+np.__tracejit_ndarray__ = _np_ndarray
+
+
+def _np_buffer_iterator(t):
+    """np.nditer / np.broadcast as the traced code calls them: NumPy's C iterators read
+    their operands' buffers (`for v in np.nditer(x.data): s += float(v)` summed the
+    traced call's values, and a branch on the sum was frozen, silently). Of traced
+    data: an escape, the iterator NumPy's over plain views."""
+    def call(*args, **kwargs):
+        tr = core._state.trace
+        if tr is not None and not tr.abstract and (
+                any(made.holds_traced(a, tr) for a in args) or
+                any(made.holds_traced(a, tr) for a in kwargs.values())):
+            tr.escape(f"np.{t.__name__}(...) of traced data: NumPy's C iterator reads "
+                      f"its buffer past the tracer")
+            args = tuple(_plain_deep(a) for a in args)
+            kwargs = {k: _plain_deep(v) for k, v in kwargs.items()}
+        return t(*args, **kwargs)
+    call.__name__ = call.__qualname__ = t.__name__
+    return call
+
+
+_BUFFER_ITERATORS = (np.nditer, np.broadcast)
+for _t in _BUFFER_ITERATORS:
+    setattr(np, f"__tracejit_{_t.__name__}__", _np_buffer_iterator(_t))
+# np.X loaded to be called that the code rewrite redirects to np.__tracejit_X__.
+_NP_REWRITTEN = frozenset(_NP_SCALAR_NAMES) | {"ndarray", "nditer", "broadcast"}
 _EXTENDED_ARG = dis.opmap.get("EXTENDED_ARG")
 _patched_codes = {}
 
@@ -2585,7 +2804,7 @@ def _patched_code(code):
         instructions = list(dis.get_instructions(code))
         for k, ins in enumerate(instructions):
             before, prev = prev, ins
-            if ins.opcode in _LOAD_METHODS and ins.argval in _NP_SCALAR_NAMES and \
+            if ins.opcode in _LOAD_METHODS and ins.argval in _NP_REWRITTEN and \
                     before is not None and before.opcode == _LOAD_GLOBAL and \
                     before.argval in ("np", "numpy") and (
                         ins.opname == "LOAD_METHOD" or before.arg & 1 or
@@ -2695,6 +2914,30 @@ def _is_user_module(m):
         not os.path.abspath(f).startswith(_LIBRARY_DIRS)
 
 
+_called_globals_of = {}
+
+
+def _called_globals(code):
+    """{name: the line of its first such load} of the global names code (and the code
+    it nests) loads to call them (LOAD_GLOBAL with the call's NULL, 3.11 to 3.13)."""
+    done = _called_globals_of.get(id(code))
+    if done is not None and done[0] is code:
+        return done[1]
+    names = {}
+    if (3, 11) <= sys.version_info < (3, 14):
+        for ins in dis.get_instructions(code):
+            if ins.opcode == _LOAD_GLOBAL and ins.arg & 1:
+                names.setdefault(ins.argval, ins.positions.lineno or code.co_firstlineno)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            for n, line in _called_globals(c).items():
+                names.setdefault(n, line)
+    if len(_called_globals_of) > 4096:
+        _called_globals_of.clear()
+    _called_globals_of[id(code)] = (code, names)
+    return names
+
+
 def _code_names(code):
     names = set(code.co_names)
     for c in code.co_consts:
@@ -2741,7 +2984,7 @@ def reached_user_functions(locs, fn=None):
     return list(funcs.values()) + [f for k, f in roots.items() if k not in funcs]
 
 
-def swap_scalar_code(locs, fn=None):
+def swap_scalar_code(locs, fn=None, values=()):
     """Give the user functions at these locations (and the helpers fn and they call
     through user modules) code whose float()/int() calls give traced numbers, while a
     trace runs. Other threads running them see no difference: outside a trace the
@@ -2755,6 +2998,7 @@ def swap_scalar_code(locs, fn=None):
     done = []
     _swap_np_aliases(list(funcs.values()) + list(roots.values()), done)
     _swap_np_at_locations(locs, done)
+    _swap_np_in_classes(list(funcs.values()) + list(roots.values()), locs, values, done)
     with _swap_lock:
         for f in funcs.values():
             entry = _swapped.get(id(f))
@@ -2784,12 +3028,23 @@ _np_alias_swaps = {}   # (id(globals), name) -> [globals, original, entry, trace
 
 
 def _swap_np_aliases(funcs, done):
-    originals = {id(orig): (orig, entry) for orig, entry in _NP_ENTRIES.values()}
+    originals = _entry_originals()
     dicts = {}
+    attrs = {}           # a module the code names: its attributes the code names
     for f in funcs:
         g = pystate.probe(f, "__globals__")
         if isinstance(g, dict) and g is not np.__dict__:
             dicts[id(g)] = g
+            code = pystate.probe(f, "__code__")
+            names = _code_names(code) if isinstance(code, types.CodeType) else ()
+            for n in names:
+                m = g.get(n)
+                # (`nc.zeros(3)` with nc a NumPy submodule, `helpers.zeros(3)` with a
+                # user module's `from numpy import zeros`: that module's attribute.)
+                if isinstance(m, types.ModuleType) and m is not np:
+                    md = pystate.probe(m, "__dict__")
+                    if isinstance(md, dict) and md is not np.__dict__:
+                        attrs.setdefault(id(md), (md, set()))[1].update(names)
 
     def swap(key, holder, val, install):
         entry = _np_alias_swaps.get(key)
@@ -2802,10 +3057,38 @@ def _swap_np_aliases(funcs, done):
         entry[3] += 1
         done.append(key)
 
+    # np.ndarray bound to a module global (`from numpy import ndarray`) and called: no
+    # stand-in can be put there (isinstance and `type(a) is ndarray` must stay NumPy's),
+    # and the code rewrite sees only `np.ndarray(...)`. Its arrays would take traced data
+    # as plain values: an escape.
+    tr = core._state.trace
+    for f in funcs:
+        g, code = pystate.probe(f, "__globals__"), pystate.probe(f, "__code__")
+        if tr is not None and isinstance(g, dict) and isinstance(code, types.CodeType):
+            for n, line in _called_globals(code).items():
+                t = g.get(n)
+                if t is np.ndarray:
+                    tr.escapes.append((f"np.ndarray is called as the global {n}: the "
+                                       f"arrays it makes would take traced data as plain "
+                                       f"values (call it as np.ndarray(...), or use "
+                                       f"np.empty)", source_line(code.co_filename, line)))
+                elif any(t is b for b in _BUFFER_ITERATORS):
+                    tr.escapes.append((f"np.{t.__name__} is called as the global {n}: its "
+                                       f"C iterator would read traced data past the "
+                                       f"tracer (call it as np.{t.__name__}(...))",
+                                       source_line(code.co_filename, line)))
     with _swap_lock:
         for g in dicts.values():
             for name, val in list(g.items()):
                 swap((id(g), name), g, val, lambda e, g=g, name=name: g.__setitem__(name, e))
+        for md, names in attrs.values():
+            if id(md) in dicts:
+                continue
+            for name in names:
+                val = md.get(name)
+                if val is not None:
+                    swap((id(md), name), md, val,
+                         lambda e, md=md, name=name: md.__setitem__(name, e))
         # A closure cell holding one (`zeros = np.zeros` in the enclosing function):
         # the same swap, its key (id(cell), None).
         for f in funcs:
@@ -2826,44 +3109,139 @@ def _swap_np_at_locations(locs, done):
     partial's keyword. One held where nothing can be put (a tuple's
     item, a partial's positional argument) would make plain arrays the tracer cannot
     follow: the trace is an escape, naming it."""
-    originals = {id(orig): (orig, entry) for orig, entry in _NP_ENTRIES.values()}
+    originals = _entry_originals()
     for loc in locs:
         val = loc.read()
         hit = originals.get(id(val))
         if hit is None or hit[0] is not val:
             continue
         key = (id(loc.container), ("loc", loc.kind, loc.key))
-        with _swap_lock:
-            entry = _np_alias_swaps.get(key)
-            if entry is None:
-                orig, new = hit
-                container, k = loc.container, loc.key
-                if loc.kind == "attr" and isinstance(container, type):
-                    # (The raw class attribute back as it was: a staticmethod or not.)
-                    raw = container.__dict__.get(k)
-                    if raw is None:
-                        continue             # inherited: the defining class's own
-                    install = lambda c=container, k=k, new=new: setattr(
-                        c, k, staticmethod(new))
-                    restore = lambda orig, new, c=container, k=k, raw=raw: (
-                        setattr(c, k, raw) if getattr(c, k, None) is new else None)
-                else:
-                    install = loc.write
-                    restore = lambda orig, new, loc=loc: (
-                        loc.write(orig) if loc.read() is new else None)
-                try:
-                    install(new)
-                except Exception:  # noqa: BLE001 - immutable (a tuple) or guarded
-                    tr = core._state.trace
-                    if tr is not None:
-                        tr.escape(f"np.{orig.__name__} is held at {loc.describe()}, "
-                                  f"where the tracer cannot put its recording stand-in "
-                                  f"(a tuple's item, a partial's argument): the arrays "
-                                  f"it makes would take traced data as plain values")
-                    continue
-                entry = _np_alias_swaps[key] = [loc.container, orig, new, 0, restore]
-            entry[3] += 1
+
+        def how(loc=loc, new=hit[1]):
+            container, k = loc.container, loc.key
+            if loc.kind == "attr" and isinstance(container, type):
+                raw = container.__dict__.get(k)
+                if raw is None:
+                    return None              # inherited: the defining class's own
+                return _class_attr_swap(container, k, raw, new)
+            return loc.write, lambda orig, new, loc=loc: (
+                loc.write(orig) if loc.read() is new else None)
+        # (a tuple's item, a partial's positional argument: nothing can be put there)
+        if _swap_at(key, loc.container, hit, how, f"at {loc.describe()}"):
             done.append(key)
+
+
+def _swap_at(key, container, hit, how, where):
+    """Count one more trace using swap `key` (NumPy's function hit[0] for its stand-in
+    hit[1]), installing it if none does yet: how() gives (install, restore), read under
+    the lock (None: nothing to swap). True if it is in place; where it cannot be
+    put (install raises), a constructor is an escape naming the place (`where`): its
+    arrays would take traced data as plain values. NumPy's other functions stay its own
+    there (`OPS = (np.sum, np.max)`, partial(np.mean, axis=0)), as before: their fresh
+    results of constants are plain, which traced data is rarely written into."""
+    with _swap_lock:
+        entry = _np_alias_swaps.get(key)
+        if entry is None:
+            orig, new = hit
+            got = how()
+            if got is None:
+                return False
+            install, restore = got
+            try:
+                install(new)
+            except Exception:  # noqa: BLE001 - immutable (a tuple), or a guarded place
+                tr = core._state.trace
+                if tr is not None and id(new) not in _RESULT_ENTRIES:
+                    tr.escape(f"np.{orig.__name__} is held {where}, where the tracer "
+                              f"cannot put its recording stand-in: the arrays it makes "
+                              f"would take traced data as plain values")
+                return False
+            entry = _np_alias_swaps[key] = [container, orig, new, 0, restore]
+        entry[3] += 1
+        return True
+
+
+def _class_attr_swap(cls, k, raw, new):
+    """(install, restore) of new for NumPy's constructor at class attribute cls.k, raw
+    as the class holds it: binding as the original does (a staticmethod stays one, a
+    builtin such as np.zeros does not bind, NumPy 2's dispatchers do, as functions)."""
+    if isinstance(raw, staticmethod):
+        repl = staticmethod(new)
+    elif isinstance(raw, classmethod):
+        repl = classmethod(new)
+    else:
+        repl = new if hasattr(type(raw), "__get__") else staticmethod(new)
+
+    def install(_):
+        setattr(cls, k, repl)
+
+    def restore(orig, new):
+        if cls.__dict__.get(k) is repl:      # unless the user rebound it meanwhile
+            setattr(cls, k, raw)
+    return install, restore
+
+
+_NOT_SCANNED = ("builtins", "tracejit", "numpy", "numba")
+
+
+def _swap_np_in_classes(funcs, locs, values, done):
+    """The swap of _swap_np_at_locations for NumPy's constructors held as class
+    attributes (`make = staticmethod(np.zeros)`, `zeros = np.zeros` in a class body):
+    of the classes the function's code names (module globals, closure cells), the
+    classes at its locations and those of the objects there, with their bases. Classes
+    are not walked as state, so these were never seen: `Maker.make(3)` gave a plain
+    array, and traced data written into it, then branched on, was frozen silently."""
+    originals = _entry_originals()
+    classes = {}
+
+    def add(c):
+        if isinstance(c, type) and id(c) not in classes:
+            for k in pystate.probe(c, "__mro__") or ():
+                mod = pystate.probe(k, "__module__", "") or ""
+                if isinstance(mod, str) and not mod.startswith(_NOT_SCANNED):
+                    classes.setdefault(id(k), k)
+
+    for f in funcs:
+        code = pystate.probe(f, "__code__")
+        glb = pystate.probe(f, "__globals__")
+        if isinstance(code, types.CodeType) and isinstance(glb, dict):
+            names = _code_names(code)
+            for n in names:
+                v = glb.get(n)
+                if isinstance(v, types.ModuleType) and _is_user_module(v):
+                    for m in names:                      # helpers.Maker.make(3)
+                        add(pystate.probe(v, m))
+                else:
+                    add(v)
+        for cell in pystate.probe(f, "__closure__") or ():
+            try:
+                add(cell.cell_contents)
+            except ValueError:              # an empty cell
+                pass
+    for loc in locs:
+        try:
+            val = loc.read()
+        except Exception:  # noqa: BLE001 - a location that cannot be read: not one
+            continue
+        add(val if isinstance(val, type) else type(val))
+    for val in values:                       # the call's arguments (a model, self)
+        add(val if isinstance(val, type) else type(val))
+    for c in classes.values():
+        try:
+            items = list(vars(c).items())
+        except TypeError:
+            continue
+        for k, raw in items:
+            fn = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+            hit = originals.get(id(fn))
+            if hit is None or hit[0] is not fn:
+                continue
+            key = (id(c), ("cls", k))
+            # (a metaclass may refuse the write)
+            if _swap_at(key, c, hit,
+                        lambda c=c, k=k, raw=raw, new=hit[1]: _class_attr_swap(c, k, raw, new),
+                        f"as the class attribute {c.__qualname__}.{k}"):
+                done.append(key)
 
 
 def unswap_scalar_code(done):
@@ -3082,6 +3460,8 @@ def start(trace):
             random.seed = _tracing_py_seed
             for name, (_, entry) in _NP_ENTRIES.items():
                 setattr(np, name, entry)
+            for mod, name, _, entry in _SUB_ENTRIES:
+                setattr(mod, name, entry)
         _print_users += 1
     return core.set_trace(trace)
 
@@ -3100,3 +3480,5 @@ def stop(trace, prev):
             random.seed = _original_py_seed
             for name, (orig, _) in _NP_ENTRIES.items():
                 setattr(np, name, orig)
+            for mod, name, orig, _ in _SUB_ENTRIES:
+                setattr(mod, name, orig)

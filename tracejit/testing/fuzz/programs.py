@@ -2088,7 +2088,11 @@ REBIND_INPLACE_STEPS = [(_user_backward_beside_update, 1)]
 # x0 on some calls, not on others, and x0.grad's dtype (a float32 x0 given a float64
 # gradient by the walk) must be eager's on both.
 BACKWARD_INTO_SOURCES = ("F.tanh(x0 * 0.5)", "F.sin(x0) * 2.0",
-                         "F.sin(x0 if call % 3 else tj.Variable(np.asarray(x0.data * 0.75))) * 2.0")
+                         "F.sin(x0 if call % 3 else tj.Variable(np.asarray(x0.data * 0.75))) * 2.0",
+                         # (every other call: a caller alternating between the two kinds
+                         # of call, each with its own compiled variant, not a retrace at
+                         # every switch)
+                         "F.sin(x0 if call % 2 else tj.Variable(np.asarray(x0.data * 0.5))) * 2.0")
 
 
 def _backward_into_caller(b):
@@ -2121,7 +2125,18 @@ def _backward_into_caller(b):
     else:
         b.emit(f"{loss} = {' + '.join(term(u) for u in us)}")
     retain = "retain_grad" not in b.avoid and b.draw(st.booleans())
-    b.emit(f"{loss}.backward(retain_grad={retain})")
+    if b.draw(st.integers(0, 2)) == 0:
+        # x0.grad seeded inside f first, then read after the walk, which reaches x0 on
+        # some calls only: checked on each call (Mismatch: the other kind's variant).
+        g = b.fresh("g")
+        b.emit("x0.cleargrad()")
+        b.emit("F.reshape(x0, x0.shape).backward()")
+        b.emit(f"{loss}.backward(retain_grad={retain})")
+        b.emit(f"{g} = x0.grad * 0.5")
+        b.add(g, x0.shape, x0.dtype, 3.0)
+        b.features.add("backward_into_caller_grad_read")
+    else:
+        b.emit(f"{loss}.backward(retain_grad={retain})")
     b.add(loss, (), dtype, 2.0 * len(us))
     b.features.add("backward_into_caller" + ("_retain" if retain else ""))
 
@@ -2530,9 +2545,25 @@ def _st_made_array(b):
         if src.shape:     # (of d's shape: two slices of a made array joined again)
             makes.append(f"np.concatenate([np.zeros({d}.shape, {dt})[:1], "
                          f"np.zeros({d}.shape, {dt})[1:]])")
+        # A constructor held as a class attribute (classes are not walked as state),
+        # np.ndarray(...) itself, and NumPy's other functions, whose C code made plain
+        # arrays of made operands or of Python numbers: frozen writes before.
+        makes += [f"Maker.make({d}.shape, {dt})", f"Maker().make({d}.shape, {dt})",
+                  f"np.ndarray({d}.shape, {dt})",
+                  f"np.where(np.ones({d}.shape) > 0, 0.0, 1.0).astype({dt})",
+                  f"np.resize(np.zeros(1, {dt}), {d}.shape)",
+                  f"np.fromfunction(lambda *i: i[0] * 0.0, {d}.shape, dtype={dt})"
+                  if src.shape else f"np.zeros({d}.shape, {dt})"]
+        if src.shape:
+            makes.append(f"np.pad(np.zeros({d}.shape, {dt}), 1)"
+                         f"[(slice(1, -1),) * {d}.ndim].copy()")
         make = b.draw(st.sampled_from(makes))
         if "NP_MAKERS" in make:
             b.features.add("made_via_dict")
+        if "Maker" in make:
+            b.features.add("made_via_class")
+        elif not make.startswith(("np.zeros", "np.full", "np.empty", "NP_", "np.concat")):
+            b.features.add(f"made_via_{make[3:make.index('(')]}")
         b.emit(f"{buf} = {make}")
         b.emit(writes[tag].format(buf=buf, d=d))
         b.features.add(f"made_{form}_{tag}")
@@ -2705,7 +2736,16 @@ _NUMPY_CALLS = ["np.round({d}, {k})", "{d}.round({k})", "np.around({d}, {k})",
                 "{d} + np.hstack((float({d}.sum()), [0.25]))[0]",
                 "np.full({d}.shape, float({d}.mean())) + {d}",
                 "np.full_like({d}, {d}.max()) * {d}",
-                "np.array([{d}, {d} * 0.5]).sum(0)"]
+                "np.array([{d}, {d} * 0.5]).sum(0)",
+                # NumPy functions of lists of traced floats where no argument is traced
+                # data (NumPy's C code read each value: retraced on every new input)
+                "{d} * np.mean([{d}.max(), {d}.min()])",
+                "{d} - np.median(({d}.sum(), float({d}.max()), 0.25))",
+                "{d} * np.polyval([{d}.mean(), 0.5], 2.0)",
+                # NumPy's C iterators over the buffer, and a list of traced data NumPy
+                # reads as plain values (frozen, silently: escapes now)
+                "{d} * sum(float(v) for v in np.nditer({d}))",
+                "{d} * np.interp(0.5, [0.0, 1.0], [{d}.min(), {d}.max()])"]
 
 
 def _st_numpy_call(b):
@@ -3047,6 +3087,8 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=Fal
         out += [USER_FUNCTIONS[k], ""]
     if "made_via_dict" in b.features:
         out += ["NP_MAKERS = {'zeros': np.zeros}", "", ""]
+    if "made_via_class" in b.features:
+        out += ["class Maker:", "    make = staticmethod(np.zeros)", "", ""]
     glob = [c for c in b.captures if c[4] == "global"]
     clos = [c for c in b.captures if c[4] != "global"]   # (and the ones f's defaults,
     held = {}                                            # or a tuple, hold: made there)
