@@ -384,3 +384,41 @@ def test_a_cut_before_the_backward():
         W.data = W.data * 0.9
     info = jf.cache_info()
     assert info["fallbacks"] == 0 and info["hits"] >= 2, info
+
+
+@pytest.mark.parametrize("retain", [True, False])
+@pytest.mark.parametrize("branch", [True, False])
+def test_a_later_backward_from_an_argument_an_earlier_walk_passed(retain, branch):
+    """Two backwards inside f, each going on into the caller's graph: the first from u1
+    (made by the caller from u0), the second from u0 itself, retaining its .grad. The
+    compiled call set u0.grad (the second backward's retained part) with the other
+    effects, before the first walk, which then added to it: the caller's leaf L got
+    u0's part twice (22 for eager's 16; fuzz program 74, caught only by the first-call
+    check, so the call ran eagerly). It is set right before the second walk now."""
+    def f(x0, u0, u1):
+        if branch:
+            loss1 = F.sum(F.tanh(x0 * u1))
+        else:
+            loss1 = F.sum(x0 * u1) * 2.0
+        loss1.backward(retain_grad=False)
+        loss3 = F.sum(F.sin(u0) * 3.0)
+        loss3.backward(retain_grad=retain)
+        return loss3
+
+    def run(fn, call):
+        L = tj.Variable(np.array([0.5 + 0.25 * call, -0.25 * call]))
+        u0 = L * 2.0
+        u1 = F.exp(u0 * 0.5)
+        x0 = tj.Variable(np.array([1.0, 0.5]) * (call + 1))
+        out = fn(x0, u0, u1)
+        got = [out, L.grad, u0.grad, u1.grad, x0.grad]
+        out.backward()
+        return got + [L.grad, x0.grad]
+
+    jf = tj.jit(f)
+    for call in range(5):
+        want, got = run(f, call), run(jf, call)
+        for k, (e, j) in enumerate(zip(want, got)):
+            _same(e, j, f"call {call}, entry {k}")
+    info = jf.cache_info()
+    assert info["fallbacks"] == 0 and info["hits"] >= 3, info

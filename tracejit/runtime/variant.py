@@ -1749,7 +1749,8 @@ def build_runner(v, leaf_kinds, key=None):
     the same frame (the hot path of a repeated call): it returns MISS when the arguments
     differ, SLOW when the variant has checks left or the Python state it read may have
     changed (jit.py's dispatch sorts those out)."""
-    env = {"np": np, "exe": v.exe, "v": v, "Stale": Stale, "GuardFailure": GuardFailure,
+    env = {"np": np, "exe": v.exe, "v": v, "Stale": Stale, "Mismatch": Mismatch,
+           "GuardFailure": GuardFailure,
            "CompiledFunction": CompiledFunction if v.grad_reach is None else
            PartialCompiledFunction, "Config": Config, "wrap": core.wrap_array,
            "ref": weakref.ref, "new": object.__new__, "Variable": Variable,
@@ -1828,20 +1829,20 @@ def build_runner(v, leaf_kinds, key=None):
     for where, var in v.grad_none:
         t = f"leaves[{var}]._grad" if where == "leafgrad" else const(var)
         msg = f"the .grad of {_label(var)} was None when traced, is set now"
-        body.append(f"if {t}._grad is not None: raise Stale({msg!r})")
+        body.append(f"if {t}._grad is not None: raise Mismatch({msg!r})")
     for j, var in v.captured_args:
         msg = f"argument {j} was an object the function also captures when traced, is not now"
-        body.append(f"if leaves[{j}] is not {const(var)}: raise Stale({msg!r})")
+        body.append(f"if leaves[{j}] is not {const(var)}: raise Mismatch({msg!r})")
     for (where, var), j in v.grad_args:
         t = f"leaves[{var}]._grad" if where == "leafgrad" else const(var)
         msg = f"the .grad of {_label(var)} was argument {j} when traced, is not now"
-        body.append(f"if {t}._grad is not leaves[{j}]: raise Stale({msg!r})")
+        body.append(f"if {t}._grad is not leaves[{j}]: raise Mismatch({msg!r})")
     for where, var in v.leaf_required:
         t = {"leaf": f"leaves[{var}]", "leafgrad": f"leaves[{var}]._grad"}.get(where) \
             if where != "obj" else const(var)
         msg = (f"{_label(var) if where != 'leaf' else f'argument {var}'} had no creator "
                f"when traced (a backward inside the call stopped at it), has one now")
-        body.append(f"if {t}.creator is not None: raise Stale({msg!r})")
+        body.append(f"if {t}.creator is not None: raise Mismatch({msg!r})")
     walks = v.walks
     if walks:
         env["backward_from"] = core.backward_from
@@ -1851,7 +1852,7 @@ def build_runner(v, leaf_kinds, key=None):
         # touched; cleared; kept; a leaf's, added to), or the function would see them
         # otherwise in eager than in the compiled call.
         env["graph_reach"] = core.graph_reach
-        stale = "raise Stale('a backward inside the call goes on into the caller\\'s " \
+        stale = "raise Mismatch('a backward inside the call goes on into the caller\\'s " \
             "graph, which now touches the .grad of a Variable the call sees after it " \
             "otherwise than when traced')"
         for n in sorted({n for _, n in v.walk_untouched}):
@@ -2012,13 +2013,27 @@ def build_runner(v, leaf_kinds, key=None):
     body_before_grads = body
     body = grad_lines
     late_lines = {}   # walk -> the lines of the grad effects set right after it
+    early_lines = {}  # walk -> the lines of the grad effects set right before it
+    # A .grad a later backward into the caller's graph starts from (a root of walk n >
+    # 0: `u0.grad` of `loss3.backward(retain_grad=True)`, u0 an argument with a
+    # creator) is set where that backward set it, right before its walk: set with the
+    # other effects, before the first walk, an earlier walk passing u0 added to it
+    # (eager's u0.grad is None then) and the caller's graph got u0's part twice.
+    first_root = {}
+    for n, w in enumerate(walks):
+        for t in w[0]:
+            first_root.setdefault((t.where, t.obj if t.where != "obj" else id(t.obj)), n)
     for gi, ((where, var), slot) in enumerate(v.grad_effects):
         t = target(where, var)
+        root_of = first_root.get((where, var if where != "obj" else id(var)), 0)
         if gi in v.grad_late:
             # (Before the walks it holds none: they add to it, what they leave is
             # replaced, and nothing from before the call must meet their gradients.)
             grad_lines.append(f"{t}._grad = None")
             body = late_lines.setdefault(v.grad_late[gi], [])
+        elif root_of > 0 and gi not in v.grad_alias and gi not in v.grad_same and \
+                gi not in shared_grads:
+            body = early_lines.setdefault(root_of, [])
         else:
             body = grad_lines
         if gi in v.grad_alias:
@@ -2072,9 +2087,10 @@ def build_runner(v, leaf_kinds, key=None):
             seeds = ", ".join("None" if k is None else f"fresh({out(k)}, arrays)"
                               for k in slots)
             env["fresh"] = _fresh
+            wn = next(k for k, w in enumerate(walks) if w[0] is ts)
+            body += early_lines.get(wn, [])
             body.append(f"backward_from([{', '.join(target(*t) for t in ts)}], "
                         f"{retain!r}, ({seeds}{',' if len(slots) == 1 else ''}))")
-            wn = next(k for k, w in enumerate(walks) if w[0] is ts)
             if v.walk_read is not None and v.walk_read[0] == wn:
                 body += _walk_read_lines(v, names, target, const, env)
             body += late_lines.get(wn, [])
@@ -2526,6 +2542,14 @@ def _overlap(a, b):
 
 class Stale(Exception):
     """A captured input changed shape or dtype, or died: this variant no longer applies."""
+
+
+class Mismatch(Stale):
+    """This call's arguments or the caller's graph differ from the traced call's in a way
+    a later call may undo (a .grad set that was None, a creator where the traced call's
+    backward stopped at a leaf, what the walk into the caller's graph reaches): the
+    variant is kept for the calls it serves; another variant, or a new trace, serves
+    this one. (Dropping it made a caller that alternates retrace on every switch.)"""
 
 
 def compile_graph(g, backend="auto", parallel=None, cache=True, where=None):
