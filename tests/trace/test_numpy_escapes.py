@@ -66,6 +66,14 @@ RECORDED = [
     lambda d: np.median([d.sum(), d[0], d[1]]) > 0,
     lambda d: np.polyval([d[0], 0.0], 2.0) > 0,
     lambda d: np.sum((float(d[0]), float(d[1]))) > 0,
+    # np.ndarray's own methods called unbound: NumPy's C method read the traced buffer
+    # past the tracer's overrides (frozen, silently); d's own method now
+    lambda d: np.ndarray.item(d, 0) > 0,
+    lambda d: np.ndarray.__getitem__(d, 1) > 0,
+    lambda d: np.ndarray.astype(d, np.float32).sum() > 0,
+    lambda d: np.ndarray.flatten(d).sum() > 0,
+    lambda d: (lambda b: (np.ndarray.__setitem__(b, slice(None), d), b.sum() > 0)[1])(
+        np.zeros(3)),
 ]
 
 
@@ -76,7 +84,8 @@ RECORDED = [
     "mean-of-asarray", "ascontiguousarray-0d", "asfortranarray-strided", "np.float32",
     "float-of-np.float32", "np.float64-of-float32", "np.float32-of-float", "np.float16-array",
     "np.int64-of-int", "np.mean-of-a-list", "np.median-of-a-list", "np.polyval-of-a-list",
-    "np.sum-of-a-tuple-of-floats"])
+    "np.sum-of-a-tuple-of-floats", "np.ndarray.item", "np.ndarray.__getitem__",
+    "np.ndarray.astype", "np.ndarray.flatten", "np.ndarray.__setitem__-of-a-made-array"])
 def test_numpy_constructors_of_traced_data_are_recorded(use):
     jf = run(use)
     info = jf.cache_info()
@@ -113,6 +122,9 @@ ESCAPES = [
     # (the tracer raised its own AttributeError on the None np.add.at gives)
     (lambda d: [np.add.at(b, np.argmax(d) * 0, 1.0) for b in [np.zeros(3)]] and
      d.sum() > 0, "np.add.at(...) with traced data writes in place"),
+    (lambda d: np.ndarray.view(d, np.ndarray).sum() > 0, ".view() of traced data"),
+    (lambda d: np.ndarray.__array__(d).sum() > 0, "__array__() of traced data"),
+    (lambda d: sum(np.ndarray.tolist(d)) > 0, ".tolist() of traced data"),
 ]
 
 
@@ -120,7 +132,8 @@ ESCAPES = [
     "xp.float32", "np.int64-of-float", "from-numpy-import-float32", "view", "base", "tobytes",
     "frombuffer", "memoryview", "bytes", "data", "array_interface", "ctypes", "flat",
     "__array__", "compress", "xp.float32-of-array", "nditer", "broadcast", "nested_iters",
-    "interp-of-a-list", "ufunc.at"])
+    "interp-of-a-list", "ufunc.at", "np.ndarray.view", "np.ndarray.__array__",
+    "np.ndarray.tolist"])
 def test_traced_data_read_past_the_tracer_is_an_escape(use, cause):
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always", tj.JitWarning)

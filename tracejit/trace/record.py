@@ -2761,6 +2761,43 @@ def _np_ndarray(*args, **kwargs):
 np.__tracejit_ndarray__ = _np_ndarray
 
 
+# d's own method for np.ndarray.name(d, ...), called from a frame that is not tracejit's
+# (its __name__): the escapes d's methods raise for the code that calls them (`.view()`,
+# `__array__()`: trace.values._leak) are the user's, at the user's line (the file is
+# this one, which user_line skips).
+_UNBOUND_NS = {"__name__": "<np.ndarray unbound>"}
+exec(compile("def delegate(a, name, args, kwargs):\n"
+             "    return getattr(a, name)(*args, **kwargs)\n", __file__, "exec"), _UNBOUND_NS)
+_unbound_delegate = _UNBOUND_NS["delegate"]
+
+
+class _UnboundMethods:
+    """np.ndarray as the traced code reads an attribute of it (the code rewrite:
+    `np.ndarray.item(d, 0)`, `np.ndarray.__getitem__(d, k)`, `np.ndarray.tolist(d)`):
+    called on this trace's traced data or an array f made, that array's own method
+    (what `d.item(0)` runs, recorded), as eager's plain d runs NumPy's. NumPy's C
+    method itself read the traced buffer past the tracer's overrides (the traced call's
+    values, frozen into the graph, silently). Anything else is np.ndarray's own."""
+
+    def __getattr__(self, name):
+        attr = getattr(np.ndarray, name)
+        if not callable(attr) or isinstance(attr, type):
+            return attr
+
+        def call(*args, **kwargs):
+            tr = core._state.trace
+            if args and tr is not None and not tr.abstract and (
+                    (type(args[0]) is TracedArray and args[0]._trace is tr) or
+                    type(args[0]) is made.MadeArray):
+                return _unbound_delegate(args[0], name, args[1:], kwargs)
+            return attr(*args, **kwargs)
+        call.__name__ = call.__qualname__ = name
+        return call
+
+
+np.__tracejit_ndarray_unbound__ = _UnboundMethods()
+
+
 def _np_buffer_iterator(t):
     """np.nditer / np.broadcast as the traced code calls them: NumPy's C iterators read
     their operands' buffers (`for v in np.nditer(x.data): s += float(v)` summed the
@@ -2804,6 +2841,25 @@ def _patched_code(code):
         instructions = list(dis.get_instructions(code))
         for k, ins in enumerate(instructions):
             before, prev = prev, ins
+            if ins.opname == "LOAD_ATTR" and ins.argval == "ndarray" and \
+                    before is not None and before.opcode == _LOAD_GLOBAL and \
+                    before.argval in ("np", "numpy") and k + 1 < len(instructions) and \
+                    instructions[k + 1].opcode in _LOAD_METHODS:
+                # np.ndarray.item(d, 0): an attribute of np.ndarray itself, NumPy's C
+                # method on traced data past its overrides (the traced call's value,
+                # frozen): np.__tracejit_ndarray__'s (_UnboundMethods), d's own method.
+                if ins.offset >= 2 and raw[ins.offset - 2] == _EXTENDED_ARG:
+                    continue
+                name = "__tracejit_ndarray_unbound__"
+                if name not in names:
+                    names.append(name)
+                shift = 1 if sys.version_info >= (3, 12) else 0
+                arg = (names.index(name) << shift) | (ins.arg & shift)
+                if arg > 255:
+                    continue
+                raw[ins.offset + 1] = arg
+                changed = True
+                continue
             if ins.opcode in _LOAD_METHODS and ins.argval in _NP_REWRITTEN and \
                     before is not None and before.opcode == _LOAD_GLOBAL and \
                     before.argval in ("np", "numpy") and (

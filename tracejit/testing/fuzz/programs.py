@@ -2745,7 +2745,10 @@ _NUMPY_CALLS = ["np.round({d}, {k})", "{d}.round({k})", "np.around({d}, {k})",
                 # NumPy's C iterators over the buffer, and a list of traced data NumPy
                 # reads as plain values (frozen, silently: escapes now)
                 "{d} * sum(float(v) for v in np.nditer({d}))",
-                "{d} * np.interp(0.5, [0.0, 1.0], [{d}.min(), {d}.max()])"]
+                "{d} * np.interp(0.5, [0.0, 1.0], [{d}.min(), {d}.max()])",
+                # np.ndarray's C methods called unbound (the traced values, frozen)
+                "{d} * np.ndarray.item({d}.reshape(-1), 0)",
+                "np.ndarray.flatten({d}).reshape({d}.shape) * 0.5"]
 
 
 def _st_numpy_call(b):
