@@ -24,6 +24,7 @@ float64 gradient of float32 intermediates) judged the same way (Soft.mixed).
 """
 import contextlib
 import copy
+import dataclasses
 import weakref
 
 import numpy as np
@@ -384,6 +385,20 @@ def first_difference(expected, got, path="output", soft=None, ref=NOREF, _done=N
             if d:
                 return d
         return None
+    if dataclasses.is_dataclass(expected) and got is not expected and \
+            not isinstance(expected, type):
+        # A dataclass the call made (rebuilt by compiled calls): attribute by attribute.
+        names = list(getattr(expected, "__dict__", None) or
+                     [f.name for f in dataclasses.fields(expected)])
+        for n in names:
+            r = getattr(ref, n, None) if ref is not NOREF else NOREF
+            if not hasattr(got, n):
+                return f"{path}.{n}: eager sets it, compiled does not"
+            d = first_difference(getattr(expected, n), getattr(got, n), f"{path}.{n}",
+                                 soft, r, _done)
+            if d:
+                return d
+        return None
     if isinstance(expected, dict):
         if list(expected) != list(got):
             return f"{path}: eager gives the keys {list(expected)}, compiled {list(got)}"
@@ -406,7 +421,7 @@ def first_difference(expected, got, path="output", soft=None, ref=NOREF, _done=N
         # return the traced call's one again.
         return (f"{path}: a {type(expected).__name__} is returned by the traced call again "
                 f"(results are rebuilt only as Variables, arrays and numbers in tuples, "
-                f"lists, dicts and NamedTuples)")
+                f"lists, dicts, NamedTuples and dataclasses)")
     try:
         same = bool(expected == got)
     except Exception:  # noqa: BLE001 - an __eq__ on Variables (a dataclass of them)
@@ -414,7 +429,7 @@ def first_difference(expected, got, path="output", soft=None, ref=NOREF, _done=N
     if not same and hasattr(expected, "__dataclass_fields__"):
         return (f"{path}: a {type(expected).__name__} is returned by the traced call again "
                 f"(results are rebuilt only as Variables, arrays and numbers in tuples, "
-                f"lists, dicts and NamedTuples)")
+                f"lists, dicts, NamedTuples and dataclasses)")
     return None if same else f"{path}: eager {expected!r}, compiled {got!r}"
 
 

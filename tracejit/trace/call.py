@@ -127,8 +127,12 @@ def trace_call(fn, name, args, kwargs, static_argnums=frozenset(),
         # An np.float32 argument returned as it came is that object (not written in
         # place: `s += 1` rebinds eager's s to a new scalar).
         keep.update((id(t), path) for t, v, path in tr.scalar_args.values() if t._tv is v)
-        out_tree = flatten_result(result, out_leaves_raw, keep=keep)
-        if container_depth(result, MAX_DEPTH) > MAX_DEPTH:
+        # (What the call could reach when it started: a dataclass there is returned as
+        # that object; one the call made is rebuilt.)
+        before = {id(v) for _, v, _ in snap_before} | {id(v) for _, v, _ in arg_snap} | \
+            {id(a) for a in list(args) + list(kwargs.values())}
+        out_tree = flatten_result(result, out_leaves_raw, keep=keep, before=before)
+        if container_depth(result, MAX_DEPTH, before) > MAX_DEPTH:
             tr.escapes.append((f"the result nests lists, tuples or dicts more than "
                                f"{MAX_DEPTH} levels deep: compiled calls do not rebuild "
                                f"one that deep", def_line))

@@ -4,6 +4,7 @@ inside tuples, lists and dicts, and everything else static (part of the cache ke
 Used by runtime.jitted to key calls, by trace.call to describe a traced call's result
 (its Leaf records) and by runtime.variant to rebuild a call's results.
 """
+import dataclasses
 import inspect
 import weakref
 
@@ -156,6 +157,8 @@ def _subtrees(tree):
         return tree[1:]
     if tag in ("dict", "ntuple"):
         return tree[2:]
+    if tag == "dataclass":
+        return tree[3:]
     return None
 
 
@@ -187,7 +190,33 @@ def _container(tree, items, bound):
         return items
     if tag == "dict":
         return dict(zip(tree[1], items))
+    if tag == "dataclass":
+        return rebuild_dataclass(tree[1], tree[2], items)
     return tree[1]._make(items)          # "ntuple"
+
+
+def rebuild_dataclass(cls, names, items):
+    """A new instance of dataclass cls with these attributes, as the traced call's own
+    object had them after its __init__ and __post_init__ (which are not run again: the
+    graph computed what they computed of traced values; frozen and slotted ones too)."""
+    obj = object.__new__(cls)
+    for n, v in zip(names, items):
+        object.__setattr__(obj, n, v)
+    return obj
+
+
+def _dataclass_fields(x, t):
+    """(names, values) of a dataclass instance the call made (its instance attributes:
+    fields and what __post_init__ set), or None for a class, or an instance from before
+    the call (`fresh` says which), returned as that object."""
+    if isinstance(x, type) or not dataclasses.is_dataclass(t):
+        return None
+    d = getattr(x, "__dict__", None)
+    if isinstance(d, dict):
+        names = tuple(d)
+    else:                                   # slots=True
+        names = tuple(f.name for f in dataclasses.fields(x))
+    return names, [getattr(x, n) for n in names]
 
 
 def arg_at(argv, path):
@@ -232,15 +261,18 @@ def leaf_key(x):
 # ------------------------------------------------------------------ the compiled call
 
 
-def flatten_result(obj, leaves, keep=None):
+def flatten_result(obj, leaves, keep=None, before=frozenset()):
     """The result's tree (containers as in flatten_args, every leaf VAR), leaves
     appended. A list, dict or tuple found in two places is one object in eager: its first
     place is ("bind", k, tree), the others ("again", k), so it is rebuilt once.
     keep: id -> path of the argument containers the call returns as they came
     (("argobj", path): that object itself, as eager returns it).
+    before: ids of the objects the call could reach when it started (its state and
+    arguments): a dataclass instance among them is returned as that object; one the call
+    made is rebuilt around its attributes' leaves (("dataclass", cls, names, ...)).
     Iterative (a result of any depth; container_depth says whether it compiles)."""
     counts = {}
-    _count_containers(obj, counts)
+    _count_containers(obj, counts, before)
     shared = {i: None for i, n in counts.items() if n > 1}
     root = []
     # (head of the tree, its bind number or None, items left, their trees)
@@ -248,7 +280,7 @@ def flatten_result(obj, leaves, keep=None):
     while stack:
         head, k, items, trees = stack[-1]
         for x in items:
-            tree, walk = _result_node(x, leaves, shared, keep)
+            tree, walk = _result_node(x, leaves, shared, keep, before)
             if walk is None:
                 trees.append(tree)
             else:
@@ -262,7 +294,7 @@ def flatten_result(obj, leaves, keep=None):
     return root[0]
 
 
-def _result_node(x, leaves, shared, keep):
+def _result_node(x, leaves, shared, keep, before=frozenset()):
     """(x's tree, None) for a leaf or a reference, else (None, (head, bind number or
     None, the items to walk))."""
     if keep:
@@ -289,22 +321,31 @@ def _result_node(x, leaves, shared, keep):
         # A NamedTuple of results (Out(loss, h)): rebuilt as one of its class, around
         # its fields' leaves (as a leaf, compiled calls returned the traced call's).
         return None, (("ntuple", t), k, x)
+    dc = _dataclass_fields(x, t) if id(x) not in before else None
+    if dc is not None:
+        # A dataclass of results the call made (Output(loss=..., logits=...)): a new
+        # one each call, as eager's (as a leaf, compiled calls returned the traced
+        # call's object again, and the first-call check ran them eagerly).
+        return None, (("dataclass", t, dc[0]), k, dc[1])
     leaves.append(x)
     return VAR, None
 
 
-def container_depth(obj, limit):
-    """How deep tuples, lists and dicts nest in obj, counted up to limit + 1."""
+def container_depth(obj, limit, before=frozenset()):
+    """How deep tuples, lists, dicts (and dataclasses the call made) nest in obj,
+    counted up to limit + 1."""
     deepest, stack = 0, [(obj, 0)]
     seen = {}             # id -> the deepest level a container was walked at: one list
     while stack and deepest <= limit:       # in many places is walked once per level
         x, d = stack.pop()
         t = type(x)
-        if (t is tuple or t is list or t is dict or _is_namedtuple(t)) \
+        dc = _dataclass_fields(x, t) if id(x) not in before else None
+        if (t is tuple or t is list or t is dict or _is_namedtuple(t) or dc is not None) \
                 and seen.get(id(x), -1) < d:
             seen[id(x)] = d
             deepest = max(deepest, d + 1)
-            stack.extend((y, d + 1) for y in (x.values() if t is dict else x))
+            stack.extend((y, d + 1) for y in (x.values() if t is dict else
+                                              dc[1] if dc is not None else x))
     return deepest
 
 
@@ -313,14 +354,15 @@ def _is_namedtuple(t):
         and callable(getattr(t, "_make", None))
 
 
-def _count_containers(obj, counts):
+def _count_containers(obj, counts, before=frozenset()):
     stack = [obj]
     while stack:
         obj = stack.pop()
         t = type(obj)
+        dc = _dataclass_fields(obj, t) if id(obj) not in before else None
         # Tuples too: one tuple in many places is one object in eager, and walked per
         # place a result DAG (`r = (r, r)` sixty times) would be 2**60 leaves.
-        if t is list or t is dict or t is tuple or _is_namedtuple(t):
+        if t is list or t is dict or t is tuple or _is_namedtuple(t) or dc is not None:
             counts[id(obj)] = counts.get(id(obj), 0) + 1
             if counts[id(obj)] > 1:
                 continue
@@ -328,6 +370,8 @@ def _count_containers(obj, counts):
             stack.extend(obj)
         elif t is dict:
             stack.extend(obj.values())
+        elif dc is not None:
+            stack.extend(dc[1])
 
 
 def _same_array(a, b):
@@ -642,7 +686,11 @@ def structure_source(tree, exprs, const):
     if tag == "argobj":     # an argument's container itself (the runner's args/kwargs)
         return path_source(tree[1], const)
     parts = [structure_source(t, exprs, const)
-             for t in tree[(2 if tag in ("dict", "ntuple") else 1):]]
+             for t in tree[(2 if tag in ("dict", "ntuple") else 3 if tag == "dataclass"
+                           else 1):]]
+    if tag == "dataclass":
+        return (f"{const(rebuild_dataclass)}({const(tree[1])}, {const(tree[2])}, "
+                f"({''.join(p + ', ' for p in parts)}))")
     if tag == "ntuple":
         return f"{const(tree[1])}._make(({''.join(p + ', ' for p in parts)}))"
     if tag == "tuple":

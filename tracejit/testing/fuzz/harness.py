@@ -30,6 +30,7 @@ computation's condition, measured (`rounding_only`: runs under one rounding of n
 per operation), float32 and float64 alike: a program within it is "rounding".
 `check_file(path)` is what a written reproducer calls.
 """
+import dataclasses
 import linecache
 import os
 import random
@@ -178,6 +179,8 @@ def _flatten(result, args, captures):
     def walk(x):
         if isinstance(x, (tuple, list)):
             return (type(x).__name__, [walk(y) for y in x])
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return (type(x).__name__, {k: walk(v) for k, v in vars(x).items()})
         leaves.append(_leaf(x, _identity(x, args, captures, objs)))
         leaves[-1]["alias"] = _aliases(x, args, captures, objs)
         objs.append(x)

@@ -2951,6 +2951,8 @@ def source_programs(draw, max_inputs=3, max_steps=9, avoid=(), focus=None):
     outputs = _outputs(b, retain_focus=(focus == "retain_grad"))
     if focus == "nesting":
         outputs = _nested_outputs(b, outputs)
+    elif focus is None and draw(st.integers(0, 9)) == 0:
+        outputs = _dataclass_outputs(b, outputs)
     if "size1" in avoid:
         # What the sites above cannot rule out (a capture broadcast over B, x[:1]).
         assume(all(1 not in v.shape for v in b.vals)
@@ -3064,6 +3066,16 @@ def _outputs(b, retain_focus=False):
     return ", ".join(outs) + ("," if len(outs) == 1 else "")
 
 
+def _dataclass_outputs(b, outputs):
+    """The results in a dataclass f makes (Res(outs=..., tag=...)), sometimes frozen:
+    rebuilt per compiled call (they were a leaf: compiled calls returned the traced
+    call's object, and the first-call check ran them eagerly)."""
+    r = b.fresh("r")
+    b.emit(f"{r} = Res(({outputs}), 'res')")
+    b.features.add("dataclass_result")
+    return r
+
+
 def _nested_outputs(b, outputs):
     """The results nested lists and tuples deep around pytree.MAX_DEPTH: up to it they
     compile, deeper they run eagerly, warned (a result nested ~1000 deep once raised
@@ -3092,6 +3104,10 @@ def _render(b, inputs, outputs, plan, backward, seed, nonfinite=None, retain=Fal
         out += ["NP_MAKERS = {'zeros': np.zeros}", "", ""]
     if "made_via_class" in b.features:
         out += ["class Maker:", "    make = staticmethod(np.zeros)", "", ""]
+    if "dataclass_result" in b.features:
+        out.insert(0, "import dataclasses")
+        out += ["@dataclasses.dataclass(frozen=True)", "class Res:", "    outs: object",
+                "    tag: str", "", ""]
     glob = [c for c in b.captures if c[4] == "global"]
     clos = [c for c in b.captures if c[4] != "global"]   # (and the ones f's defaults,
     held = {}                                            # or a tuple, hold: made there)
