@@ -2546,10 +2546,20 @@ _register("nested_iters", np.nested_iters, _np_nested_iters)
 # np.fft.fft), by (module, name): start() swaps these in too.
 _SUB_ENTRIES = []
 _DISPATCHER = type(np.zeros_like)   # numpy._ArrayFunctionDispatcher (a function in 1.x)
+# Functions that never give an array (type and shape queries, printing, settings): no
+# stand-in (tracejit's own code calls the first ones thousands of times a trace).
+_NO_ARRAYS = frozenset("""result_type may_share_memory shares_memory can_cast
+    promote_types min_scalar_type broadcast_shapes shape ndim size iterable issubdtype
+    isdtype iscomplexobj isrealobj isfortran common_type mintypecode typename
+    get_printoptions set_printoptions printoptions seterr geterr seterrcall geterrcall
+    setbufsize getbufsize get_include show_config show_runtime info base_repr
+    binary_repr array2string array_repr array_str format_float_positional
+    format_float_scientific datetime_data isscalar""".split())
 for _mod in (np, np.linalg, np.fft, np.emath):
     for _n in sorted(dir(_mod)):
         _f = getattr(_mod, _n)
         if not _n.startswith("_") and not (_mod is np and _n in _NP_ENTRIES) and \
+                _n not in _NO_ARRAYS and \
                 isinstance(_f, (types.FunctionType, _DISPATCHER, types.BuiltinFunctionType)) \
                 and (getattr(_f, "__module__", None) or "").startswith("numpy"):
             _np_result_entry(_f, _n, None if _mod is np else _mod)
