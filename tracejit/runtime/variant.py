@@ -323,7 +323,12 @@ class CompiledFunction(RegionFunction):
         cleared, the others as they were. Not the results' (their own .grad) nor the
         inputs'."""
         v = self.variant
-        results = {id(v.forward_graph.outputs[s]) for s in v.var_slots}
+        # (A slot eager gives no creator, a dead entry of outputs, is no result of the
+        # call: `c = Variable(h.data); return y, c` returns the made leaf c over h's
+        # Value, which is eager's intermediate h, whose .grad a later walk adds to; it
+        # was not kept, and a second walk through the call gave `h = x * W`'s W less.)
+        results = {id(v.forward_graph.outputs[s]) for s, ref in zip(v.var_slots, self.outputs)
+                   if ref is not _dead_ref}
         inputs = {id(x) for x in v.forward_graph.inputs}
         stale = dict(self.stale or {})
         values = {id(val): val for n in v.forward_graph.nodes for val in n.outputs}
