@@ -39,8 +39,8 @@ from tracejit.trace.pytree import (ARR, FLT, MAX_DEPTH, STATIC, VAR, NestedTooDe
                                    _Identity, flatten_args, leaf_key, unflatten)
 from tracejit.runtime.signature import PAR, alias_pattern, key_change, key_distance
 from tracejit.ops.trace_only import GuardFailure
-from tracejit.runtime.variant import (MISS, SLOW, InplaceAlias, JitWarning, Mismatch, Stale,
-                              Variant, WalkReadMismatch, compile_graph)
+from tracejit.runtime.variant import (MISS, SLOW, InplaceAlias, JitWarning, Stale, Variant,
+                              WalkReadMismatch, compile_graph)
 
 log = logging.getLogger("tracejit")
 
@@ -632,7 +632,6 @@ class Jitted:
         if v is None or v not in variants:
             v, failure = variants[0], None
         tried = 0
-        passed = []         # variants whose Mismatch this call saw (kept, not dropped)
         while True:
             try:
                 if failure is not None:
@@ -681,17 +680,6 @@ class Jitted:
                 if nxt is None or tried > len(variants):
                     log.info("jit(%s): retrace: guard %d (%s) saw %r", self.__name__,
                              gf.index, v.guard_line(gf.index), gf.outcome)
-                    self._count("retraces")
-                    return _RETRACE
-                v = nxt
-            except Mismatch as e:
-                # Another variant may serve this call (traced for the other outcome), in
-                # the list's order; none does: a new trace, this variant kept.
-                passed.append(v)
-                tried += 1
-                nxt = next((u for u in variants if not any(u is p for p in passed)), None)
-                if nxt is None or tried > len(variants):
-                    log.info("jit(%s): retrace: %s", self.__name__, e)
                     self._count("retraces")
                     return _RETRACE
                 v = nxt

@@ -1754,8 +1754,7 @@ def build_runner(v, leaf_kinds, key=None):
     the same frame (the hot path of a repeated call): it returns MISS when the arguments
     differ, SLOW when the variant has checks left or the Python state it read may have
     changed (jit.py's dispatch sorts those out)."""
-    env = {"np": np, "exe": v.exe, "v": v, "Stale": Stale, "Mismatch": Mismatch,
-           "GuardFailure": GuardFailure,
+    env = {"np": np, "exe": v.exe, "v": v, "Stale": Stale, "GuardFailure": GuardFailure,
            "CompiledFunction": CompiledFunction if v.grad_reach is None else
            PartialCompiledFunction, "Config": Config, "wrap": core.wrap_array,
            "ref": weakref.ref, "new": object.__new__, "Variable": Variable,
@@ -1834,20 +1833,20 @@ def build_runner(v, leaf_kinds, key=None):
     for where, var in v.grad_none:
         t = f"leaves[{var}]._grad" if where == "leafgrad" else const(var)
         msg = f"the .grad of {_label(var)} was None when traced, is set now"
-        body.append(f"if {t}._grad is not None: raise Mismatch({msg!r})")
+        body.append(f"if {t}._grad is not None: raise Stale({msg!r})")
     for j, var in v.captured_args:
         msg = f"argument {j} was an object the function also captures when traced, is not now"
-        body.append(f"if leaves[{j}] is not {const(var)}: raise Mismatch({msg!r})")
+        body.append(f"if leaves[{j}] is not {const(var)}: raise Stale({msg!r})")
     for (where, var), j in v.grad_args:
         t = f"leaves[{var}]._grad" if where == "leafgrad" else const(var)
         msg = f"the .grad of {_label(var)} was argument {j} when traced, is not now"
-        body.append(f"if {t}._grad is not leaves[{j}]: raise Mismatch({msg!r})")
+        body.append(f"if {t}._grad is not leaves[{j}]: raise Stale({msg!r})")
     for where, var in v.leaf_required:
         t = {"leaf": f"leaves[{var}]", "leafgrad": f"leaves[{var}]._grad"}.get(where) \
             if where != "obj" else const(var)
         msg = (f"{_label(var) if where != 'leaf' else f'argument {var}'} had no creator "
                f"when traced (a backward inside the call stopped at it), has one now")
-        body.append(f"if {t}.creator is not None: raise Mismatch({msg!r})")
+        body.append(f"if {t}.creator is not None: raise Stale({msg!r})")
     walks = v.walks
     if walks:
         env["backward_from"] = core.backward_from
@@ -1857,7 +1856,7 @@ def build_runner(v, leaf_kinds, key=None):
         # touched; cleared; kept; a leaf's, added to), or the function would see them
         # otherwise in eager than in the compiled call.
         env["graph_reach"] = core.graph_reach
-        stale = "raise Mismatch('a backward inside the call goes on into the caller\\'s " \
+        stale = "raise Stale('a backward inside the call goes on into the caller\\'s " \
             "graph, which now touches the .grad of a Variable the call sees after it " \
             "otherwise than when traced')"
         for n in sorted({n for _, n in v.walk_untouched}):
@@ -2548,13 +2547,6 @@ def _overlap(a, b):
 class Stale(Exception):
     """A captured input changed shape or dtype, or died: this variant no longer applies."""
 
-
-class Mismatch(Stale):
-    """This call's arguments or the caller's graph differ from the traced call's in a way
-    a later call may undo (a .grad set that was None, a creator where the traced call's
-    backward stopped at a leaf, what the walk into the caller's graph reaches): the
-    variant is kept for the calls it serves; another variant, or a new trace, serves
-    this one. (Dropping it made a caller that alternates retrace on every switch.)"""
 
 
 def compile_graph(g, backend="auto", parallel=None, cache=True, where=None):
