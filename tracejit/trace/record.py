@@ -2525,21 +2525,26 @@ class _GridEntry:
         return getattr(self._orig, name)
 
 
-def _np_nested_iters(*args, **kwargs):
-    """np.nested_iters: NumPy's C iterators over its operands' buffers (np.nditer's,
-    below): of traced data, an escape."""
-    tr = core._state.trace
-    if tr is not None and not tr.abstract and (
-            any(made.holds_traced(a, tr) for a in args) or
-            any(made.holds_traced(a, tr) for a in kwargs.values())):
-        tr.escape("np.nested_iters(...) of traced data: NumPy's C iterators read its "
-                  "buffer past the tracer")
-        args = tuple(_plain_deep(a) for a in args)
-        kwargs = {k: _plain_deep(v) for k, v in kwargs.items()}
-    return _NP_ENTRIES["nested_iters"][0](*args, **kwargs)
+def _np_buffer_iterator(t):
+    """np.nditer / np.broadcast / np.nested_iters as the traced code calls them: NumPy's
+    C iterators read their operands' buffers (`for v in np.nditer(x.data): s += float(v)` summed the
+    traced call's values, and a branch on the sum was frozen, silently). Of traced
+    data: an escape, the iterator NumPy's over plain views."""
+    def call(*args, **kwargs):
+        tr = core._state.trace
+        if tr is not None and not tr.abstract and (
+                any(made.holds_traced(a, tr) for a in args) or
+                any(made.holds_traced(a, tr) for a in kwargs.values())):
+            tr.escape(f"np.{t.__name__}(...) of traced data: NumPy's C iterator reads "
+                      f"its buffer past the tracer")
+            args = tuple(_plain_deep(a) for a in args)
+            kwargs = {k: _plain_deep(v) for k, v in kwargs.items()}
+        return t(*args, **kwargs)
+    call.__name__ = call.__qualname__ = t.__name__
+    return call
 
 
-_register("nested_iters", np.nested_iters, _np_nested_iters)
+_register("nested_iters", np.nested_iters, _np_buffer_iterator(np.nested_iters))
 
 
 # The same for NumPy's public submodules of array functions (np.linalg.inv of a list,
@@ -2808,25 +2813,6 @@ class _UnboundMethods:
 np.__tracejit_ndarray_unbound__ = _UnboundMethods()
 
 
-def _np_buffer_iterator(t):
-    """np.nditer / np.broadcast as the traced code calls them: NumPy's C iterators read
-    their operands' buffers (`for v in np.nditer(x.data): s += float(v)` summed the
-    traced call's values, and a branch on the sum was frozen, silently). Of traced
-    data: an escape, the iterator NumPy's over plain views."""
-    def call(*args, **kwargs):
-        tr = core._state.trace
-        if tr is not None and not tr.abstract and (
-                any(made.holds_traced(a, tr) for a in args) or
-                any(made.holds_traced(a, tr) for a in kwargs.values())):
-            tr.escape(f"np.{t.__name__}(...) of traced data: NumPy's C iterator reads "
-                      f"its buffer past the tracer")
-            args = tuple(_plain_deep(a) for a in args)
-            kwargs = {k: _plain_deep(v) for k, v in kwargs.items()}
-        return t(*args, **kwargs)
-    call.__name__ = call.__qualname__ = t.__name__
-    return call
-
-
 _BUFFER_ITERATORS = (np.nditer, np.broadcast)
 for _t in _BUFFER_ITERATORS:
     setattr(np, f"__tracejit_{_t.__name__}__", _np_buffer_iterator(_t))
@@ -2834,6 +2820,20 @@ for _t in _BUFFER_ITERATORS:
 _NP_REWRITTEN = frozenset(_NP_SCALAR_NAMES) | {"ndarray", "nditer", "broadcast"}
 _EXTENDED_ARG = dis.opmap.get("EXTENDED_ARG")
 _patched_codes = {}
+
+
+def _rename_load(raw, names, ins, name, shift):
+    """Point the name load `ins` in bytecode `raw` at `name` (added to names), its low
+    `shift` bits kept; False where that needs an EXTENDED_ARG (the load is left alone)."""
+    if ins.offset >= 2 and raw[ins.offset - 2] == _EXTENDED_ARG:
+        return False
+    if name not in names:
+        names.append(name)
+    arg = (names.index(name) << shift) | (ins.arg & shift)
+    if arg > 255:
+        return False
+    raw[ins.offset + 1] = arg
+    return True
 
 
 def _patched_code(code):
@@ -2858,17 +2858,8 @@ def _patched_code(code):
                 # np.ndarray.item(d, 0): an attribute of np.ndarray itself, NumPy's C
                 # method on traced data past its overrides (the traced call's value,
                 # frozen): np.__tracejit_ndarray__'s (_UnboundMethods), d's own method.
-                if ins.offset >= 2 and raw[ins.offset - 2] == _EXTENDED_ARG:
-                    continue
-                name = "__tracejit_ndarray_unbound__"
-                if name not in names:
-                    names.append(name)
-                shift = 1 if sys.version_info >= (3, 12) else 0
-                arg = (names.index(name) << shift) | (ins.arg & shift)
-                if arg > 255:
-                    continue
-                raw[ins.offset + 1] = arg
-                changed = True
+                changed |= _rename_load(raw, names, ins, "__tracejit_ndarray_unbound__",
+                                        1 if sys.version_info >= (3, 12) else 0)
                 continue
             if ins.opcode in _LOAD_METHODS and ins.argval in _NP_REWRITTEN and \
                     before is not None and before.opcode == _LOAD_GLOBAL and \
@@ -2878,17 +2869,9 @@ def _patched_code(code):
                 # np.float32(...): the module's __tracejit_float32__ (the same type
                 # outside a trace; were `np` not NumPy, the trace raises AttributeError
                 # and the call runs eagerly).
-                if ins.offset >= 2 and raw[ins.offset - 2] == _EXTENDED_ARG:
-                    continue
-                name = f"__tracejit_{ins.argval}__"
-                if name not in names:
-                    names.append(name)
-                shift = 1 if ins.opname == "LOAD_ATTR" and sys.version_info >= (3, 12) else 0
-                arg = (names.index(name) << shift) | (ins.arg & shift)
-                if arg > 255:
-                    continue
-                raw[ins.offset + 1] = arg
-                changed = True
+                changed |= _rename_load(
+                    raw, names, ins, f"__tracejit_{ins.argval}__",
+                    1 if ins.opname == "LOAD_ATTR" and sys.version_info >= (3, 12) else 0)
                 continue
             if ins.opcode != _LOAD_GLOBAL or ins.argval not in _INTERCEPT:
                 continue
